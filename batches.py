@@ -1,0 +1,86 @@
+"""
+Fixed-seed batch indices: every model variant sees the same tokens at every step.
+
+The paper pre-generates all batch indices from a fixed seed (arXiv:2603.13381 §3.1;
+SPEC §3). Here each stream is an int64 array of sequence start offsets, shape
+(rows, cols), stored as a .npy file and opened with np.memmap, so 60k steps x 480
+sequences (230 MB) never has to sit in RAM:
+
+    train       rows = max_iters,  cols = batch_size * gradient_accumulation_steps
+    train_eval  rows = eval_iters, cols = batch_size     (train loss at every eval)
+    val_eval    rows = eval_iters, cols = batch_size     (val loss at every eval)
+
+Row i of a stream is drawn by its own generator seeded with (data_seed, stream, i), so
+a row does not depend on how many rows the file has: a 2,000-step run and a 60,000-step
+run with the same data_seed train on the same first 2,000 batches, and a run that is
+extended and resumed keeps its batches. Offsets lie in [0, n_tokens - block_size - 1]
+so that x = data[o : o+T] and its target y = data[o+1 : o+T+1] are both in range.
+"""
+
+import os
+
+import numpy as np
+import torch
+
+STREAMS = {"train": 0, "train_eval": 1, "val_eval": 2}
+_CHUNK_ROWS = 1024  # rows generated and flushed at a time: bounded RAM for any file size
+
+
+def open_tokens(path, prepare_hint):
+    """Open a uint16 token file as a read-only np.memmap.
+
+    Raises FileNotFoundError with `prepare_hint` (the command that creates it) if missing.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found; create it with: {prepare_hint}")
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def row_offsets(data_seed, stream, row, cols, high):
+    """Offsets of one row: int64 (cols,), uniform in [0, high), from seed (data_seed, stream, row)."""
+    rng = np.random.default_rng([data_seed, STREAMS[stream], row])
+    return rng.integers(0, high, size=cols, dtype=np.int64)
+
+
+def index_file(index_dir, stream, data_seed, rows, cols, block_size, n_tokens):
+    """Open (creating it if missing) the index file of one stream; returns int64 memmap (rows, cols).
+
+    The file name carries everything that determines its contents, so runs of any
+    model variant with the same data and data_seed share it. It is written to a temp
+    file and renamed, so an interrupted build never leaves a partial file behind.
+    Raises ValueError if the token file is too short for block_size.
+    """
+    high = n_tokens - block_size
+    if high < 1:
+        raise ValueError(
+            f"block_size={block_size} needs at least {block_size + 1} tokens, but the "
+            f"{stream.split('_')[0]} split has {n_tokens}; lower block_size or use more data"
+        )
+    name = f"{stream}_seed{data_seed}_{rows}x{cols}_T{block_size}_N{n_tokens}.npy"
+    path = os.path.join(index_dir, name)
+    if not os.path.exists(path):
+        os.makedirs(index_dir, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(rows, cols))
+        for start in range(0, rows, _CHUNK_ROWS):
+            stop = min(start + _CHUNK_ROWS, rows)
+            arr[start:stop] = [row_offsets(data_seed, stream, r, cols, high) for r in range(start, stop)]
+            arr.flush()
+        del arr
+        os.replace(tmp, path)
+    return np.load(path, mmap_mode="r")
+
+
+def get_batch(data, offsets, block_size, device):
+    """Inputs and targets for the given start offsets.
+
+    data: uint16 token memmap; offsets: int64 (B,). Returns x, y: int64 (B, block_size)
+    on `device`, y shifted one token right of x.
+    """
+    seqs = np.stack([data[o : o + block_size + 1] for o in offsets]).astype(np.int64)
+    xy = torch.from_numpy(seqs)
+    if device.startswith("cuda"):
+        xy = xy.pin_memory().to(device, non_blocking=True)
+    else:
+        xy = xy.to(device)
+    return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()

@@ -1,0 +1,28 @@
+# The embedded default: a small GPT with the paper's nonlinear query (res_gelu) trained
+# on Shakespeare (data/shakespeare/prepare.py) on the CPU. About 3 minutes on 2 cores,
+# ending near val loss 5.85 (uniform guessing is ln 50304 = 10.83).
+out_dir = "out-quickstart"
+overwrite = True  # the quickstart may be re-run; a paper run refuses to overwrite itself
+dataset = "shakespeare"
+device = "cpu"
+compile = False  # gains little on a 2-core CPU
+
+query_mode = "res_gelu"
+n_layer = 4
+n_head = 4
+n_embd = 128
+block_size = 128
+
+batch_size = 8
+gradient_accumulation_steps = 1
+max_iters = 300
+lr_decay_iters = 300
+warmup_iters = 20
+eval_interval = 100
+eval_iters = 20
+log_interval = 25
+
+# the paper's res_gelu tolerates a high learning rate; small models train fast with it
+learning_rate = 3e-3
+min_lr = 1e-4
+weight_decay = 0.1

@@ -1,0 +1,302 @@
+"""
+The one data pipeline shared by every data/<name>/prepare.py:
+
+    documents (a datasets.Dataset with a `text` column, from local files or the hub)
+    -> train/val split of documents (train_test_split, seed 2357)
+    -> GPT-2 BPE tokens, encode_ordinary + EOT (50256) after each document
+    -> <out_dir>/train.bin, val.bin (uint16, read with np.memmap) and meta.json
+
+meta.json is written last: a directory without it holds no finished run.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import datasets
+import httpx
+import numpy as np
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from tokenizer import EOT_TOKEN, get_gpt2_encoding
+
+SPLIT_SEED = 2357
+LOCAL_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "txt"}
+TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # how datasets and huggingface_hub read boolean env vars
+SCRIPT_REFUSED = "Dataset scripts are no longer supported"  # what datasets 5.x raises for script repos
+PARQUET_REVISION = "refs/convert/parquet"  # the hub's automatic parquet export of every dataset
+
+
+class DataError(Exception):
+    """Bad input or unreachable source; the message says what to do. CLIs exit 1 on it."""
+
+
+# -----------------------------------------------------------------------------
+# loading documents
+
+
+def text_only(dataset, where):
+    """Keep only the `text` column of `dataset`; raise DataError naming `where` if it is unusable."""
+    if "text" not in dataset.column_names:
+        raise DataError(
+            f"{where} has no 'text' column (columns: {dataset.column_names}); "
+            f"every row needs its document in a field named 'text'"
+        )
+    feature = dataset.features["text"]
+    if not isinstance(feature, datasets.Value) or feature.dtype not in ("string", "large_string"):
+        raise DataError(f"the 'text' column of {where} must hold strings, got {feature}")
+    dataset = dataset.select_columns(["text"])
+    nulls = dataset.with_format("arrow")["text"].null_count
+    if nulls:
+        raise DataError(f"{where} has {nulls} rows with a null 'text'; drop them before preparing")
+    if feature.dtype == "large_string":
+        # concatenate_datasets needs identical features across files
+        dataset = dataset.cast_column("text", datasets.Value("string"))
+    return dataset
+
+
+def load_local_documents(paths):
+    """
+    Documents from local files, in the order given: .parquet and .jsonl/.json rows need a
+    string `text` field (other columns are dropped); each .txt file (UTF-8) is one document.
+    Returns (datasets.Dataset with one `text` column, list of absolute paths).
+    Raises DataError for a missing file, an unknown extension or a missing `text` column.
+    """
+    paths = [os.path.abspath(p) for p in paths]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise DataError(f"input file {path} does not exist")
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in LOCAL_FORMATS:
+            raise DataError(f"input file {path}: unknown extension {ext!r}; use one of {sorted(LOCAL_FORMATS)}")
+    parts = []
+    txt_docs = []  # consecutive .txt files become one in-memory dataset
+    for path in paths:
+        fmt = LOCAL_FORMATS[os.path.splitext(path)[1].lower()]
+        if fmt == "txt":
+            try:
+                with open(path, encoding="utf-8", newline="") as f:  # keep \r\n as written
+                    txt_docs.append(f.read())
+            except UnicodeDecodeError as e:
+                raise DataError(f"input file {path} is not valid UTF-8 ({e}); re-encode it as UTF-8") from e
+            continue
+        if txt_docs:
+            parts.append(datasets.Dataset.from_dict({"text": txt_docs}))
+            txt_docs = []
+        try:
+            # one file per call so that errors can name it; one file is one shard, one process
+            dataset = datasets.load_dataset(fmt, data_files=path, split="train")
+        except Exception as e:
+            raise DataError(f"cannot read {path} as {fmt} ({e.__class__.__name__}: {e})") from e
+        parts.append(text_only(dataset, f"input file {path}"))
+    if txt_docs:
+        parts.append(datasets.Dataset.from_dict({"text": txt_docs}))
+    documents = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return documents, paths
+
+
+def hub_offline():
+    """True if HF_HUB_OFFLINE or HF_DATASETS_OFFLINE asks to stay off the network."""
+    return any(os.environ.get(var, "").upper() in TRUE_VALUES for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_endpoint():
+    """The hub URL that huggingface_hub uses: $HF_ENDPOINT, default https://huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def check_hub_reachable(timeout=5.0):
+    """
+    Raise DataError within about `timeout` seconds if the hub endpoint does not answer,
+    instead of datasets' ~25 s of retries. Any HTTP answer counts as reachable; httpx
+    honours the same proxy variables as huggingface_hub.
+    """
+    endpoint = hub_endpoint()
+    try:
+        httpx.head(endpoint, timeout=timeout)
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
+        raise DataError(
+            f"cannot reach the Hugging Face hub at {endpoint} ({e.__class__.__name__}: {e}). "
+            f"Download the data set where the hub is reachable and pass the local copies with "
+            f"--input FILE... (.parquet, .jsonl, .json or .txt)"
+        ) from e
+
+
+def load_hub_documents(name, num_proc=None):
+    """
+    The `train` split of hub data set `name`, main branch. datasets 5.x refuses repos
+    that still carry a loading script; for those, the hub's parquet export
+    (revision refs/convert/parquet) is used instead. Prints the revision used.
+    Returns (datasets.Dataset with one `text` column, "name@revision").
+    Raises DataError if the hub is off (HF_HUB_OFFLINE=1 and nothing cached) or unreachable.
+    """
+    if not hub_offline():
+        check_hub_reachable()
+    revision = "main"
+    try:
+        try:
+            splits = datasets.load_dataset(name, revision=revision, num_proc=num_proc)
+        except RuntimeError as e:
+            if SCRIPT_REFUSED not in str(e):
+                raise
+            print(f"{name}@main still has a loading script, which datasets {datasets.__version__} refuses")
+            revision = PARQUET_REVISION
+            splits = datasets.load_dataset(name, revision=revision, num_proc=num_proc)
+    except ConnectionError as e:
+        why = "the hub is off (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set)" if hub_offline() else str(e)
+        raise DataError(
+            f"cannot load {name} from the Hugging Face hub: {why}, and no cached copy was found. "
+            f"Pass local copies of the data with --input FILE... (.parquet, .jsonl, .json or .txt)"
+        ) from e
+    except FileNotFoundError as e:
+        raise DataError(
+            f"{name} was not found on the hub at {hub_endpoint()} ({e}). Check the name and HF_ENDPOINT, "
+            f"or pass local copies of the data with --input FILE... (.parquet, .jsonl, .json or .txt)"
+        ) from e
+    print(f"loaded {name} at revision {revision}")
+    if "train" not in splits:
+        raise DataError(f"{name}@{revision} has no 'train' split (splits: {list(splits)})")
+    return text_only(splits["train"], f"{name}@{revision}"), f"{name}@{revision}"
+
+
+# -----------------------------------------------------------------------------
+# split, tokenize, write
+
+
+def split_documents(documents, test_size, seed=SPLIT_SEED):
+    """
+    Shuffle and split whole documents: returns DatasetDict {"train", "val"} where val holds
+    ceil(test_size * n) documents. Raises DataError if either side would be empty.
+    """
+    if not 0.0 < test_size < 1.0:
+        raise DataError(f"test_size must be a fraction in (0, 1), got {test_size}")
+    if len(documents) < 2:
+        raise DataError(f"need at least 2 documents to split off a validation set, got {len(documents)}")
+    try:
+        splits = documents.train_test_split(test_size=test_size, seed=seed, shuffle=True)
+    except ValueError as e:
+        raise DataError(f"cannot split {len(documents)} documents with test_size={test_size}: {e}") from e
+    return datasets.DatasetDict({"train": splits["train"], "val": splits["test"]})
+
+
+def tokenize_batch(batch):
+    """GPT-2 tokens of each document in `batch["text"]`, EOT appended, and their counts."""
+    enc = get_gpt2_encoding()
+    ids = [enc.encode_ordinary(text) + [EOT_TOKEN] for text in batch["text"]]
+    return {"ids": ids, "len": [len(x) for x in ids]}
+
+
+def tokenize_splits(splits, num_proc=None):
+    """Tokenize every split with `num_proc` worker processes; columns `ids` (uint16) and `len`."""
+    get_gpt2_encoding()  # build once here so forked workers inherit it
+    # ids fit uint16 (vocab 50257 < 65536); storing them so halves the cache versus int32
+    features = datasets.Features({"ids": datasets.List(datasets.Value("uint16")), "len": datasets.Value("int64")})
+    return splits.map(
+        tokenize_batch,
+        batched=True,
+        remove_columns=["text"],
+        features=features,
+        num_proc=num_proc,
+        desc="tokenizing",
+    )
+
+
+def write_bin(tokenized, path, batch_size=1024):
+    """
+    Concatenate the `ids` of all rows into `path` as uint16 and return the number of tokens.
+    Streams `batch_size` documents at a time into a memmap, so memory stays flat; the file
+    appears under its final name only once complete (written as path + ".tmp", then renamed).
+    """
+    n_tokens = pc.sum(tokenized.with_format("arrow")["len"]).as_py()  # >= 1 per document (its EOT)
+    tmp_path = path + ".tmp"
+    out = np.memmap(tmp_path, dtype=np.uint16, mode="w+", shape=(n_tokens,))
+    pos = 0
+    with tqdm(total=n_tokens, unit="tok", unit_scale=True, desc=f"writing {os.path.basename(path)}") as bar:
+        for table in tokenized.with_format("arrow").iter(batch_size=batch_size):
+            ids = table.column("ids").combine_chunks().flatten().to_numpy()
+            out[pos : pos + len(ids)] = ids
+            pos += len(ids)
+            bar.update(len(ids))
+    assert pos == n_tokens, f"wrote {pos} tokens, expected {n_tokens}"
+    out.flush()
+    del out
+    os.replace(tmp_path, path)
+    return n_tokens
+
+
+def prepare(documents, out_dir, source, test_size, num_proc=None, seed=SPLIT_SEED):
+    """
+    Split `documents` (a Dataset with a `text` column), tokenize, and write
+    <out_dir>/train.bin, val.bin (uint16) and meta.json. `source` (str or list of str)
+    is recorded in meta.json. Returns the meta dict. Raises DataError on bad input.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    meta_path = os.path.join(out_dir, "meta.json")
+    # meta.json marks a finished run: drop a stale one until this run has finished
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+    splits = split_documents(documents, test_size, seed)
+    tokenized = tokenize_splits(splits, num_proc)
+    tokens = {split: write_bin(tokenized[split], os.path.join(out_dir, f"{split}.bin")) for split in ("train", "val")}
+    enc = get_gpt2_encoding()
+    meta = {
+        "tokenizer": enc.name,
+        "vocab_size": enc.n_vocab,
+        "eot_token": EOT_TOKEN,
+        "dtype": "uint16",
+        "train_tokens": tokens["train"],
+        "val_tokens": tokens["val"],
+        "train_documents": len(splits["train"]),
+        "val_documents": len(splits["val"]),
+        "source": source,
+        "test_size": test_size,
+        "split_seed": seed,
+    }
+    with open(meta_path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    os.replace(meta_path + ".tmp", meta_path)
+    return meta
+
+
+# -----------------------------------------------------------------------------
+# command line shared by the prepare scripts
+
+
+def make_parser(description, out_dir, test_size, accept_input=True):
+    """argparse parser with --out_dir, --num_proc, --test_size and, if accept_input, --input FILE..."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if accept_input:
+        parser.add_argument(
+            "--input", nargs="+", metavar="FILE",
+            help="local .parquet/.jsonl/.json files with a 'text' column or .txt files (one document each), "
+            "used instead of the hub",
+        )
+    parser.add_argument("--out_dir", default=out_dir, help="for train.bin, val.bin, meta.json (default: %(default)s)")
+    parser.add_argument("--num_proc", type=int, default=os.cpu_count() or 1, help="processes (default: %(default)s)")
+    parser.add_argument("--test_size", type=float, default=test_size, help="val fraction (default: %(default)s)")
+    return parser
+
+
+def run(load, description, out_dir, test_size, accept_input=True, argv=None):
+    """
+    Entry point of a prepare script: parse argv, call load(args) -> (documents, source),
+    run prepare() and print the token counts. A DataError is printed to stderr and
+    exits with status 1.
+    """
+    args = make_parser(description, out_dir, test_size, accept_input).parse_args(argv)
+    if args.num_proc < 1:
+        sys.exit(f"error: --num_proc must be >= 1, got {args.num_proc}")
+    t0 = time.time()
+    try:
+        documents, source = load(args)
+        meta = prepare(documents, args.out_dir, source, args.test_size, args.num_proc)
+    except DataError as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {args.out_dir} in {time.time() - t0:.1f}s")
+    print(f"train.bin: {meta['train_tokens']:,} tokens from {meta['train_documents']:,} documents")
+    print(f"val.bin: {meta['val_tokens']:,} tokens from {meta['val_documents']:,} documents")
+    return meta

@@ -1,0 +1,346 @@
+"""
+GPT-2 with a pluggable attention query, for testing nonlinear queries in pretraining.
+
+Source: Karbevski, "Beyond Linearity in Attention Projections: The Case for Nonlinear
+Queries", arXiv:2603.13381 (2026); the baseline is nanoGPT's GPT-2 small.
+
+Architecture (SPEC §1):
+- token + learned positional embeddings; the token embedding is tied to the LM head
+- pre-LayerNorm blocks (LayerNorm with weight, no bias, eps 1e-5), no biases anywhere
+- causal softmax attention through F.scaled_dot_product_attention with an explicit scale
+- keys and values are always linear in the block's ln_1 output x: K = x W_K, V = x W_V
+- the query is a module chosen by `query_mode` from QUERY_MODULES:
+    linear    Q = x W_Q                                   d^2 params per layer
+    identity  Q = x                                       0
+    residual  Q = x + x W_Q                               d^2
+    res_gelu  Q = (x + f(x)) / 2,
+              f(x) = LN(GELU(RMSNorm(x) W1) W2)           2 d r + 2 d   (paper eq. 2-3)
+- MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d)
+- init N(0, 0.02) for every Linear and Embedding; residual output projections
+  (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
+
+Adding a query module: write a small nn.Module with `forward(x) -> q` (both (B, T, C))
+and a float attribute `scale_mult` (multiplies the attention scale 1/sqrt(head_dim)),
+then add one entry to QUERY_MODULES.
+"""
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    """Model hyperparameters. Defaults are GPT-2 small (124M) with the linear query."""
+
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    mlp_ratio: float = 4.0  # MLP hidden width = int(mlp_ratio * n_embd); 4.75 for the MLP4.75 controls
+    query_mode: str = "linear"  # a key of QUERY_MODULES
+    query_rank: int = 0  # bottleneck width r of res_gelu; 0 means n_embd // 2 (the paper's r = d/2)
+
+    def __post_init__(self):
+        if self.query_mode not in QUERY_MODULES:
+            raise ValueError(
+                f"unknown query_mode {self.query_mode!r}; valid query modes: {', '.join(sorted(QUERY_MODULES))}"
+            )
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.query_rank < 0:
+            raise ValueError(f"query_rank must be >= 0 (0 means n_embd // 2), got {self.query_rank}")
+
+    @property
+    def mlp_hidden(self):
+        return int(self.mlp_ratio * self.n_embd)
+
+    @property
+    def rank(self):
+        return self.query_rank or self.n_embd // 2
+
+
+def model_config_keys():
+    """Names of the GPTConfig fields (the model-defining subset of a training config)."""
+    return [f.name for f in fields(GPTConfig)]
+
+
+# ---------------------------------------------------------------------------------------
+# Query modules. Each maps the ln_1 output x (B, T, C) to the query q (B, T, C), applied
+# per token before the split into heads, and sets `scale_mult`, a factor on the softmax
+# scale 1/sqrt(head_dim).
+
+
+class LinearQuery(nn.Module):
+    """Standard query Q = x W_Q, W_Q of shape (C, C), no bias. d^2 parameters."""
+
+    scale_mult = 1.0
+
+    def __init__(self, config):
+        super().__init__()
+        self.w_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.w_q(x)
+
+
+class IdentityQuery(nn.Module):
+    """Q = x: W_Q set to the identity, which loses nothing by the reparametrization
+    invariance of multi-head attention (paper eq. 1). No parameters."""
+
+    scale_mult = 1.0
+
+    def __init__(self, config):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class ResidualQuery(nn.Module):
+    """Linear residual query Q = x + x W_Q (the official code's `residual` mode). d^2 parameters."""
+
+    scale_mult = 1.0
+
+    def __init__(self, config):
+        super().__init__()
+        self.w_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return x + self.w_q(x)
+
+
+class ResGELUQuery(nn.Module):
+    """The paper's nonlinear query (arXiv:2603.13381, eq. 2-3):
+
+        Q(x) = (x + f(x)) / 2,   f(x) = LN(GELU(RMSNorm(x) W1) W2)
+
+    with W1: (C, r), W2: (r, C), r = C/2 by default, no biases; RMSNorm and LayerNorm
+    have learnable weights (no bias, eps 1e-5); GELU is the exact (erf) form.
+    Parameters: 2 C r + 2 C.
+
+    forward returns x + f(x) and sets scale_mult = 1/2: the paper's 1/2 is folded into
+    the softmax scale, as in the official code, which gives the same logits
+    (Q K^T / sqrt(d_head) with Q = (x + f)/2 equals (x + f) K^T / (2 sqrt(d_head))).
+    """
+
+    scale_mult = 0.5
+
+    def __init__(self, config):
+        super().__init__()
+        self.rms = nn.RMSNorm(config.n_embd, eps=1e-5)
+        self.w1 = nn.Linear(config.n_embd, config.rank, bias=False)
+        self.w2 = nn.Linear(config.rank, config.n_embd, bias=False)
+        self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
+
+    def f(self, x):
+        """The bottleneck f(x) of eq. 3; x: (..., C) -> (..., C)."""
+        return self.ln(self.w2(F.gelu(self.w1(self.rms(x)))))
+
+    def forward(self, x):
+        return x + self.f(x)
+
+
+QUERY_MODULES = {
+    "linear": LinearQuery,
+    "identity": IdentityQuery,
+    "residual": ResidualQuery,
+    "res_gelu": ResGELUQuery,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Transformer
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with a pluggable query.
+
+    Input x: (B, T, C), the output of the block's ln_1. K and V come from one fused
+    linear map C -> 2C; Q from `self.query`. Output: (B, T, C).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.query = QUERY_MODULES[config.query_mode](config)
+        self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.scale = self.query.scale_mult / math.sqrt(config.n_embd // config.n_head)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q = self.query(x)
+        k, v = self.c_kv(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise MLP C -> mlp_hidden -> C with exact GELU. x: (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 language model with the query module chosen by `config.query_mode`.
+
+    forward(idx, targets=None): idx, targets are int64 (B, T) token ids with T <= block_size.
+    Returns (logits, loss): logits (B, T, vocab_size) and the mean cross-entropy in nats
+    when targets are given; otherwise logits (B, 1, vocab_size) for the last position
+    and loss None.
+
+    Raises ValueError (from GPTConfig) for an unknown query_mode.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=False),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.apply(self._init_weights)
+        # Residual output projections get a depth-scaled std so the residual stream's
+        # variance does not grow with n_layer (GPT-2 paper). Matched by module, not by
+        # parameter name, so a query module's own layers keep std 0.02 (SPEC §1).
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for block in self.transformer.h:
+            torch.nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
+            torch.nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding=True):
+        """Number of parameters, each tied tensor counted once.
+
+        non_embedding=True subtracts the token embedding wte (which is also the LM head)
+        and the positional embedding wpe, so what remains is exactly the transformer
+        blocks plus the final LayerNorm: the quantity SPEC §1 and the paper's Table 1 /
+        Figure 2 report (84,953,856 for the GPT-2 small baseline).
+        """
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(self, idx, targets=None):
+        B, T = idx.size()
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on parameters of dim >= 2 (matmul weights, embeddings)
+        and none on norm weights (paper §3.1, SPEC §3). Fused kernel on CUDA."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+    def flops_per_token(self):
+        """Training FLOPs per token (forward + backward), PaLM appendix B style:
+        6 N for the matmul parameters N (every parameter but wpe; the tied wte counts as
+        the LM head, and a query module contributes only its own parameters) plus
+        12 n_layer n_embd block_size for the attention scores and weighted sum."""
+        cfg = self.config
+        n = self.get_num_params(non_embedding=False) - self.transformer.wpe.weight.numel()
+        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens tokens autoregressively.
+
+        idx: int64 (B, T) prompt. temperature > 0 divides the logits; top_k keeps only
+        the k most likely tokens. The context is cropped to the last block_size tokens.
+        Returns int64 (B, T + max_new_tokens). Call model.eval() first.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size :]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :] / temperature
+            if top_k is not None:
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                logits[logits < v[:, [-1]]] = -float("inf")
+            probs = F.softmax(logits, dim=-1)
+            idx_next = torch.multinomial(probs, num_samples=1)
+            idx = torch.cat((idx, idx_next), dim=1)
+        return idx
+
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' spec sheets, for MFU.
+# Matched by substring of torch.cuda.get_device_name(); first match wins.
+PEAK_FLOPS_BF16 = [
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("RTX 5090", 209.5e12),
+    ("RTX 4090", 165.2e12),
+]
+
+
+def peak_flops_for(device_name):
+    """Peak dense bf16 FLOP/s of a CUDA device by name, or None if unknown."""
+    for key, flops in PEAK_FLOPS_BF16:
+        if key in device_name:
+            return flops
+    return None

@@ -1,0 +1,69 @@
+"""
+Sample text from a checkpoint written by train.py.
+
+    python sample.py --out_dir=out-res-gelu --start="To be, or not to be" --num_samples=3
+    python sample.py --out_dir=out-quickstart --start=FILE:prompt.txt --device=cpu
+
+The checkpoint is loaded with torch.load(weights_only=True): only tensors and plain
+containers are read, never arbitrary pickled objects.
+"""
+
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from configurator import config_from_argv
+from model import GPT, GPTConfig
+from tokenizer import get_gpt2_encoding
+
+
+@dataclass
+class SampleConfig:
+    """Sampling settings; every field can be set with --key=value."""
+
+    out_dir: str = "out"  # directory holding ckpt.pt
+    start: str = "\n"  # prompt text, or FILE:path to read it from a file
+    num_samples: int = 1
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # > 0; below 1 is more conservative
+    top_k: int = 200  # keep only the top_k most likely tokens; 0 keeps all
+    seed: int = 1337
+    device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', ...
+    dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
+
+
+cfg, _ = config_from_argv(SampleConfig)
+device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+device_type = "cuda" if device.startswith("cuda") else "cpu"
+dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
+
+ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+if not os.path.isfile(ckpt_path):
+    sys.exit(f"error: no checkpoint at {ckpt_path}; train one with train.py or pass --out_dir=DIR")
+ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+model = GPT(GPTConfig(**ckpt["model_args"]))
+model.load_state_dict(ckpt["model"])
+model.eval().to(device)
+print(f"loaded {ckpt_path}: step {ckpt['step']}, query_mode={ckpt['model_args']['query_mode']}")
+
+enc = get_gpt2_encoding()
+start = cfg.start
+if start.startswith("FILE:"):
+    with open(start[5:], encoding="utf-8") as f:
+        start = f.read()
+start_ids = enc.encode_ordinary(start)
+if not start_ids:
+    sys.exit("error: the prompt encodes to no tokens; pass a non-empty --start")
+x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...].repeat(cfg.num_samples, 1)
+
+torch.manual_seed(cfg.seed)
+with torch.no_grad(), autocast:
+    y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None)
+for i in range(cfg.num_samples):
+    print(enc.decode(y[i].tolist()))
+    print("---------------")

@@ -1,0 +1,46 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# tests never touch the network: datasets and huggingface_hub read these at import time
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["WANDB_MODE"] = "offline"
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A tiny model that still uses the real GPT-2 vocabulary and real Shakespeare tokens.
+TINY = [
+    "--dataset=shakespeare", "--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2",
+    "--n_embd=32", "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1",
+    "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=1e-3",
+]
+
+
+def run_script(script, *args, check=True, env=None):
+    """Run a repo script with this interpreter; returns the CompletedProcess (text output)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, script), *args],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_metrics(out_dir, kind=None):
+    """Records of out_dir/metrics.jsonl, optionally only those of one type."""
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if kind is None or r["type"] == kind]
+
+
+@pytest.fixture(scope="session")
+def shakespeare_dir(tmp_path_factory):
+    """The embedded default corpus prepared once per test session by data/shakespeare/prepare.py."""
+    out = tmp_path_factory.mktemp("shakespeare")
+    run_script("data/shakespeare/prepare.py", f"--out_dir={out}", "--num_proc=1")
+    return str(out)

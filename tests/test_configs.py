@@ -1,0 +1,51 @@
+"""The config files carry the paper's Table 1 hyperparameters (SPEC §3) and parameter counts (SPEC §1)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, REPO)
+
+from configurator import read_config_file  # noqa: E402
+
+TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)
+    "baseline": ("linear", 4.0, 6e-4, 6e-5, 0.1),
+    "mlp475": ("linear", 4.75, 6e-4, 6e-5, 0.1),
+    "mlp475_scaled": ("linear", 4.75, 5.66e-4, 5.66e-5, 0.1),
+    "res_gelu_lr2p6": ("res_gelu", 4.0, 2.6e-3, 3e-5, 2**-5),
+    "res_gelu": ("res_gelu", 4.0, 3e-3, 3e-5, 2**-5),
+    "identity": ("identity", 4.0, 6e-4, 6e-5, 0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+def test_paper_config_hyperparameters(name):
+    c = read_config_file(os.path.join(REPO, "config", f"{name}.py"))
+    assert (c["query_mode"], c["mlp_ratio"], c["learning_rate"], c["min_lr"], c["weight_decay"]) == TABLE1[name]
+    assert (c["n_layer"], c["n_head"], c["n_embd"], c["block_size"]) == (12, 12, 768, 1024)
+    assert c["batch_size"] * c["gradient_accumulation_steps"] * c["block_size"] == 491_520
+    assert (c["max_iters"], c["lr_decay_iters"], c["warmup_iters"]) == (60_000, 60_000, 2_000)
+    assert (c["eval_interval"], c["eval_iters"] * c["batch_size"]) == (1000, 2400)
+    assert c["dataset"] == "openwebtext" and c["wandb_log"] is True
+    assert (c["wandb_project"], c["wandb_group"]) == ("nonlinear-queries", "table1")
+    assert c["out_dir"] == f"out-{name.replace('_', '-')}"
+
+
+def test_every_config_is_listed():
+    names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
+    assert names == set(TABLE1) | {"quickstart"}
+
+
+def test_params_table_shows_spec_counts():
+    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "params.py")],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in out.splitlines()[2:]}
+    assert rows["baseline"][4] == "84,953,856"
+    assert rows["res_gelu"][4] == rows["res_gelu_lr2p6"][4] == "84,972,288"
+    assert rows["identity"][4] == "77,875,968"
+    assert rows["mlp475"][4] == rows["mlp475_scaled"][4] == "95,570,688" and rows["mlp475"][5] == "+12.50%"

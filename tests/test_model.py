@@ -1,0 +1,184 @@
+"""Tests of model.py: exact parameter counts, the query modules' math, init, generate."""
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from model import GPT, QUERY_MODULES, GPTConfig  # noqa: E402
+
+SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
+
+
+# SPEC §1: non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
+@pytest.mark.parametrize(
+    "query_mode, mlp_ratio, expected",
+    [
+        ("linear", 4.0, 84_953_856),
+        ("res_gelu", 4.0, 84_972_288),
+        ("identity", 4.0, 77_875_968),
+        ("linear", 4.75, 95_570_688),
+    ],
+)
+def test_non_embedding_param_counts_match_spec(query_mode, mlp_ratio, expected):
+    with torch.device("meta"):  # shapes only: no 124M-parameter init on the CPU
+        model = GPT(GPTConfig(query_mode=query_mode, mlp_ratio=mlp_ratio))
+    assert model.get_num_params(non_embedding=True) == expected
+    embeddings = 50304 * 768 + 1024 * 768  # wte (tied to lm_head, counted once) + wpe
+    assert model.get_num_params(non_embedding=False) == expected + embeddings
+
+
+def test_res_gelu_query_parameters_are_2dr_plus_2d():
+    cfg = GPTConfig(**SMALL, query_mode="res_gelu")
+    q = QUERY_MODULES["res_gelu"](cfg)
+    assert sum(p.numel() for p in q.parameters()) == 2 * 32 * 16 + 2 * 32
+    cfg = GPTConfig(**SMALL, query_mode="res_gelu", query_rank=8)
+    assert QUERY_MODULES["res_gelu"](cfg).w1.weight.shape == (8, 32)
+
+
+def paper_attention_logits(attn, x):
+    """Direct transcription of eq. 2-3 (arXiv:2603.13381) for one attention layer:
+    Q = (x + f(x)) / 2, f(x) = LN(GELU(RMSNorm(x) W1) W2), logits Q K^T / sqrt(d_head)."""
+    qm = attn.query
+    rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * qm.rms.weight
+    h = 0.5 * (rms @ qm.w1.weight.T) * (1 + torch.erf((rms @ qm.w1.weight.T) / math.sqrt(2)))
+    z = h @ qm.w2.weight.T
+    f = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * qm.ln.weight
+    q = (x + f) / 2
+    k = x @ attn.c_kv.weight[: attn.n_embd].T
+    v = x @ attn.c_kv.weight[attn.n_embd :].T
+    B, T, C = x.shape
+    hs = C // attn.n_head
+    q, k, v = (t.view(B, T, attn.n_head, hs).transpose(1, 2) for t in (q, k, v))
+    logits = q @ k.transpose(-2, -1) / math.sqrt(hs)
+    return logits, v
+
+
+def randomize(module, seed=0):
+    """Give every parameter (norm weights included) random values so nothing is trivially 1 or 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+
+
+def test_res_gelu_equals_direct_transcription_of_eq_2_3():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu"))
+    randomize(model)
+    attn = model.transformer.h[0].attn
+    x = torch.randn(3, 16, 32)
+    logits, v = paper_attention_logits(attn, x)
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    y = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1) @ v
+    y = attn.c_proj(y.transpose(1, 2).reshape(3, 16, 32))
+    torch.testing.assert_close(attn(x), y, rtol=1e-5, atol=1e-5)
+
+
+def test_half_folded_into_scale_gives_the_same_logits():
+    # (x + f(x))/2 with scale s  ==  x + f(x) with scale s/2 (the official code's form)
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu"))
+    randomize(model, seed=1)
+    attn = model.transformer.h[1].attn
+    x = torch.randn(2, 16, 32)
+    paper_logits, _ = paper_attention_logits(attn, x)
+    q_folded = attn.query(x).view(2, 16, 4, 8).transpose(1, 2)
+    k = (x @ attn.c_kv.weight[:32].T).view(2, 16, 4, 8).transpose(1, 2)
+    assert attn.scale == pytest.approx(1 / (2 * math.sqrt(8)))
+    torch.testing.assert_close(q_folded @ k.transpose(-2, -1) * attn.scale, paper_logits, rtol=1e-5, atol=1e-6)
+
+
+def test_identity_equals_linear_with_identity_weight():
+    torch.manual_seed(2)
+    ident = GPT(GPTConfig(**SMALL, query_mode="identity"))
+    linear = GPT(GPTConfig(**SMALL, query_mode="linear"))
+    missing, unexpected = linear.load_state_dict(ident.state_dict(), strict=False)
+    assert unexpected == [] and all(k.endswith("attn.query.w_q.weight") for k in missing) and len(missing) == 2
+    with torch.no_grad():
+        for block in linear.transformer.h:
+            block.attn.query.w_q.weight.copy_(torch.eye(32))
+    idx = torch.randint(0, 97, (2, 16))
+    torch.testing.assert_close(linear(idx, idx)[0], ident(idx, idx)[0], rtol=0, atol=1e-6)
+
+
+def test_residual_query_is_x_plus_linear():
+    cfg = GPTConfig(**SMALL, query_mode="residual")
+    q = QUERY_MODULES["residual"](cfg)
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(q(x), x + x @ q.w_q.weight.T)
+
+
+def test_init_stds_follow_spec():
+    torch.manual_seed(3)
+    cfg = GPTConfig(block_size=64, vocab_size=512, n_layer=6, n_head=4, n_embd=256, query_mode="res_gelu")
+    model = GPT(cfg)
+    block = model.transformer.h[0]
+    residual_std = 0.02 / math.sqrt(2 * 6)
+    for w, std in [
+        (block.attn.c_kv.weight, 0.02),
+        (block.mlp.c_fc.weight, 0.02),
+        (block.attn.query.w1.weight, 0.02),  # the bottleneck gets no residual down-scaling
+        (block.attn.query.w2.weight, 0.02),
+        (block.attn.c_proj.weight, residual_std),
+        (block.mlp.c_proj.weight, residual_std),
+        (model.transformer.wte.weight, 0.02),
+    ]:
+        assert w.std().item() == pytest.approx(std, rel=0.05)
+    assert torch.equal(block.attn.query.rms.weight, torch.ones(256))
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_mlp_ratio_sets_hidden_width():
+    assert GPTConfig(n_embd=768, mlp_ratio=4.75).mlp_hidden == 3648
+    model = GPT(GPTConfig(**SMALL, mlp_ratio=4.75))
+    assert model.transformer.h[0].mlp.c_fc.weight.shape == (152, 32)
+
+
+def test_unknown_query_mode_lists_valid_ones():
+    with pytest.raises(ValueError, match="valid query modes: identity, linear, res_gelu, residual"):
+        GPTConfig(query_mode="nonlinear")
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu"))
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    # per layer: ln_1, ln_2, RMSNorm and LayerNorm of f; plus ln_f
+    assert len(no_decay["params"]) == 2 * 4 + 1
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.get_num_params(False)
+
+
+def test_loss_is_cross_entropy_of_logits():
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu"))
+    idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (2, 16, 97)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 97), targets.reshape(-1)))
+    last, none = model(idx)
+    assert none is None
+    torch.testing.assert_close(last[:, 0], logits[:, -1])
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_generate_top_k_1_is_greedy():
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu")).eval()
+    prompt = torch.randint(0, 97, (2, 4))
+    out = model.generate(prompt, 20, temperature=0.7, top_k=1)
+    assert out.shape == (2, 24) and torch.equal(out[:, :4], prompt)
+    greedy = prompt
+    with torch.no_grad():
+        for _ in range(20):
+            logits, _ = model(greedy[:, -16:])
+            greedy = torch.cat([greedy, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, greedy)
