@@ -288,7 +288,8 @@ step = start_step
 t_last, steps_since_log = time.time(), 0
 while True:
     # evaluate and checkpoint (a resumed run already logged its first step before saving)
-    if (step % cfg.eval_interval == 0 or step == cfg.max_iters) and not (cfg.init_from == "resume" and step == start_step):
+    already_logged = cfg.init_from == "resume" and step == start_step and not cfg.eval_only
+    if (step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only) and not already_logged:
         losses = evaluate()
         print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         log({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"]})
