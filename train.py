@@ -285,7 +285,8 @@ def save_checkpoint(step):
 # ----------------------------------------------------------------------------------------
 # training loop
 step = start_step
-t_last, steps_since_log = time.time(), 0
+t_start = t_last = time.time()
+steps_since_log = 0
 while True:
     # evaluate and checkpoint (a resumed run already logged its first step before saving)
     already_logged = cfg.init_from == "resume" and step == start_step and not cfg.eval_only
@@ -340,5 +341,6 @@ while True:
         print(line)
         log(record)
 
+print(f"done: step {step}, {time.time() - t_start:.0f} s of training and evaluation")
 if wandb_run is not None:
     wandb_run.finish()

@@ -73,21 +73,25 @@ def test_no_offset_runs_past_the_data(tmp_path):
 
 def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
-    train(shakespeare_dir, out, "--query_mode=res_gelu", "--n_embd=64", "--batch_size=8", "--block_size=64",
+    train(shakespeare_dir, out, "--query_mode=res_gelu", "--n_embd=64", "--block_size=64",
           "--max_iters=120", "--lr_decay_iters=120", "--eval_interval=60", "--eval_iters=8",
-          "--learning_rate=3e-3", "--warmup_iters=10", "--log_interval=20")
+          "--learning_rate=6e-3", "--warmup_iters=10", "--log_interval=20")
     evals = read_metrics(out, "eval")
     assert [e["step"] for e in evals] == [0, 60, 120]
     assert evals[0]["val_loss"] > 10.5  # ln(50304) = 10.83 at init
-    # 7.0 is below the loss of any model that has not learned the token statistics
+    # Uniform guessing scores 10.83 and the train split's unigram frequencies 6.54 on this
+    # val split: 7.0 means most of the token statistics were learned (this run: 6.74).
     assert evals[-1]["val_loss"] < 7.0, evals
 
 
 def test_resumed_run_equals_unbroken_run(shakespeare_dir, tmp_path):
+    # One thread: multithreaded CPU kernels may sum in a different order when the
+    # machine is loaded, which is noise unrelated to what resuming restores.
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4", "--dropout=0.1"]
-    train(shakespeare_dir, tmp_path / "full", *common)
-    train(shakespeare_dir, tmp_path / "broken", *common[1:], "--max_iters=4")
-    train(shakespeare_dir, tmp_path / "broken", *common, "--init_from=resume")
+    train(shakespeare_dir, tmp_path / "full", *common, env=env)
+    train(shakespeare_dir, tmp_path / "broken", *common[1:], "--max_iters=4", env=env)
+    train(shakespeare_dir, tmp_path / "broken", *common, "--init_from=resume", env=env)
     full, broken = losses_by_step(tmp_path / "full"), losses_by_step(tmp_path / "broken")
     assert sorted(broken) == list(range(1, 9))
     for step in range(1, 9):
