@@ -170,13 +170,16 @@ if cfg.init_from == "scratch" and os.path.exists(metrics_path):
     os.remove(metrics_path)
 
 
-def git_commit():
+def git_state():
+    """(commit, dirty) of the code being run, or (None, None) outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
+        git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        return (commit, bool(status)) if commit else (None, None)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return None, None
 
 
 def wandb_mode():
@@ -185,7 +188,8 @@ def wandb_mode():
         return os.environ["WANDB_MODE"]
     import netrc
 
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    url = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
     try:
         has_key = bool(os.environ.get("WANDB_API_KEY")) or netrc.netrc().authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
@@ -194,7 +198,7 @@ def wandb_mode():
         print("wandb: no API key found, logging offline (sync later with `wandb sync`)")
         return "offline"
     try:
-        socket.create_connection((host, 443), timeout=3).close()
+        socket.create_connection((host, port), timeout=3).close()
     except OSError:
         print(f"wandb: {host} unreachable, logging offline (sync later with `wandb sync`)")
         return "offline"
@@ -218,9 +222,10 @@ if cfg.wandb_log:
                            config=asdict(cfg), dir=cfg.out_dir, mode=wandb_mode(), id=wandb_id, resume="allow")
     wandb_id = wandb_run.id
 
+commit, dirty = git_state()
 header = {
-    "type": "config", "step": start_step, "run_name": run_name, "config_files": config_files,
-    "argv": sys.argv, "git_commit": git_commit(), "torch": torch.__version__, "device": device,
+    "type": "config", "step": start_step, "run_name": run_name, "config_files": config_files, "argv": sys.argv,
+    "git_commit": commit, "git_dirty": dirty, "torch": torch.__version__, "device": device,
     "dtype": dtype, "tokens_per_iter": tokens_per_iter, "non_embedding_params": raw_model.get_num_params(),
     "config": asdict(cfg),
 }

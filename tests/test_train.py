@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -115,7 +116,9 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--query_mode=identity")
     header = read_metrics(out)[0]
-    assert header["type"] == "config" and "git_commit" in header
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert header["type"] == "config" and header["git_commit"] == head and len(head) == 40
+    assert "--query_mode=identity" in header["argv"] and header["non_embedding_params"] > 0
     assert header["config"]["query_mode"] == "identity" and header["config"]["n_embd"] == 32
     with open(out / "config.json") as f:
         assert json.load(f)["config"] == header["config"]
