@@ -27,7 +27,6 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from urllib.parse import urlparse
 
-import numpy as np
 import torch
 
 from batches import get_batch, index_file, open_tokens
@@ -119,11 +118,11 @@ prepare_cmd = f"python data/{cfg.dataset}/prepare.py"
 try:
     train_data = open_tokens(os.path.join(data_dir, "train.bin"), prepare_cmd)
     val_data = open_tokens(os.path.join(data_dir, "val.bin"), prepare_cmd)
-    index_dir = os.path.join(data_dir, "indices")
-    B = cfg.batch_size
-    train_idx = index_file(index_dir, "train", cfg.data_seed, cfg.max_iters, B * cfg.gradient_accumulation_steps, cfg.block_size, len(train_data))
-    train_eval_idx = index_file(index_dir, "train_eval", cfg.data_seed, cfg.eval_iters, B, cfg.block_size, len(train_data))
-    val_eval_idx = index_file(index_dir, "val_eval", cfg.data_seed, cfg.eval_iters, B, cfg.block_size, len(val_data))
+    index_dir, B, T = os.path.join(data_dir, "indices"), cfg.batch_size, cfg.block_size
+    train_idx = index_file(index_dir, "train", cfg.data_seed, cfg.max_iters, B * cfg.gradient_accumulation_steps,
+                           T, len(train_data))
+    train_eval_idx = index_file(index_dir, "train_eval", cfg.data_seed, cfg.eval_iters, B, T, len(train_data))
+    val_eval_idx = index_file(index_dir, "val_eval", cfg.data_seed, cfg.eval_iters, B, T, len(val_data))
 except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
 meta_path = os.path.join(data_dir, "meta.json")
@@ -260,7 +259,7 @@ def evaluate():
     for split, data, idx in (("train", train_data, train_eval_idx), ("val", val_data, val_eval_idx)):
         total = torch.zeros((), device=device)
         for k in range(cfg.eval_iters):
-            x, y = get_batch(data, idx[k], cfg.block_size, device)
+            x, y = get_batch(data, idx[k], T, device)
             with autocast:
                 _, loss = model(x, y)
             total += loss.float()
@@ -278,7 +277,8 @@ def save_checkpoint(step):
         "step": step,
         "config": asdict(cfg),
         "wandb_id": wandb_id or "",
-        "rng": {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device_type == "cuda" else None},
+        "rng": {"cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(device) if device_type == "cuda" else None},
     }
     tmp = ckpt_path + ".tmp"
     torch.save(ckpt, tmp)
@@ -310,14 +310,14 @@ while True:
     for group in optimizer.param_groups:
         group["lr"] = lr
     row = train_idx[step]
-    x, y = get_batch(train_data, row[:B], cfg.block_size, device)
+    x, y = get_batch(train_data, row[:B], T, device)
     loss_sum = torch.zeros((), device=device)
     for micro in range(cfg.gradient_accumulation_steps):
         with autocast:
             _, loss = model(x, y)
         if micro + 1 < cfg.gradient_accumulation_steps:
             # fetch the next micro-batch while the device works on this one
-            x, y = get_batch(train_data, row[(micro + 1) * B : (micro + 2) * B], cfg.block_size, device)
+            x, y = get_batch(train_data, row[(micro + 1) * B : (micro + 2) * B], T, device)
         loss_sum += loss.detach().float()
         scaler.scale(loss / cfg.gradient_accumulation_steps).backward()
     if cfg.grad_clip > 0:
@@ -339,7 +339,8 @@ while True:
                   "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_iter / dt}
         if cfg.grad_clip > 0:
             record["grad_norm"] = grad_norm.item()
-        line = f"step {step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, {tokens_per_iter / dt:,.0f} tokens/s"
+        line = (f"step {step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, "
+                f"{tokens_per_iter / dt:,.0f} tokens/s")
         if peak_flops:
             record["mfu"] = flops_per_iter / dt / peak_flops
             line += f", MFU {100 * record['mfu']:.1f}%"
