@@ -102,14 +102,8 @@ class IdentityQuery(nn.Module):
         return x
 
 
-class ResidualQuery(nn.Module):
+class ResidualQuery(LinearQuery):
     """Linear residual query Q = x + x W_Q (the official code's `residual` mode). d^2 parameters."""
-
-    scale_mult = 1.0
-
-    def __init__(self, config):
-        super().__init__()
-        self.w_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x):
         return x + self.w_q(x)
