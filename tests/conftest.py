@@ -20,11 +20,12 @@ TINY = [
 ]
 
 
-def run_script(script, *args, check=True, env=None):
-    """Run a repo script with this interpreter; returns the CompletedProcess (text output)."""
+def run_script(script, *args, check=True, env=None, cwd=REPO):
+    """Run a repo script with this interpreter, as a user would; returns the CompletedProcess
+    (text output). check=True raises with the script's output if it exits non-zero."""
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, script), *args],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
+        cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

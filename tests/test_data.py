@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 
@@ -24,7 +23,8 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import REPO, run_script
+
 sys.path.insert(0, REPO)
 
 from data.common import DataError, load_hub_documents, load_local_documents, prepare  # noqa: E402
@@ -56,13 +56,9 @@ def datasets_cache(tmp_path, monkeypatch):
     return cache
 
 
-def run_script(script, args, tmp_path):
-    """Run a prepare script as a user would, from an unrelated cwd, offline."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf_cache"))
-    return subprocess.run(
-        [sys.executable, os.path.join(REPO, script), *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )
+def run_prepare(script, args, tmp_path):
+    """Run a prepare script from an unrelated cwd, offline, with its own datasets cache."""
+    return run_script(script, *args, check=False, cwd=tmp_path, env={"HF_DATASETS_CACHE": str(tmp_path / "hf_cache")})
 
 
 def shakespeare_sample():
@@ -299,7 +295,7 @@ def test_openwebtext_cli_errors(tmp_path):
     ]
     for args, message in cases:
         t0 = time.time()
-        result = run_script("data/openwebtext/prepare.py", args + ["--out_dir", str(tmp_path / "out")], tmp_path)
+        result = run_prepare("data/openwebtext/prepare.py", args + ["--out_dir", str(tmp_path / "out")], tmp_path)
         assert result.returncode != 0, result.stdout
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
         assert time.time() - t0 < 20  # no retries against an unreachable hub
@@ -310,7 +306,7 @@ def test_openwebtext_cli_local_input(tmp_path):
     paths = write_inputs(tmp_path, "parquet")
     out_dir = tmp_path / "owt"
     args = ["--input", *paths, "--out_dir", str(out_dir), "--num_proc", "1"]
-    result = run_script("data/openwebtext/prepare.py", args, tmp_path)
+    result = run_prepare("data/openwebtext/prepare.py", args, tmp_path)
     assert result.returncode == 0, result.stderr
     meta = json.loads((out_dir / "meta.json").read_text())
     assert meta["test_size"] == 0.0005 and meta["val_documents"] == 1
@@ -319,7 +315,7 @@ def test_openwebtext_cli_local_input(tmp_path):
 
 def test_shakespeare_prepare(tmp_path):
     out_dir = tmp_path / "shakespeare"
-    result = run_script("data/shakespeare/prepare.py", ["--out_dir", str(out_dir), "--num_proc", "2"], tmp_path)
+    result = run_prepare("data/shakespeare/prepare.py", ["--out_dir", str(out_dir), "--num_proc", "2"], tmp_path)
     assert result.returncode == 0, result.stderr
     meta = json.loads((out_dir / "meta.json").read_text())
     assert 1_200_000 <= meta["train_tokens"] + meta["val_tokens"] <= 2_000_000
