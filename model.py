@@ -9,6 +9,10 @@ Architecture (SPEC §1):
 - pre-LayerNorm blocks (LayerNorm with weight, no bias, eps 1e-5), no biases anywhere
 - causal softmax attention through F.scaled_dot_product_attention with an explicit scale
 - keys and values are always linear in the block's ln_1 output x: K = x W_K, V = x W_V
+- fused input projection (SPEC §4, on by default, `fused_qkv`): one matmul of x with the
+  stacked rows [W_K | W_V | rows of the query module] gives K, V and the query's own
+  first matmul (linear: d -> 3d, res_gelu: d -> 2.5d, identity: d -> 2d); the
+  parameters are the same as unfused, only the order of operations differs
 - the query is a module chosen by `query_mode` from QUERY_MODULES:
     linear    Q = x W_Q                                   d^2 params per layer
     identity  Q = x                                       0
@@ -19,9 +23,13 @@ Architecture (SPEC §1):
 - init N(0, 0.02) for every Linear and Embedding; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
 
-Adding a query module: write a small nn.Module with `forward(x) -> q` (both (B, T, C))
-and a float attribute `scale_mult` (multiplies the attention scale 1/sqrt(head_dim)),
-then add one entry to QUERY_MODULES.
+- generate() keeps a KV cache: K and V are linear in x for every query mode, so cached
+  decoding computes exactly what the full forward pass does
+
+Adding a query module: subclass QueryModule, write `forward(x) -> q` (both (B, T, C)),
+set `scale_mult` if the softmax scale 1/sqrt(head_dim) needs a factor, and add one entry
+to QUERY_MODULES. To join the fused input projection, also override `fused_weight` and
+`from_fused`; without them the module is simply applied to x beside the fused K/V matmul.
 """
 
 import math
@@ -45,6 +53,7 @@ class GPTConfig:
     mlp_ratio: float = 4.0  # MLP hidden width = int(mlp_ratio * n_embd); 4.75 for the MLP4.75 controls
     query_mode: str = "linear"  # a key of QUERY_MODULES
     query_rank: int = 0  # bottleneck width r of res_gelu; 0 means n_embd // 2 (the paper's r = d/2)
+    fused_qkv: bool = True  # one input matmul for K, V and the query's first layer (SPEC §4)
 
     def __post_init__(self):
         if self.query_mode not in QUERY_MODULES:
@@ -76,10 +85,23 @@ def model_config_keys():
 # scale 1/sqrt(head_dim).
 
 
-class LinearQuery(nn.Module):
-    """Standard query Q = x W_Q, W_Q of shape (C, C), no bias. d^2 parameters."""
+class QueryModule(nn.Module):
+    """Base class of the query modules: forward(x) -> q, x and q both (B, T, C).
+
+    A module that starts with a linear map of x can take part in the fused input
+    projection: `fused_weight()` returns that map's rows, (n, C), which CausalSelfAttention
+    stacks under W_K and W_V, and `from_fused(x, h)` finishes the query from x and
+    h = x @ fused_weight().T, (B, T, n). By default a module takes no part (None).
+    """
 
     scale_mult = 1.0
+
+    def fused_weight(self):
+        return None
+
+
+class LinearQuery(QueryModule):
+    """Standard query Q = x W_Q, W_Q of shape (C, C), no bias. d^2 parameters."""
 
     def __init__(self, config):
         super().__init__()
@@ -88,12 +110,17 @@ class LinearQuery(nn.Module):
     def forward(self, x):
         return self.w_q(x)
 
+    def fused_weight(self):
+        return self.w_q.weight
 
-class IdentityQuery(nn.Module):
+    def from_fused(self, x, h):
+        return h
+
+
+class IdentityQuery(QueryModule):
     """Q = x: W_Q set to the identity, which loses nothing by the reparametrization
-    invariance of multi-head attention (paper eq. 1). No parameters."""
-
-    scale_mult = 1.0
+    invariance of multi-head attention (paper eq. 1). No parameters; the fused
+    projection is K and V alone (d -> 2d)."""
 
     def __init__(self, config):
         super().__init__()
@@ -108,8 +135,11 @@ class ResidualQuery(LinearQuery):
     def forward(self, x):
         return x + self.w_q(x)
 
+    def from_fused(self, x, h):
+        return x + h
 
-class ResGELUQuery(nn.Module):
+
+class ResGELUQuery(QueryModule):
     """The paper's nonlinear query (arXiv:2603.13381, eq. 2-3):
 
         Q(x) = (x + f(x)) / 2,   f(x) = LN(GELU(RMSNorm(x) W1) W2)
@@ -121,6 +151,10 @@ class ResGELUQuery(nn.Module):
     forward returns x + f(x) and sets scale_mult = 1/2: the paper's 1/2 is folded into
     the softmax scale, as in the official code, which gives the same logits
     (Q K^T / sqrt(d_head) with Q = (x + f)/2 equals (x + f) K^T / (2 sqrt(d_head))).
+
+    Fused path (SPEC §4): RMSNorm(x) W1 = (x diag(g) W1) / rms(x), rms(x) = sqrt(mean(x^2)
+    + eps), so the first matmul joins K and V as the rows diag(g) W1 (d -> 2.5d in all)
+    and its r outputs are divided per token by rms(x). g stays its own parameter.
     """
 
     scale_mult = 0.5
@@ -139,6 +173,13 @@ class ResGELUQuery(nn.Module):
     def forward(self, x):
         return x + self.f(x)
 
+    def fused_weight(self):
+        return self.w1.weight * self.rms.weight  # (r, C): column j of W1^T scaled by g_j
+
+    def from_fused(self, x, h):
+        h = h * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.rms.eps)
+        return x + self.ln(self.w2(F.gelu(h)))
+
 
 QUERY_MODULES = {
     "linear": LinearQuery,
@@ -152,11 +193,45 @@ QUERY_MODULES = {
 # Transformer
 
 
+class KVCache:
+    """Keys and values of one attention layer for incremental decoding.
+
+    Buffers of shape (B, n_head, max_len, head_dim) are allocated on the first `append`,
+    in the dtype and on the device of the keys they receive. `length` counts the
+    positions filled so far.
+    """
+
+    def __init__(self, max_len):
+        self.max_len = max_len
+        self.length = 0
+        self.k = self.v = None
+
+    def append(self, k, v):
+        """Store k, v: (B, n_head, T, head_dim) at positions length .. length+T-1; return
+        the keys and values of all positions so far, (B, n_head, length+T, head_dim) each.
+        Raises ValueError past max_len."""
+        B, H, T, D = k.shape
+        if self.length + T > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; cannot add {T} to {self.length}")
+        if self.k is None:
+            self.k = k.new_empty(B, H, self.max_len, D)
+            self.v = v.new_empty(B, H, self.max_len, D)
+        self.k[:, :, self.length : self.length + T] = k
+        self.v[:, :, self.length : self.length + T] = v
+        self.length += T
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a pluggable query.
 
-    Input x: (B, T, C), the output of the block's ln_1. K and V come from one fused
-    linear map C -> 2C; Q from `self.query`. Output: (B, T, C).
+    forward(x, kv_cache=None): x (B, T, C), the output of the block's ln_1; returns
+    (B, T, C). With a KVCache, x holds the T positions after the cached ones, and each
+    attends to every cached position and to itself and the new ones before it.
+
+    Projections: with `fused_qkv` one matmul of x with [W_K | W_V | query.fused_weight()]
+    gives K, V and the query module's first linear map (SPEC §4); otherwise K and V come
+    from c_kv (C -> 2C) and Q from the query module applied to x. Same parameters either way.
     """
 
     def __init__(self, config):
@@ -164,19 +239,37 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.fused_qkv = config.fused_qkv
         self.query = QUERY_MODULES[config.query_mode](config)
         self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.scale = self.query.scale_mult / math.sqrt(config.n_embd // config.n_head)
 
-    def forward(self, x):
+    def qkv(self, x):
+        """q, k, v: (B, T, C) each, from x: (B, T, C)."""
+        C = self.n_embd
+        w_query = self.query.fused_weight() if self.fused_qkv else None
+        if w_query is None:
+            k, v = self.c_kv(x).split(C, dim=2)
+            return self.query(x), k, v
+        k, v, h = F.linear(x, torch.cat([self.c_kv.weight, w_query])).split([C, C, w_query.size(0)], dim=2)
+        return self.query.from_fused(x, h), k, v
+
+    def forward(self, x, kv_cache=None):
         B, T, C = x.size()
-        q = self.query(x)
-        k, v = self.c_kv(x).split(self.n_embd, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x))
+        mask, is_causal = None, True
+        if kv_cache is not None:
+            past = kv_cache.length
+            k, v = kv_cache.append(k, v)
+            if past > 0:  # new query i sits at position past + i and sees keys 0 .. past + i
+                is_causal = False
+                if T > 1:
+                    mask = torch.arange(past + T, device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -205,18 +298,19 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
         self.mlp = MLP(config)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, kv_cache=None):
+        x = x + self.attn(self.ln_1(x), kv_cache)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
     """GPT-2 language model with the query module chosen by `config.query_mode`.
 
-    forward(idx, targets=None): idx, targets are int64 (B, T) token ids with T <= block_size.
+    forward(idx, targets=None, kv_cache=None): idx, targets are int64 (B, T) token ids.
     Returns (logits, loss): logits (B, T, vocab_size) and the mean cross-entropy in nats
     when targets are given; otherwise logits (B, 1, vocab_size) for the last position
-    and loss None.
+    and loss None. kv_cache, a list of n_layer KVCache (new_kv_cache()), holds the
+    positions before idx; their count plus T must not exceed block_size (ValueError).
 
     Raises ValueError (from GPTConfig) for an unknown query_mode.
     """
@@ -261,14 +355,15 @@ class GPT(nn.Module):
             n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
         return n
 
-    def forward(self, idx, targets=None):
-        B, T = idx.size()
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+    def forward(self, idx, targets=None, kv_cache=None):
+        T = idx.size(1)
+        past = kv_cache[0].length if kv_cache is not None else 0
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache[i] if kv_cache is not None else None)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
@@ -297,25 +392,44 @@ class GPT(nn.Module):
         n = self.get_num_params(non_embedding=False) - self.transformer.wpe.weight.numel()
         return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
+    def new_kv_cache(self):
+        """An empty KV cache for forward(): one KVCache of block_size positions per layer."""
+        return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
+
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True):
         """Sample max_new_tokens tokens autoregressively.
 
-        idx: int64 (B, T) prompt. temperature > 0 divides the logits; top_k keeps only
-        the k most likely tokens. The context is cropped to the last block_size tokens.
-        Returns int64 (B, T + max_new_tokens). Call model.eval() first.
+        idx: int64 (B, T) prompt. temperature > 0 divides the logits and 0 picks the most
+        likely token (greedy); top_k keeps only the k most likely tokens. Returns int64
+        (B, T + max_new_tokens). Call model.eval() first.
+
+        With use_kv_cache the prompt is run once and each later step runs only the newest
+        token against the cached keys and values, which is exact because K and V are
+        linear in x for every query mode. Positions are learned and absolute, so once the
+        sequence outgrows block_size every step re-runs the last block_size tokens, as
+        without the cache. Raises ValueError for temperature < 0.
         """
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        kv_cache = None
         for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size :]
-            logits, _ = self(idx_cond)
-            logits = logits[:, -1, :] / temperature
-            if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-                logits[logits < v[:, [-1]]] = -float("inf")
-            probs = F.softmax(logits, dim=-1)
-            idx_next = torch.multinomial(probs, num_samples=1)
+            if not use_kv_cache or idx.size(1) > self.config.block_size:
+                logits, _ = self(idx[:, -self.config.block_size :])
+            elif kv_cache is None:
+                kv_cache = self.new_kv_cache()
+                logits, _ = self(idx, kv_cache=kv_cache)
+            else:
+                logits, _ = self(idx[:, -1:], kv_cache=kv_cache)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                idx_next = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                    logits[logits < v[:, [-1]]] = -float("inf")
+                idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 

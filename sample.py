@@ -28,9 +28,10 @@ class SampleConfig:
     start: str = "\n"  # prompt text, or FILE:path to read it from a file
     num_samples: int = 1
     max_new_tokens: int = 200
-    temperature: float = 0.8  # > 0; below 1 is more conservative
+    temperature: float = 0.8  # below 1 is more conservative; 0 always takes the most likely token
     top_k: int = 200  # keep only the top_k most likely tokens; 0 keeps all
     seed: int = 1337
+    kv_cache: bool = True  # reuse keys and values of earlier positions (exact, and much faster)
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', ...
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
 
@@ -63,7 +64,8 @@ x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...].repeat(c
 
 torch.manual_seed(cfg.seed)
 with torch.no_grad(), autocast:
-    y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None)
+    y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                       use_kv_cache=cfg.kv_cache)
 for i in range(cfg.num_samples):
     print(enc.decode(y[i].tolist()))
     print("---------------")

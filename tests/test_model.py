@@ -182,3 +182,87 @@ def test_generate_top_k_1_is_greedy():
             logits, _ = model(greedy[:, -16:])
             greedy = torch.cat([greedy, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, greedy)
+    assert torch.equal(model.generate(prompt, 20, temperature=0), greedy)
+
+
+# ---------------------------------------------------------------------------------------
+# fused input projection (SPEC §4) and the KV cache, each held against the plain computation
+
+
+@pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
+def test_fused_and_unfused_projections_agree_in_loss_and_gradients(query_mode):
+    torch.manual_seed(6)
+    fused = GPT(GPTConfig(**SMALL, query_mode=query_mode))
+    randomize(fused, seed=6)
+    plain = GPT(GPTConfig(**SMALL, query_mode=query_mode, fused_qkv=False))
+    plain.load_state_dict(fused.state_dict())  # strict: the same parameters either way
+    idx, targets = torch.randint(0, 97, (3, 16)), torch.randint(0, 97, (3, 16))
+    losses = []
+    for model in (fused, plain):
+        logits, loss = model(idx, targets)
+        loss.backward()
+        losses.append((logits, loss))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+    grads = [{name: p.grad for name, p in model.named_parameters()} for model in (fused, plain)]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)  # names the parameter on failure
+
+
+class LinearShapes(torch.overrides.TorchFunctionMode):
+    """Records the weight shape of every F.linear call."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear:
+            self.shapes.append(tuple(args[1].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("query_mode, width", [("linear", 96), ("residual", 96), ("res_gelu", 80), ("identity", 64)])
+def test_default_path_runs_one_input_matmul_per_layer(query_mode, width):
+    # d = 32: linear d -> 3d, res_gelu d -> 2.5d (r = d/2), identity d -> 2d; nothing else reads x
+    model = GPT(GPTConfig(**SMALL, query_mode=query_mode))
+    with LinearShapes() as rec:
+        model(torch.randint(0, 97, (1, 8)))
+    w2 = [(32, 16)] if query_mode == "res_gelu" else []
+    layer = [(width, 32), *w2, (32, 32), (128, 32), (32, 128)]  # input, [W2], c_proj, c_fc, mlp c_proj
+    assert rec.shapes == layer * 2 + [(97, 32)]
+
+
+def test_kv_cache_logits_equal_full_forward_for_any_chunking():
+    torch.manual_seed(7)
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu")).eval()
+    randomize(model, seed=7)
+    idx = torch.randint(0, 97, (2, 16))
+    full = model.lm_head(model.transformer.ln_f(hidden_states(model, idx)))
+    cache, start = model.new_kv_cache(), 0
+    for stop in (5, 6, 9, 16):  # a prompt, one token, then chunks that need the offset mask
+        logits, _ = model(idx[:, start:stop], kv_cache=cache)
+        torch.testing.assert_close(logits[:, 0], full[:, stop - 1], rtol=1e-5, atol=1e-5)
+        start = stop
+    assert cache[0].length == 16
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model(idx[:, :1], kv_cache=cache)
+
+
+def hidden_states(model, idx):
+    """Output of the last block for every position, without the cache. (B, T, C)."""
+    x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(idx.size(1)))
+    for block in model.transformer.h:
+        x = block(x)
+    return x
+
+
+@pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
+def test_greedy_generation_is_identical_with_and_without_kv_cache(query_mode):
+    torch.manual_seed(8)
+    model = GPT(GPTConfig(**SMALL, query_mode=query_mode)).double().eval()
+    randomize(model, seed=8)
+    prompt = torch.randint(0, 97, (3, 5))
+    # 5 + 20 tokens outgrow block_size 16: the cached run must switch to the cropped window
+    cached = model.generate(prompt, 20, temperature=0)
+    plain = model.generate(prompt, 20, temperature=0, use_kv_cache=False)
+    assert cached.shape == (3, 25) and torch.equal(cached, plain)
+    assert len(set(cached[:, 5:].flatten().tolist())) > 3  # not a degenerate repetition

@@ -1,0 +1,113 @@
+"""Shared pieces of the bench/ scripts: device flags, timing, and the header every table carries."""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parser(description, model=True):
+    """argparse parser with --device and, for scripts that run a model, --dtype and --compile."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    if model:
+        p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                       help="autocast dtype; auto = bfloat16 on CUDA, float32 on CPU")
+        p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                       help="torch.compile each model")
+    return p
+
+
+def resolve_device(args):
+    """(device, dtype name, autocast context) from the parsed flags; exits with a message on a bad combination."""
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"error: --device={device} but torch.cuda.is_available() is False")
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    dtype = getattr(args, "dtype", "auto")
+    dtype = dtype if dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+    if device_type == "cpu" and dtype == "float16":
+        sys.exit("error: float16 autocast is for CUDA; use --dtype=float32 or bfloat16 on the CPU")
+    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=DTYPES[dtype])
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return device, dtype, autocast
+
+
+def device_name(device):
+    """The GPU's name, or the CPU model and the number of threads torch uses."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads"
+
+
+def proc_status_kib(field):
+    """A memory field of /proc/self/status (VmRSS, VmHWM: peak RSS, ...) in KiB. Linux only."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def sync(device):
+    """Wait for queued device work, so wall-clock time covers it."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device):
+    """Seconds that fn() takes, device work included."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def interleaved(fns, rounds, device):
+    """Time every fn of the dict once per round, in forward order on even rounds and
+    reverse order on odd ones (A B B A), so slow drift of a shared machine hits all
+    alike. Returns {name: [seconds per round]}."""
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            times[name].append(timed(fns[name], device))
+    return times
+
+
+def paired_ratio(times, name, ref):
+    """Median over rounds of times[name][i] / times[ref][i]: a ratio taken within each
+    round, so machine-wide slowdowns cancel."""
+    return statistics.median(a / b for a, b in zip(times[name], times[ref]))
+
+
+def header(title, device, dtype, compiled, command):
+    """Lines that open every table: what was measured, on what, with what, by which command."""
+    return "\n".join([
+        f"## {title}",
+        (f"device: {device_name(device)} | dtype: {dtype} | compile: {compiled} | "
+         f"torch {torch.__version__} | python {platform.python_version()}"),
+        f"command: {command}",
+        "",
+    ])
+
+
+def command_line():
+    """The command that ran this script, as a user would type it."""
+    return "python " + " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])

@@ -1,0 +1,79 @@
+"""
+Generation speed with and without the KV cache, per query mode, for 1 and 8 sequences.
+
+    python bench/sample_speed.py                                   # CPU: 4 x 256 model
+    python bench/sample_speed.py --size=gpt2 --device=cuda         # GPT-2 small, bf16
+
+GPT.generate() from a random prompt of --prompt_len tokens to --new_tokens more, greedy
+(temperature 0), with use_kv_cache True and False taking turns within each round. The
+"same tokens" column checks that both produce the identical sequence. tokens/s counts
+generated tokens over all sequences: batch * new_tokens / median seconds. The target is
+a speed-up of at least 5x for 256 new tokens on the CPU.
+"""
+
+import statistics
+
+import torch
+
+from common import command_line, header, interleaved, parser, resolve_device
+from model import GPT, QUERY_MODULES, GPTConfig
+
+SIZES = {  # n_layer, n_head, n_embd, block_size
+    "cpu": (4, 4, 256, 1024),
+    "gpt2": (12, 12, 768, 1024),
+}
+
+
+def time_generation(model, prompt, new_tokens, rounds, device, autocast):
+    """Greedy generation with and without the KV cache, interleaved over rounds.
+    Returns ({"cached": [s], "plain": [s]}, whether both produced the same tokens)."""
+    out = {}
+
+    def run(use_kv_cache):
+        with torch.no_grad(), autocast:
+            out[use_kv_cache] = model.generate(prompt, new_tokens, temperature=0, use_kv_cache=use_kv_cache)
+
+    run(True)  # warm-up (and compilation)
+    times = interleaved({"cached": lambda: run(True), "plain": lambda: run(False)}, rounds, device)
+    return times, torch.equal(out[True], out[False])
+
+
+def main():
+    p = parser(__doc__.split("\n\n")[1].strip())
+    p.add_argument("--size", choices=SIZES, default=None, help="model size; default cpu or gpt2 by device")
+    p.add_argument("--batch_sizes", default="1,8", help="comma-separated numbers of sequences")
+    p.add_argument("--prompt_len", type=int, default=16)
+    p.add_argument("--new_tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=0, help="timed rounds (default 1 on CPU, 5 on CUDA)")
+    args = p.parse_args()
+    device, dtype, autocast = resolve_device(args)
+    cuda = device.startswith("cuda")
+    args.size = args.size or ("gpt2" if cuda else "cpu")
+    rounds = args.rounds or (5 if cuda else 1)
+    n_layer, n_head, n_embd, block_size = SIZES[args.size]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+
+    rows = []
+    for mode in ["linear", *sorted(set(QUERY_MODULES) - {"linear"})]:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+                              query_mode=mode)).to(device).eval()
+        if args.compile:  # generate() calls forward, so that is what gets compiled
+            model.forward = torch.compile(model.forward, dynamic=True)
+        for batch in batch_sizes:
+            prompt = torch.randint(0, 50257, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+            prompt = prompt.to(device)
+            times, same = time_generation(model, prompt, args.new_tokens, rounds, device, autocast)
+            cached, plain = statistics.median(times["cached"]), statistics.median(times["plain"])
+            rows.append(f"| {mode} | {batch} | {batch * args.new_tokens / plain:,.0f} | "
+                        f"{batch * args.new_tokens / cached:,.0f} | {plain / cached:.1f}x | {"yes" if same else "NO"} |")
+
+    print(header(f"Generation: {n_layer} layers, d={n_embd}, prompt {args.prompt_len} + {args.new_tokens} new tokens, "
+                 f"greedy, {rounds} round(s)", device, dtype, args.compile, command_line()))
+    print("| query_mode | sequences | tokens/s, no cache | tokens/s, KV cache | speed-up | same tokens |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""
+Training speed of every query mode (and the MLP4.75 control), measured side by side.
+
+    python bench/train_speed.py                                      # CPU: 6 x 384, block 256
+    python bench/train_speed.py --size=gpt2 --compile --device=cuda  # GPT-2 small, bf16
+
+One full training step per variant and round: forward and backward over batch_size
+sequences of random tokens, gradient clipping, an AdamW step (train.py's own optimizer
+setup). The variants take turns within each round (A B C ... C B A), so a shared
+machine's drift falls on all of them alike. Columns:
+
+- ms/step: median over rounds (min in brackets); tokens/s = batch_size * block_size / median
+- MFU: the model's training FLOPs per token (GPT.flops_per_token: 6 x its own matmul
+  parameters + attention) x tokens/s / the device's peak; '-' when the peak is unknown
+  (CPUs; pass --peak_flops to set one)
+- peak MiB: CUDA: the step's peak allocation above what the other variants hold, plus
+  this variant's parameters and AdamW state; CPU: peak RSS growth of a fresh process
+  that builds this variant alone and runs two steps
+- vs linear: median over rounds of (this variant's time / linear's time in the same
+  round); the target for res_gelu is at most 1.05 on the CPU, and at least 0.97x
+  linear's tokens/s (ratio <= 1.03) on an H100/H200
+"""
+
+import multiprocessing
+import statistics
+
+import torch
+
+from common import command_line, header, interleaved, paired_ratio, parser, proc_status_kib, resolve_device
+from model import GPT, QUERY_MODULES, GPTConfig, peak_flops_for
+
+SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
+    "cpu": (6, 6, 384, 256, 4),
+    "gpt2": (12, 12, 768, 1024, 12),  # the paper's model and micro-batch
+}
+
+
+def variants(args):
+    """{name: GPTConfig overrides}: every query mode, the MLP4.75 control, and with
+    --unfused the unfused projection of each mode that has a fused one."""
+    out = {mode: {"query_mode": mode} for mode in ["linear", *sorted(set(QUERY_MODULES) - {"linear"})]}
+    out["mlp475"] = {"query_mode": "linear", "mlp_ratio": 4.75}
+    if args.unfused:
+        for mode in ("linear", "res_gelu"):
+            out[f"{mode} unfused"] = {"query_mode": mode, "fused_qkv": False}
+    return out
+
+
+def build(args, overrides, device):
+    """(model, compiled model, optimizer) of one variant; every variant starts from seed 0."""
+    n_layer, n_head, n_embd, block_size, _ = SIZES[args.size]
+    config = GPTConfig(n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head, n_embd=args.n_embd or n_embd,
+                       block_size=args.block_size or block_size, **overrides)
+    torch.manual_seed(0)
+    model = GPT(config).to(device)
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
+    return model, torch.compile(model) if args.compile else model, optimizer
+
+
+def make_step(model, compiled, optimizer, x, y, autocast):
+    """One training step, as in train.py (without gradient accumulation)."""
+
+    def step():
+        with autocast:
+            _, loss = compiled(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def batch(args, config, device):
+    g = torch.Generator().manual_seed(0)
+    batch_size = args.batch_size or SIZES[args.size][4]
+    xy = torch.randint(0, 50257, (batch_size, config.block_size + 1), generator=g).to(device)
+    return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+
+
+def cpu_peak_mib(args, overrides):
+    """Peak RSS growth (MiB) of building one variant and running two steps, in this (fresh) process."""
+    torch.set_num_threads(1)  # memory, not speed, is measured here
+    before = proc_status_kib("VmRSS")
+    model, compiled, optimizer = build(args, overrides, "cpu")
+    step = make_step(model, compiled, optimizer, *batch(args, model.config, "cpu"), torch.autocast("cpu", enabled=False))
+    step()
+    step()
+    # VmHWM, not ru_maxrss: a spawned process inherits its parent's ru_maxrss across exec
+    return (proc_status_kib("VmHWM") - before) / 1024
+
+
+def main():
+    p = parser(__doc__.split("\n\n")[1].strip())
+    p.add_argument("--size", choices=SIZES, default=None, help="model and batch size; default cpu or gpt2 by device")
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "batch_size"):
+        p.add_argument(f"--{key}", type=int, default=0, help="override the size preset")
+    p.add_argument("--rounds", type=int, default=0, help="timed rounds (default 10 on CPU, 30 on CUDA)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant (compilation happens here)")
+    p.add_argument("--unfused", action="store_true", help="also time linear and res_gelu with fused_qkv=False")
+    p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
+    args = p.parse_args()
+    device, dtype, autocast = resolve_device(args)
+    cuda = device.startswith("cuda")
+    args.size = args.size or ("gpt2" if cuda else "cpu")
+    rounds = args.rounds or (30 if cuda else 10)
+    peak = args.peak_flops or (peak_flops_for(torch.cuda.get_device_name(device)) if cuda else None)
+
+    specs = variants(args)
+    models, steps, persistent = {}, {}, {}
+    for name, overrides in specs.items():
+        model, compiled, optimizer = build(args, overrides, device)
+        step = make_step(model, compiled, optimizer, *batch(args, model.config, device), autocast)
+        for _ in range(args.warmup):
+            step()
+        models[name], steps[name] = model, step
+        if cuda:  # parameters + AdamW's two moments (fp32), which the step's own peak does not show
+            persistent[name] = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
+                t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values())
+    times = interleaved(steps, rounds, device)
+
+    peak_mib = {}
+    for name in specs:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            steps[name]()
+            peak_mib[name] = (torch.cuda.max_memory_allocated(device) - base + persistent[name]) / 2**20
+        else:
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                peak_mib[name] = pool.apply(cpu_peak_mib, (args, specs[name]))
+
+    cfg = models["linear"].config
+    tokens = (args.batch_size or SIZES[args.size][4]) * cfg.block_size
+    print(header(f"Training step: {cfg.n_layer} layers, d={cfg.n_embd}, block {cfg.block_size}, "
+                 f"{tokens // cfg.block_size} sequences, {rounds} rounds", device, dtype, args.compile, command_line()))
+    print("| variant | non-emb params | ms/step (min) | tokens/s | MFU | peak MiB | vs linear |")
+    print("|---|---|---|---|---|---|---|")
+    for name, model in models.items():
+        med, low = statistics.median(times[name]), min(times[name])
+        mfu = f"{100 * model.flops_per_token() * tokens / med / peak:.1f}%" if peak else "-"
+        print(f"| {name} | {model.get_num_params():,} | {1000 * med:.1f} ({1000 * low:.1f}) | {tokens / med:,.0f} "
+              f"| {mfu} | {peak_mib[name]:,.0f} | {paired_ratio(times, name, 'linear'):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
