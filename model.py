@@ -230,8 +230,9 @@ class CausalSelfAttention(nn.Module):
     attends to every cached position and to itself and the new ones before it.
 
     Projections: with `fused_qkv` one matmul of x with [W_K | W_V | query.fused_weight()]
-    gives K, V and the query module's first linear map (SPEC §4); otherwise K and V come
-    from c_kv (C -> 2C) and Q from the query module applied to x. Same parameters either way.
+    gives K, V and the query module's first linear map (SPEC §4); otherwise, and always
+    when decoding with a KV cache, K and V come from c_kv (C -> 2C) and Q from the query
+    module applied to x. Same parameters either way.
     """
 
     def __init__(self, config):
@@ -246,10 +247,10 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.scale = self.query.scale_mult / math.sqrt(config.n_embd // config.n_head)
 
-    def qkv(self, x):
-        """q, k, v: (B, T, C) each, from x: (B, T, C)."""
+    def qkv(self, x, fused):
+        """q, k, v: (B, T, C) each, from x: (B, T, C); one input matmul if `fused`."""
         C = self.n_embd
-        w_query = self.query.fused_weight() if self.fused_qkv else None
+        w_query = self.query.fused_weight() if fused else None
         if w_query is None:
             k, v = self.c_kv(x).split(C, dim=2)
             return self.query(x), k, v
@@ -258,7 +259,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, kv_cache=None):
         B, T, C = x.size()
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x))
+        # Decoding with a cache moves a few tokens through each weight: the matmuls are
+        # bound by reading the weights, and stacking them first would double that read.
+        fused = self.fused_qkv and kv_cache is None
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x, fused))
         mask, is_causal = None, True
         if kv_cache is not None:
             past = kv_cache.length
@@ -439,6 +443,7 @@ class GPT(nn.Module):
 PEAK_FLOPS_BF16 = [
     ("H200", 989e12),
     ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
     ("H100", 989e12),
     ("A100", 312e12),
     ("RTX 5090", 209.5e12),

@@ -18,8 +18,9 @@ import torch
 from common import command_line, header, interleaved, parser, resolve_device
 from model import GPT, QUERY_MODULES, GPTConfig
 
+ALL_MODES = ["linear", *sorted(set(QUERY_MODULES) - {"linear"})]
 SIZES = {  # n_layer, n_head, n_embd, block_size
-    "cpu": (4, 4, 256, 1024),
+    "cpu": (6, 6, 384, 1024),  # the CPU training benchmark's model
     "gpt2": (12, 12, 768, 1024),
 }
 
@@ -41,6 +42,9 @@ def time_generation(model, prompt, new_tokens, rounds, device, autocast):
 def main():
     p = parser(__doc__.split("\n\n")[1].strip())
     p.add_argument("--size", choices=SIZES, default=None, help="model size; default cpu or gpt2 by device")
+    for key in ("n_layer", "n_head", "n_embd", "vocab_size"):
+        p.add_argument(f"--{key}", type=int, default=0, help="override the size preset")
+    p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated query modes")
     p.add_argument("--batch_sizes", default="1,8", help="comma-separated numbers of sequences")
     p.add_argument("--prompt_len", type=int, default=16)
     p.add_argument("--new_tokens", type=int, default=256)
@@ -51,22 +55,26 @@ def main():
     args.size = args.size or ("gpt2" if cuda else "cpu")
     rounds = args.rounds or (5 if cuda else 1)
     n_layer, n_head, n_embd, block_size = SIZES[args.size]
+    n_layer, n_head, n_embd = args.n_layer or n_layer, args.n_head or n_head, args.n_embd or n_embd
+    vocab_size = args.vocab_size or 50304
+    block_size = max(block_size, args.prompt_len + args.new_tokens)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
     rows = []
-    for mode in ["linear", *sorted(set(QUERY_MODULES) - {"linear"})]:
+    for mode in args.modes.split(","):
         torch.manual_seed(0)
         model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                              query_mode=mode)).to(device).eval()
+                              vocab_size=vocab_size, query_mode=mode)).to(device).eval()
         if args.compile:  # generate() calls forward, so that is what gets compiled
             model.forward = torch.compile(model.forward, dynamic=True)
         for batch in batch_sizes:
-            prompt = torch.randint(0, 50257, (batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+            g = torch.Generator().manual_seed(0)
+            prompt = torch.randint(0, min(vocab_size, 50257), (batch, args.prompt_len), generator=g)
             prompt = prompt.to(device)
             times, same = time_generation(model, prompt, args.new_tokens, rounds, device, autocast)
             cached, plain = statistics.median(times["cached"]), statistics.median(times["plain"])
             rows.append(f"| {mode} | {batch} | {batch * args.new_tokens / plain:,.0f} | "
-                        f"{batch * args.new_tokens / cached:,.0f} | {plain / cached:.1f}x | {"yes" if same else "NO"} |")
+                        f"{batch * args.new_tokens / cached:,.0f} | {plain / cached:.1f}x | {'yes' if same else 'NO'} |")
 
     print(header(f"Generation: {n_layer} layers, d={n_embd}, prompt {args.prompt_len} + {args.new_tokens} new tokens, "
                  f"greedy, {rounds} round(s)", device, dtype, args.compile, command_line()))

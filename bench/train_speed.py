@@ -29,6 +29,7 @@ import torch
 from common import command_line, header, interleaved, paired_ratio, parser, proc_status_kib, resolve_device
 from model import GPT, QUERY_MODULES, GPTConfig, peak_flops_for
 
+ALL_MODES = ["linear", *sorted(set(QUERY_MODULES) - {"linear"})]
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
     "cpu": (6, 6, 384, 256, 4),
     "gpt2": (12, 12, 768, 1024, 12),  # the paper's model and micro-batch
@@ -36,12 +37,14 @@ SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
 
 
 def variants(args):
-    """{name: GPTConfig overrides}: every query mode, the MLP4.75 control, and with
-    --unfused the unfused projection of each mode that has a fused one."""
-    out = {mode: {"query_mode": mode} for mode in ["linear", *sorted(set(QUERY_MODULES) - {"linear"})]}
-    out["mlp475"] = {"query_mode": "linear", "mlp_ratio": 4.75}
+    """{name: GPTConfig overrides}: the --modes (linear first: the ratios refer to it),
+    the MLP4.75 control, and with --unfused the unfused projection of linear and res_gelu."""
+    modes = args.modes.split(",")
+    out = {mode: {"query_mode": mode} for mode in modes}
+    if not args.no_mlp475:
+        out["mlp475"] = {"query_mode": "linear", "mlp_ratio": 4.75}
     if args.unfused:
-        for mode in ("linear", "res_gelu"):
+        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
             out[f"{mode} unfused"] = {"query_mode": mode, "fused_qkv": False}
     return out
 
@@ -50,7 +53,7 @@ def build(args, overrides, device):
     """(model, compiled model, optimizer) of one variant; every variant starts from seed 0."""
     n_layer, n_head, n_embd, block_size, _ = SIZES[args.size]
     config = GPTConfig(n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head, n_embd=args.n_embd or n_embd,
-                       block_size=args.block_size or block_size, **overrides)
+                       block_size=args.block_size or block_size, vocab_size=args.vocab_size or 50304, **overrides)
     torch.manual_seed(0)
     model = GPT(config).to(device)
     device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -75,7 +78,7 @@ def make_step(model, compiled, optimizer, x, y, autocast):
 def batch(args, config, device):
     g = torch.Generator().manual_seed(0)
     batch_size = args.batch_size or SIZES[args.size][4]
-    xy = torch.randint(0, 50257, (batch_size, config.block_size + 1), generator=g).to(device)
+    xy = torch.randint(0, min(config.vocab_size, 50257), (batch_size, config.block_size + 1), generator=g).to(device)
     return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
 
 
@@ -94,13 +97,17 @@ def cpu_peak_mib(args, overrides):
 def main():
     p = parser(__doc__.split("\n\n")[1].strip())
     p.add_argument("--size", choices=SIZES, default=None, help="model and batch size; default cpu or gpt2 by device")
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "batch_size"):
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size"):
         p.add_argument(f"--{key}", type=int, default=0, help="override the size preset")
     p.add_argument("--rounds", type=int, default=0, help="timed rounds (default 10 on CPU, 30 on CUDA)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant (compilation happens here)")
+    p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated query modes; linear first")
+    p.add_argument("--no_mlp475", action="store_true", help="leave out the MLP4.75 control (linear, mlp_ratio 4.75)")
     p.add_argument("--unfused", action="store_true", help="also time linear and res_gelu with fused_qkv=False")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
     args = p.parse_args()
+    if not args.modes.startswith("linear"):
+        p.error("--modes must start with linear: every ratio is taken against it")
     device, dtype, autocast = resolve_device(args)
     cuda = device.startswith("cuda")
     args.size = args.size or ("gpt2" if cuda else "cpu")
