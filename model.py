@@ -270,7 +270,8 @@ class CausalSelfAttention(nn.Module):
             if past > 0:  # new query i sits at position past + i and sees keys 0 .. past + i
                 is_causal = False
                 if T > 1:
-                    mask = torch.arange(past + T, device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]
+                    positions = torch.arange(past + T, device=x.device)
+                    mask = positions <= positions[past:, None]
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0,

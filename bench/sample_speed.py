@@ -73,8 +73,9 @@ def main():
             prompt = prompt.to(device)
             times, same = time_generation(model, prompt, args.new_tokens, rounds, device, autocast)
             cached, plain = statistics.median(times["cached"]), statistics.median(times["plain"])
-            rows.append(f"| {mode} | {batch} | {batch * args.new_tokens / plain:,.0f} | "
-                        f"{batch * args.new_tokens / cached:,.0f} | {plain / cached:.1f}x | {'yes' if same else 'NO'} |")
+            tokens = batch * args.new_tokens
+            rows.append(f"| {mode} | {batch} | {tokens / plain:,.0f} | {tokens / cached:,.0f} | {plain / cached:.1f}x "
+                        f"| {'yes' if same else 'NO'} |")
 
     print(header(f"Generation: {n_layer} layers, d={n_embd}, prompt {args.prompt_len} + {args.new_tokens} new tokens, "
                  f"greedy, {rounds} round(s)", device, dtype, args.compile, command_line()))

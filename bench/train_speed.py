@@ -87,7 +87,8 @@ def cpu_peak_mib(args, overrides):
     torch.set_num_threads(1)  # memory, not speed, is measured here
     before = proc_status_kib("VmRSS")
     model, compiled, optimizer = build(args, overrides, "cpu")
-    step = make_step(model, compiled, optimizer, *batch(args, model.config, "cpu"), torch.autocast("cpu", enabled=False))
+    _, _, autocast = resolve_device(args)
+    step = make_step(model, compiled, optimizer, *batch(args, model.config, "cpu"), autocast)
     step()
     step()
     # VmHWM, not ru_maxrss: a spawned process inherits its parent's ru_maxrss across exec
