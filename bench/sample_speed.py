@@ -30,11 +30,11 @@ def time_generation(model, prompt, new_tokens, rounds, device, autocast):
     Returns ({"cached": [s], "plain": [s]}, whether both produced the same tokens)."""
     out = {}
 
-    def run(use_kv_cache):
+    def run(use_kv_cache, tokens=new_tokens):
         with torch.no_grad(), autocast:
-            out[use_kv_cache] = model.generate(prompt, new_tokens, temperature=0, use_kv_cache=use_kv_cache)
+            out[use_kv_cache] = model.generate(prompt, tokens, temperature=0, use_kv_cache=use_kv_cache)
 
-    run(True)  # warm-up (and compilation)
+    run(True, min(new_tokens, 16))  # warm-up (and compilation)
     times = interleaved({"cached": lambda: run(True), "plain": lambda: run(False)}, rounds, device)
     return times, torch.equal(out[True], out[False])
 
