@@ -43,8 +43,9 @@ def wait_for(condition, proc, timeout=300):
     """Poll condition() every millisecond while the process runs."""
     start = time.time()
     while not condition():
-        assert proc.poll() is None, f"train.py exited early ({proc.returncode})"
-        assert time.time() - start < timeout
+        if proc.poll() is not None or time.time() - start > timeout:
+            proc.kill()
+            raise AssertionError(f"train.py ended ({proc.wait()}) or ran {timeout} s before the awaited moment")
         time.sleep(0.001)
 
 
@@ -114,6 +115,10 @@ def test_two_processes_train_on_the_same_tokens_as_one(shakespeare_dir, tmp_path
     assert sorted(two) == [1, 2, 3, 4]
     for step in two:
         assert abs(one[step] - two[step]) <= 1e-5, (step, one[step], two[step])
+    # the same gradient, not only a similar update (AdamW hides a gradient's scale)
+    norms_one = {r["step"]: r["grad_norm"] for r in read_metrics(tmp_path / "one", "train")}
+    for r in read_metrics(tmp_path / "two", "train"):
+        assert abs(r["grad_norm"] - norms_one[r["step"]]) <= 1e-5 * norms_one[r["step"]], r
     for step, val in evals(tmp_path / "two").items():  # evaluation split over the ranks
         assert abs(evals(tmp_path / "one")[step] - val) <= 1e-5
     assert len(read_metrics(tmp_path / "two", "config")) == 1  # only rank 0 writes
@@ -172,7 +177,7 @@ def test_kill_during_the_checkpoint_write_leaves_the_previous_checkpoint(shakesp
     big = ["--n_embd=256", "--block_size=16", "--batch_size=2", "--eval_interval=2", "--eval_iters=1"]
     proc = start_training(shakespeare_dir, out, *big, "--max_iters=1000")
     wait_for(lambda: os.path.exists(out / "ckpt_000002.pt"), proc)  # the first checkpoint is complete
-    wait_for(lambda: os.path.exists(out / "ckpt.pt.tmp"), proc)  # torch.save of the second one began
+    wait_for(lambda: os.path.exists(out / "ckpt.pt.tmp"), proc, timeout=120)  # torch.save of the second one began
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     assert os.path.exists(out / "ckpt.pt.tmp")  # the kill landed in the write
@@ -207,7 +212,8 @@ def test_step_checkpoints_and_a_corrupt_checkpoint(shakespeare_dir, tmp_path):
     proc = train(shakespeare_dir, out, "--max_iters=10", "--init_from=resume", check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"cannot read checkpoint {out / 'ckpt.pt'}: it is truncated or corrupt" in proc.stderr
-    assert f"{out / 'ckpt_000006.pt'}, {out / 'ckpt_000003.pt'}; resume from one with --resume_from" in proc.stderr
+    assert (f"Checkpoints in {out}: {out / 'ckpt_000006.pt'}, {out / 'ckpt_000003.pt'}; resume from one with "
+            f"--resume_from=PATH") in proc.stderr
 
     train(shakespeare_dir, out, "--max_iters=10", f"--resume_from={out / 'ckpt_000006.pt'}")
     # steps 7 and 8 as first trained, then again from the older checkpoint
@@ -266,22 +272,29 @@ def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_
     train(shakespeare_dir, out, "--max_iters=4", "--wandb_log=True")
     before = sha256(out / "ckpt.pt")
 
-    # learning rate 10: the loss explodes (1453 after one update) and stays above 12
-    proc = train(shakespeare_dir, out, "--max_iters=40", "--init_from=resume", "--learning_rate=10",
-                 "--divergence_patience=3", "--wandb_log=True", check=False)
-    assert proc.returncode == 3, proc.stderr
-    assert "diverged at step 8: the loss has been above divergence_threshold=12.0 for 3 steps" in proc.stderr
-    assert f"the last checkpoint, {out / 'ckpt.pt'} (step 4), is untouched" in proc.stderr
-    record = read_metrics(out)[-1]
-    assert record["type"] == "diverged" and record["step"] == 8 and record["last_checkpoint_step"] == 4
-    assert max(losses(out)) == 7  # the diverged step's update was never applied
-    runs = sorted(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb")), key=os.path.getmtime)
-    rows = read_wandb_history(runs[-1])
-    assert [(r["_step"], r["diverged/last_checkpoint_step"]) for r in rows if "diverged/reason" in r] == [(8, 4)]
-
     # learning rate 1e30: NaN after one update, which stops the run at once
     proc = train(shakespeare_dir, out, "--max_iters=40", "--init_from=resume", "--learning_rate=1e30", check=False)
-    assert proc.returncode == 3 and "diverged at step 6: the loss is nan" in proc.stderr
-    assert read_metrics(out)[-1]["step"] == 6
+    assert proc.returncode == 3 and "diverged at step 6: the loss is nan" in proc.stderr, proc.stderr
+    assert f"the last checkpoint, {out / 'ckpt.pt'} (step 4), is untouched" in proc.stderr
+    record = read_metrics(out)[-1]
+    assert record["type"] == "diverged" and record["step"] == 6 and record["last_checkpoint_step"] == 4
+    assert max(losses(out)) == 5  # the diverged step's update was never applied, nor logged as trained
     assert sha256(out / "ckpt.pt") == before
     assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_000004.pt", "config.json", "metrics.jsonl", "wandb"]
+
+    # learning rate 10: the loss explodes (1453 after one update) and stays above 12, for
+    # the third step in a row at step 8; a checkpoint is written at step 6, mid-streak
+    diverge = ["--max_iters=40", "--init_from=resume", "--learning_rate=10", "--divergence_patience=3"]
+    proc = train(shakespeare_dir, out, *diverge, "--save_checkpoint_steps=[6]", "--wandb_log=True", check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "diverged at step 8: the loss has been above divergence_threshold=12.0 for 3 steps" in proc.stderr
+    assert f"the last checkpoint, {out / 'ckpt.pt'} (step 6), is untouched" in proc.stderr
+    assert read_metrics(out)[-1]["step"] == 8 and max(losses(out)) == 7
+    runs = sorted(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb")), key=os.path.getmtime)
+    rows = read_wandb_history(runs[-1])
+    assert [(r["_step"], r["diverged/last_checkpoint_step"]) for r in rows if "diverged/reason" in r] == [(8, 6)]
+    # the checkpoint carries the streak: resumed at step 6, the run stops at step 8 again
+    after = sha256(out / "ckpt.pt")
+    proc = train(shakespeare_dir, out, *diverge, check=False)
+    assert proc.returncode == 3 and "diverged at step 8: the loss has been above" in proc.stderr, proc.stderr
+    assert sha256(out / "ckpt.pt") == after
