@@ -31,7 +31,7 @@ def losses_by_step(out_dir):
 
 def test_linear_and_res_gelu_runs_see_identical_batches(shakespeare_dir, tmp_path):
     data_dir = tmp_path / "data"
-    shutil.copytree(shakespeare_dir, data_dir)
+    shutil.copytree(shakespeare_dir, data_dir, ignore=shutil.ignore_patterns("indices"))  # other tests' indices
     train(data_dir, tmp_path / "a", "--query_mode=linear", "--max_iters=3", "--eval_interval=3")
     first = {os.path.basename(p): np.load(p) for p in glob.glob(str(data_dir / "indices" / "*.npy"))}
     n_train = len(np.memmap(data_dir / "train.bin", np.uint16))
