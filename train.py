@@ -463,6 +463,7 @@ stop_signal = None
 
 
 def request_stop(signum, frame):
+    """Signal handler: remember the signal; the training loop acts on it after the step."""
     global stop_signal
     stop_signal = signal.Signals(signum).name
 

@@ -291,6 +291,7 @@ def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_
     assert f"the last checkpoint, {out / 'ckpt.pt'} (step 6), is untouched" in proc.stderr
     assert read_metrics(out)[-1]["step"] == 8 and max(losses(out)) == 7
     runs = sorted(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb")), key=os.path.getmtime)
+    assert len(runs) == 2 and len({os.path.basename(r) for r in runs}) == 1  # the resumed run is the same wandb run
     rows = read_wandb_history(runs[-1])
     assert [(r["_step"], r["diverged/last_checkpoint_step"]) for r in rows if "diverged/reason" in r] == [(8, 6)]
     # the checkpoint carries the streak: resumed at step 6, the run stops at step 8 again
