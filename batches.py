@@ -17,6 +17,7 @@ extended and resumed keeps its batches. Offsets lie in [0, n_tokens - block_size
 so that x = data[o : o+T] and its target y = data[o+1 : o+T+1] are both in range.
 """
 
+import hashlib
 import os
 
 import numpy as np
@@ -24,6 +25,8 @@ import torch
 
 STREAMS = {"train": 0, "train_eval": 1, "val_eval": 2}
 _CHUNK_ROWS = 1024  # rows generated and flushed at a time: bounded RAM for any file size
+_HASH_CHUNKS, _HASH_CHUNK_BYTES = 64, 1 << 20  # token files above 64 MiB are hashed at 64 places
+_HASH_ROWS = 16  # index rows fingerprinted per stream
 
 
 def open_tokens(path, prepare_hint):
@@ -84,3 +87,52 @@ def get_batch(data, offsets, block_size, device):
     else:
         xy = xy.to(device)
     return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
+
+
+def file_fingerprint(path):
+    """Size (bytes) and blake2b (hex) of a token file, to tell on resume whether it changed.
+
+    Files up to 64 MiB are hashed whole. Larger ones are hashed at 64 evenly spaced 1 MiB
+    chunks (the first at offset 0, the last ending at the end of the file): OpenWebText's
+    17 GB train.bin costs 64 MiB of reading instead of minutes, and a re-prepared or
+    replaced file differs in size or at the sampled places, but an edit confined to the
+    bytes between chunks goes unnoticed.
+    """
+    size = os.path.getsize(path)
+    digest = hashlib.blake2b(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _HASH_CHUNKS * _HASH_CHUNK_BYTES:
+            for block in iter(lambda: f.read(_HASH_CHUNK_BYTES), b""):
+                digest.update(block)
+        else:
+            step = (size - _HASH_CHUNK_BYTES) / (_HASH_CHUNKS - 1)
+            for k in range(_HASH_CHUNKS):
+                f.seek(round(k * step))
+                digest.update(f.read(_HASH_CHUNK_BYTES))
+    return {"file": os.path.basename(path), "size": size, "blake2b": digest.hexdigest()}
+
+
+def index_fingerprint(idx):
+    """Width and per-row blake2b (hex) of the first 16 rows of an index stream (rows, cols).
+
+    Rows rather than the whole file, because a run may be resumed with another max_iters
+    (another row count, another file name) and must then see the same rows; a change of
+    seed, width, block_size, token count or random generator changes every row.
+    """
+    rows = np.asarray(idx[:_HASH_ROWS], dtype=np.int64)
+    return {"cols": int(idx.shape[1]), "rows_blake2b": [hashlib.blake2b(r.tobytes()).hexdigest() for r in rows]}
+
+
+def fingerprint_change(saved, current):
+    """What differs between two fingerprints of the same file or stream, or None if nothing
+    does. Index streams are compared on the rows both fingerprints cover."""
+    if "size" in saved:
+        if saved["size"] != current["size"]:
+            return f"size {saved['size']:,} bytes, now {current['size']:,}"
+        return None if saved["blake2b"] == current["blake2b"] else "same size, different contents"
+    if saved["cols"] != current["cols"]:
+        return f"{saved['cols']} sequences per row, now {current['cols']}"
+    for i, (a, b) in enumerate(zip(saved["rows_blake2b"], current["rows_blake2b"])):
+        if a != b:
+            return f"row {i} holds other offsets"
+    return None

@@ -39,6 +39,8 @@ def _unknown_key(key, ftypes, where):
 def _check_type(key, value, ftype, source, raw=None):
     if ftype is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if ftype is tuple and isinstance(value, list):
+        return tuple(value)  # --save_checkpoint_steps=[59000,60000] and (59000, 60000) alike
     if ftype is str and raw is not None and not isinstance(value, str):
         return raw  # --wandb_run_name=123 means the string "123"
     if ftype is int and isinstance(value, bool):

@@ -1,5 +1,6 @@
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -37,6 +38,30 @@ def read_metrics(out_dir, kind=None):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     return [r for r in records if kind is None or r["type"] == kind]
+
+
+def read_wandb_history(run_file):
+    """History rows of a .wandb file: W&B's 7-byte header, then LevelDB-log-format records
+    (crc32, length, type; 32 KiB blocks) holding protobuf `Record`s."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = open(run_file, "rb").read()
+    pos, rows, pending = 7, [], b""
+    while pos + 7 <= len(data):
+        block_left = 32768 - pos % 32768
+        if block_left < 7:
+            pos += block_left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            record = pb.Record.FromString(pending)
+            pending = b""
+            if record.HasField("history"):
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,13 @@ import glob
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO, TINY, read_metrics, run_script
+from conftest import REPO, TINY, read_metrics, read_wandb_history, run_script
 
 sys.path.insert(0, REPO)
 
@@ -32,7 +31,7 @@ def losses_by_step(out_dir):
 
 def test_linear_and_res_gelu_runs_see_identical_batches(shakespeare_dir, tmp_path):
     data_dir = tmp_path / "data"
-    shutil.copytree(shakespeare_dir, data_dir)
+    shutil.copytree(shakespeare_dir, data_dir, ignore=shutil.ignore_patterns("indices"))  # other tests' indices
     train(data_dir, tmp_path / "a", "--query_mode=linear", "--max_iters=3", "--eval_interval=3")
     first = {os.path.basename(p): np.load(p) for p in glob.glob(str(data_dir / "indices" / "*.npy"))}
     n_train = len(np.memmap(data_dir / "train.bin", np.uint16))
@@ -123,30 +122,6 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
     with open(out / "config.json") as f:
         assert json.load(f)["config"] == header["config"]
     assert os.path.exists(out / "ckpt.pt") and not os.path.exists(out / "ckpt.pt.tmp")
-
-
-def read_wandb_history(run_file):
-    """History rows of a .wandb file: W&B's 7-byte header, then LevelDB-log-format records
-    (crc32, length, type; 32 KiB blocks) holding protobuf `Record`s."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = open(run_file, "rb").read()
-    pos, rows, pending = 7, [], b""
-    while pos + 7 <= len(data):
-        block_left = 32768 - pos % 32768
-        if block_left < 7:
-            pos += block_left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST
-            record = pb.Record.FromString(pending)
-            pending = b""
-            if record.HasField("history"):
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
 
 
 def test_wandb_offline_run_has_val_loss_history(shakespeare_dir, tmp_path):

@@ -1,0 +1,304 @@
+"""Scaling out and surviving faults: torchrun DDP against one process, SIGKILL and SIGTERM
+against an unbroken run, a kill during the checkpoint write, divergence, and resume's refusals.
+
+Every run that is compared with another across processes is single-threaded: multithreaded
+CPU kernels may sum in another order when the machine is loaded (see the README)."""
+
+import glob
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, TINY, read_metrics, read_wandb_history, run_script
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
+RUN = [*TINY, "--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1"]
+
+
+def train(data_dir, out_dir, *args, check=True):
+    return run_script("train.py", *RUN, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args,
+                      check=check, env=ONE_THREAD)
+
+
+def start_training(data_dir, out_dir, *args):
+    """train.py in the background, its output in out_dir.log."""
+    with open(f"{out_dir}.log", "w") as log:
+        return subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *RUN, f"--data_dir={data_dir}",
+                                 f"--out_dir={out_dir}", *args], cwd=REPO, env={**os.environ, **ONE_THREAD},
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(condition, proc, timeout=300):
+    """Poll condition() every millisecond while the process runs."""
+    start = time.time()
+    while not condition():
+        if proc.poll() is not None or time.time() - start > timeout:
+            proc.kill()
+            raise AssertionError(f"train.py ended ({proc.wait()}) or ran {timeout} s before the awaited moment")
+        time.sleep(0.001)
+
+
+def last_train_step(out_dir):
+    """The last step in out_dir/metrics.jsonl while it is being written (0 before the first)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.endswith("\n")]
+    return max([r["step"] for r in records if r["type"] == "train"], default=0)
+
+
+def losses(out_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(out_dir, "train")}
+
+
+def evals(out_dir):
+    return {r["step"]: r["val_loss"] for r in read_metrics(out_dir, "eval")}
+
+
+def checkpoint_step(path):
+    return torch.load(path, weights_only=True)["step"]
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def assert_same_run(resumed, unbroken, from_step, tol=1e-6):
+    """The resumed run's losses after from_step equal the unbroken run's, step by step."""
+    got, want = losses(resumed), losses(unbroken)
+    steps = [s for s in want if s > from_step]
+    assert steps and all(s in got for s in steps), (sorted(got), steps)
+    for s in steps:
+        assert abs(got[s] - want[s]) <= tol, (s, got[s], want[s])
+    got_evals, want_evals = evals(resumed), evals(unbroken)
+    for s in (s for s in want_evals if s > from_step):
+        assert abs(got_evals[s] - want_evals[s]) <= tol, (s, got_evals[s], want_evals[s])
+
+
+@pytest.fixture(scope="module")
+def unbroken(shakespeare_dir, tmp_path_factory):
+    """24 steps without a fault, the reference for the fault tests."""
+    out = tmp_path_factory.mktemp("unbroken") / "out"
+    train(shakespeare_dir, out, "--max_iters=24")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# torchrun
+
+
+def test_two_processes_train_on_the_same_tokens_as_one(shakespeare_dir, tmp_path):
+    # the global batch is 4 micro-batches of 2 sequences: 4 micro-steps in one process,
+    # 2 per rank in two; dropout on, so its masks must not depend on the process count either
+    batch = ["--batch_size=2", "--gradient_accumulation_steps=4"]
+    train(shakespeare_dir, tmp_path / "one", *batch, "--max_iters=8")
+
+    def torchrun(*args):
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               os.path.join(REPO, "train.py"), *RUN, f"--data_dir={shakespeare_dir}", *args],
+                              cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True,
+                              timeout=600, check=False)
+
+    proc = torchrun(f"--out_dir={tmp_path / 'two'}", *batch, "--max_iters=4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes (gloo)" in proc.stdout
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(two) == [1, 2, 3, 4]
+    for step in two:
+        assert abs(one[step] - two[step]) <= 1e-5, (step, one[step], two[step])
+    # the same gradient, not only a similar update (AdamW hides a gradient's scale)
+    norms_one = {r["step"]: r["grad_norm"] for r in read_metrics(tmp_path / "one", "train")}
+    for r in read_metrics(tmp_path / "two", "train"):
+        assert abs(r["grad_norm"] - norms_one[r["step"]]) <= 1e-5 * norms_one[r["step"]], r
+    for step, val in evals(tmp_path / "two").items():  # evaluation split over the ranks
+        assert abs(evals(tmp_path / "one")[step] - val) <= 1e-5
+    assert len(read_metrics(tmp_path / "two", "config")) == 1  # only rank 0 writes
+
+    # the checkpoint of the two-process run goes on in one process like the one-process run
+    train(shakespeare_dir, tmp_path / "two", *batch, "--max_iters=8", "--init_from=resume")
+    assert_same_run(tmp_path / "two", tmp_path / "one", from_step=4, tol=1e-5)
+
+    bad = torchrun(f"--out_dir={tmp_path / 'bad'}", "--batch_size=2", "--gradient_accumulation_steps=3",
+                   "--max_iters=2")
+    assert bad.returncode != 0
+    assert "gradient_accumulation_steps=3 is not divisible by the 2 processes" in bad.stderr, bad.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# kills and signals
+
+
+def test_sigkill_between_checkpoints_loses_only_the_steps_since_the_last_one(shakespeare_dir, unbroken, tmp_path):
+    out = tmp_path / "out"
+    proc = start_training(shakespeare_dir, out, "--max_iters=1000")
+    wait_for(lambda: last_train_step(out) >= 6, proc)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    saved, reached = checkpoint_step(out / "ckpt.pt"), last_train_step(out)
+    # killed between two checkpoints: the steps after the last one are what the kill cost
+    assert saved % 4 == 0 and saved < reached < 20
+    train(shakespeare_dir, out, "--max_iters=24", "--init_from=resume")
+    assert_same_run(out, unbroken, from_step=saved)
+
+
+def test_sigterm_writes_a_checkpoint_and_exits_zero(shakespeare_dir, unbroken, tmp_path):
+    out = tmp_path / "out"
+    proc = start_training(shakespeare_dir, out, "--max_iters=1000")
+    wait_for(lambda: last_train_step(out) >= 5, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    with open(f"{out}.log") as f:
+        output = f.read()
+    saved = checkpoint_step(out / "ckpt.pt")
+    # the step in flight was finished and checkpointed: nothing is lost
+    assert saved == last_train_step(out) < 20
+    assert f"stopped by SIGTERM after step {saved}" in output
+    command = shlex.split(output.strip().splitlines()[-1])
+    assert command[:2] == ["python", os.path.join(REPO, "train.py")] and command[-1] == "--init_from=resume"
+    # the printed command resumes the run (shortened here to the unbroken run's length)
+    run_script("train.py", *command[2:], "--max_iters=24", env=ONE_THREAD)
+    assert_same_run(out, unbroken, from_step=saved)
+
+
+def test_kill_during_the_checkpoint_write_leaves_the_previous_checkpoint(shakespeare_dir, tmp_path):
+    # a model whose checkpoint takes most of a second to write (173 MB), killed as soon as
+    # the temp file of its second checkpoint appears
+    out = tmp_path / "out"
+    big = ["--n_embd=256", "--block_size=16", "--batch_size=2", "--eval_interval=2", "--eval_iters=1"]
+    proc = start_training(shakespeare_dir, out, *big, "--max_iters=1000")
+    wait_for(lambda: os.path.exists(out / "ckpt_000002.pt"), proc)  # the first checkpoint is complete
+    wait_for(lambda: os.path.exists(out / "ckpt.pt.tmp"), proc, timeout=120)  # torch.save of the second one began
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert os.path.exists(out / "ckpt.pt.tmp")  # the kill landed in the write
+    assert checkpoint_step(out / "ckpt.pt") == 2
+    logged = losses(out)
+    assert sorted(logged)[:4] == [1, 2, 3, 4]
+    train(shakespeare_dir, out, *big, "--max_iters=6", "--init_from=resume")
+    resumed = losses(out)
+    for step in (3, 4):  # logged by the killed run before its second checkpoint
+        assert abs(resumed[step] - logged[step]) <= 1e-6, (step, resumed[step], logged[step])
+    assert checkpoint_step(out / "ckpt.pt") == 6 and not os.path.exists(out / "ckpt.pt.tmp")
+    shutil.rmtree(out)  # 0.5 GB
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoint files, and resume's refusals
+
+
+def test_step_checkpoints_and_a_corrupt_checkpoint(shakespeare_dir, tmp_path):
+    out = tmp_path / "out"
+    train(shakespeare_dir, out, "--max_iters=8", "--eval_interval=2", "--keep_last_n=2",
+          "--save_checkpoint_steps=[3]")
+    names = sorted(os.path.basename(p) for p in glob.glob(str(out / "ckpt*")))
+    assert names == ["ckpt.pt", "ckpt_000003.pt", "ckpt_000006.pt", "ckpt_000008.pt"]
+    assert os.path.samefile(out / "ckpt.pt", out / "ckpt_000008.pt")  # one file, two names
+    for step in (3, 6, 8):
+        assert checkpoint_step(out / f"ckpt_{step:06d}.pt") == step
+
+    # the newest checkpoint is damaged (both of its names: they are one file)
+    with open(out / "ckpt.pt", "r+b") as f:
+        f.truncate(os.path.getsize(out / "ckpt.pt") // 2)
+    proc = train(shakespeare_dir, out, "--max_iters=10", "--init_from=resume", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"cannot read checkpoint {out / 'ckpt.pt'}: it is truncated or corrupt" in proc.stderr
+    assert (f"Checkpoints in {out}: {out / 'ckpt_000006.pt'}, {out / 'ckpt_000003.pt'}; resume from one with "
+            f"--resume_from=PATH") in proc.stderr
+
+    train(shakespeare_dir, out, "--max_iters=10", f"--resume_from={out / 'ckpt_000006.pt'}")
+    # steps 7 and 8 as first trained, then again from the older checkpoint
+    first, again = np.reshape([r["loss"] for r in read_metrics(out, "train") if r["step"] in (7, 8)], (2, 2))
+    assert np.abs(first - again).max() <= 1e-6, (first, again)
+    assert checkpoint_step(out / "ckpt.pt") == 10 and checkpoint_step(out / "ckpt_000008.pt") == 8
+
+
+def test_resume_refuses_changed_data_or_index(shakespeare_dir, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    shutil.copytree(shakespeare_dir, data)
+    train(data, out, "--max_iters=4")
+    before = sha256(out / "ckpt.pt")
+
+    def refused(*args):
+        proc = train(data, out, "--max_iters=8", "--init_from=resume", *args, check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr
+
+    tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r+")
+    tokens[500_000] += 1  # one token, same size
+    tokens.flush()
+    assert f"{data / 'train.bin'} changed since {out / 'ckpt.pt'} was written (same size, different contents)" \
+        in refused()
+    tokens[500_000] -= 1
+    tokens.flush()
+
+    size = os.path.getsize(data / "val.bin")
+    with open(data / "val.bin", "ab") as f:
+        f.write(b"\0\0")
+    assert f"{data / 'val.bin'} changed since {out / 'ckpt.pt'} was written (size {size:,} bytes, now {size + 2:,})" \
+        in refused()
+    with open(data / "val.bin", "r+b") as f:
+        f.truncate(size)
+
+    (index,) = glob.glob(str(data / "indices" / "train_seed1337_8x4_*.npy"))  # made by the refused runs
+    rows = np.load(index)
+    np.save(index, rows[::-1])
+    assert f"{index} changed since {out / 'ckpt.pt'} was written (row 0 holds other offsets)" in refused()
+    np.save(index, rows)
+
+    # another batch size is another token stream
+    message = refused("--batch_size=8")
+    assert "train_seed1337_8x8_" in message and "(4 sequences per row, now 8)" in message
+
+    assert sha256(out / "ckpt.pt") == before  # a refusal writes nothing
+    train(data, out, "--max_iters=8", "--init_from=resume")  # the restored data is accepted
+
+
+# ---------------------------------------------------------------------------------------
+# divergence
+
+
+def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_path):
+    out = tmp_path / "out"
+    train(shakespeare_dir, out, "--max_iters=4", "--wandb_log=True")
+    before = sha256(out / "ckpt.pt")
+
+    # learning rate 1e30: NaN after one update, which stops the run at once
+    proc = train(shakespeare_dir, out, "--max_iters=40", "--init_from=resume", "--learning_rate=1e30", check=False)
+    assert proc.returncode == 3 and "diverged at step 6: the loss is nan" in proc.stderr, proc.stderr
+    assert f"the last checkpoint, {out / 'ckpt.pt'} (step 4), is untouched" in proc.stderr
+    record = read_metrics(out)[-1]
+    assert record["type"] == "diverged" and record["step"] == 6 and record["last_checkpoint_step"] == 4
+    assert max(losses(out)) == 5  # the diverged step's update was never applied, nor logged as trained
+    assert sha256(out / "ckpt.pt") == before
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_000004.pt", "config.json", "metrics.jsonl", "wandb"]
+
+    # learning rate 10: the loss explodes (1453 after one update) and stays above 12, for
+    # the third step in a row at step 8; a checkpoint is written at step 6, mid-streak
+    diverge = ["--max_iters=40", "--init_from=resume", "--learning_rate=10", "--divergence_patience=3"]
+    proc = train(shakespeare_dir, out, *diverge, "--save_checkpoint_steps=[6]", "--wandb_log=True", check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "diverged at step 8: the loss has been above divergence_threshold=12.0 for 3 steps" in proc.stderr
+    assert f"the last checkpoint, {out / 'ckpt.pt'} (step 6), is untouched" in proc.stderr
+    assert read_metrics(out)[-1]["step"] == 8 and max(losses(out)) == 7
+    runs = sorted(glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb")), key=os.path.getmtime)
+    assert len(runs) == 2 and len({os.path.basename(r) for r in runs}) == 1  # the resumed run is the same wandb run
+    rows = read_wandb_history(runs[-1])
+    assert [(r["_step"], r["diverged/last_checkpoint_step"]) for r in rows if "diverged/reason" in r] == [(8, 6)]
+    # the checkpoint carries the streak: resumed at step 6, the run stops at step 8 again
+    after = sha256(out / "ckpt.pt")
+    proc = train(shakespeare_dir, out, *diverge, check=False)
+    assert proc.returncode == 3 and "diverged at step 8: the loss has been above" in proc.stderr, proc.stderr
+    assert sha256(out / "ckpt.pt") == after
