@@ -12,7 +12,8 @@ Architecture (SPEC §1):
 - fused input projection (SPEC §4, on by default, `fused_qkv`): one matmul of x with the
   stacked rows [W_K | W_V | rows of the query module] gives K, V and the query's own
   first matmul (linear: d -> 3d, res_gelu: d -> 2.5d, identity: d -> 2d); the
-  parameters are the same as unfused, only the order of operations differs
+  parameters are the same as unfused, only the order of operations differs. Decoding
+  with a KV cache uses the separate projections (few tokens: the weight read dominates)
 - the query is a module chosen by `query_mode` from QUERY_MODULES:
     linear    Q = x W_Q                                   d^2 params per layer
     identity  Q = x                                       0
@@ -22,9 +23,8 @@ Architecture (SPEC §1):
 - MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d)
 - init N(0, 0.02) for every Linear and Embedding; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
-
 - generate() keeps a KV cache: K and V are linear in x for every query mode, so cached
-  decoding computes exactly what the full forward pass does
+  decoding computes what the full forward pass does (to rounding; greedy tokens agree)
 
 Adding a query module: subclass QueryModule, write `forward(x) -> q` (both (B, T, C)),
 set `scale_mult` if the softmax scale 1/sqrt(head_dim) needs a factor, and add one entry
