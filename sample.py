@@ -8,6 +8,7 @@ The checkpoint is loaded with torch.load(weights_only=True): only tensors and pl
 containers are read, never arbitrary pickled objects.
 """
 
+import json
 import os
 import sys
 from contextlib import nullcontext
@@ -52,12 +53,30 @@ model.load_state_dict(ckpt["model"])
 model.eval().to(device)
 print(f"loaded {ckpt_path}: step {ckpt['step']}, query_mode={ckpt['model_args']['query_mode']}")
 
-enc = get_gpt2_encoding()
+# the run's tokenizer: GPT-2 BPE, or the characters of a char-level dataset's meta.json
+run_cfg = ckpt["config"]
+meta_path = os.path.join(run_cfg["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                                             run_cfg["dataset"]), "meta.json")
+meta = {}
+if os.path.isfile(meta_path):
+    with open(meta_path) as f:
+        meta = json.load(f)
 start = cfg.start
 if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
         start = f.read()
-start_ids = enc.encode_ordinary(start)
+if meta.get("tokenizer") == "char":
+    chars = meta["chars"]
+    unknown = sorted(set(start) - set(chars))
+    if unknown:
+        sys.exit(f"error: the prompt has characters this model never saw: {unknown!r}; it knows {chars!r}")
+    start_ids = [chars.index(c) for c in start]
+
+    def decode(ids):
+        return "".join(chars[i] if i < len(chars) else "\ufffd" for i in ids)  # ids past the data's, from padding
+else:
+    enc = get_gpt2_encoding()
+    start_ids, decode = enc.encode_ordinary(start), enc.decode
 if not start_ids:
     sys.exit("error: the prompt encodes to no tokens; pass a non-empty --start")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...].repeat(cfg.num_samples, 1)
@@ -67,5 +86,5 @@ with torch.no_grad(), autocast:
     y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
                        use_kv_cache=cfg.kv_cache)
 for i in range(cfg.num_samples):
-    print(enc.decode(y[i].tolist()))
+    print(decode(y[i].tolist()))
     print("---------------")

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from urllib.parse import urlparse
 
 import numpy as np
@@ -62,74 +62,7 @@ from batches import (
 )
 from configurator import config_from_argv
 from model import GPT, GPTConfig, model_config_keys, peak_flops_for
-
-
-@dataclass
-class TrainConfig(GPTConfig):
-    """Every training setting; the model fields are inherited from GPTConfig.
-    Defaults are the paper's baseline (Table 1, first column) on OpenWebText."""
-
-    # I/O
-    out_dir: str = "out"
-    overwrite: bool = False  # allow a scratch run to replace an existing run in out_dir
-    eval_interval: int = 1000
-    log_interval: int = 10
-    eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
-    eval_only: bool = False
-    init_from: str = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt.pt, or from resume_from)
-    resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'
-    keep_last_n: int = 2  # newest step checkpoints out_dir/ckpt_<step>.pt kept; the newest is also ckpt.pt
-    save_checkpoint_steps: tuple = ()  # steps that also get a checkpoint, never pruned, e.g. (59000, 60000)
-    # wandb
-    wandb_log: bool = False
-    wandb_project: str = "nonlinear-queries"
-    wandb_group: str = ""
-    wandb_run_name: str = ""  # '' = the name of the last config file
-    # data
-    dataset: str = "openwebtext"
-    data_dir: str = ""  # '' = data/<dataset> next to this file
-    data_seed: int = 1337  # batch order; the same for every model variant
-    batch_size: int = 12  # micro-batch, sequences
-    gradient_accumulation_steps: int = 40  # 12 x 40 x 1024 = 491,520 tokens per step
-    # AdamW
-    learning_rate: float = 6e-4
-    max_iters: int = 60000
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # 0 disables clipping
-    # learning-rate schedule: linear warmup, then cosine decay to min_lr at lr_decay_iters
-    decay_lr: bool = True
-    warmup_iters: int = 2000
-    lr_decay_iters: int = 60000
-    min_lr: float = 6e-5
-    # system
-    device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...
-    dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
-    compile: bool = True  # torch.compile the model
-    seed: int = 1337  # model init and dropout
-    peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
-    backend: str = "auto"  # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
-    # divergence guard; a non-finite loss or gradient norm always stops the run
-    divergence_threshold: float = 12.0  # uniform guessing scores ln(50304) = 10.83, an untrained GPT-2 about 11.0; 0 disables
-    divergence_patience: int = 100  # consecutive steps with the loss above divergence_threshold that stop the run
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.init_from not in ("scratch", "resume"):
-            raise ValueError(f"init_from must be 'scratch' or 'resume', got {self.init_from!r}")
-        if self.resume_from:
-            self.init_from = "resume"
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
-        for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
-                    "keep_last_n", "divergence_patience"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.save_checkpoint_steps):
-            raise ValueError(f"save_checkpoint_steps must be steps >= 1, got {self.save_checkpoint_steps!r}")
+from train_config import TrainConfig
 
 
 cfg, config_files = config_from_argv(TrainConfig)
@@ -359,14 +292,17 @@ if master:
 
 def get_lr(step):
     """Learning rate for the update that takes step -> step + 1: linear warmup over
-    warmup_iters, cosine decay to min_lr at lr_decay_iters, then min_lr (SPEC §3)."""
+    warmup_iters, then `lr_schedule`: cosine decay to min_lr at lr_decay_iters and min_lr
+    after (SPEC §3), or linear decay to 0 at lr_decay_iters and 0 after (decay-to-zero)."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     if step < cfg.warmup_iters:
         return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
     if step >= cfg.lr_decay_iters:
-        return cfg.min_lr
+        return 0.0 if cfg.lr_schedule == "linear_to_zero" else cfg.min_lr
     ratio = (step - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
+    if cfg.lr_schedule == "linear_to_zero":
+        return cfg.learning_rate * (1.0 - ratio)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
@@ -516,13 +452,17 @@ while True:
         # gradients are all-reduced once per step, during the last micro-batch's backward
         with train_model.no_sync() if ddp and not last else nullcontext():
             with autocast:
-                _, loss = train_model(x, y)
+                logits, loss = train_model(x, y)
+            objective = loss  # the logged loss stays the cross-entropy; z-loss only joins the gradient
+            if cfg.z_loss:  # PaLM's z-loss: pulls log Z, the log-partition of the softmax, towards 0
+                objective = loss + cfg.z_loss * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
+            del logits  # (B, T, vocab): not held through the next micro-batch's forward
             if not last:
                 # fetch the next micro-batch while the device works on this one
                 x, y = get_batch(train_data, row[(micro + 1) * B : (micro + 2) * B], T, device)
             loss_sum += loss.detach().float()
             # DDP averages over the ranks, so the mean over all micro-batches needs / micro_steps here
-            scaler.scale(loss / micro_steps).backward()
+            scaler.scale(objective / micro_steps).backward()
     scaler.unscale_(optimizer)
     grads = [p.grad for p in raw_model.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.get_total_norm(grads)  # also without clipping: the divergence guard reads it

@@ -1,0 +1,166 @@
+"""
+Run train.py over a grid of config values, one run after another, one out_dir per point.
+
+    python sweep.py config/mini/res_gelu.py --grid learning_rate=1.5e-3,3e-3,6e-3 --grid seed=1,2,3
+    python compare.py out-mini/res_gelu                       # the table of the finished points
+
+Arguments other than sweep.py's own options go to every run as they are: config files
+and --key=value overrides, as for train.py. Each `--grid key=v1,v2,...` adds an axis; the
+points are the product of the axes, in order. Point `learning_rate=2e-3, seed=1` trains in
+SWEEP_DIR/learning_rate=2e-3,seed=1 (SWEEP_DIR: --sweep_dir, by default the out_dir of
+the config), so compare.py can read SWEEP_DIR directly.
+
+Every point's config is checked before the first run starts. Running the same command
+again skips finished points (an evaluation at max_iters, or a divergence, in the point's
+metrics.jsonl), resumes a point that has a checkpoint, and starts the rest. Ctrl-C or
+SIGTERM lets the current run write its checkpoint, then stops the sweep. A run that fails
+stops the sweep (exit 1); a run that diverges (train.py's exit status 3) is a result, and
+the sweep goes on. SWEEP_DIR/sweep.json records the command and every point's status.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import fields
+
+from configurator import ConfigError, parse_config
+from train_config import TrainConfig
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_grid(specs):
+    """[(key, [raw values])] from `key=v1,v2,...` strings, in order. Raises ConfigError for
+    a malformed axis, an unknown key, a key given twice or an empty value. Values stay as
+    typed (they name the point's directory); train.py parses them."""
+    keys = {f.name for f in fields(TrainConfig)}
+    axes = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--grid {spec!r}: write an axis as key=v1,v2,...")
+        if key not in keys:
+            raise ConfigError(f"--grid {spec!r}: unknown config key {key!r}")
+        if key in ("out_dir", "init_from", "resume_from", "overwrite"):
+            raise ConfigError(f"--grid {spec!r}: sweep.py sets {key} itself")
+        if key in (k for k, _ in axes):
+            raise ConfigError(f"--grid {spec!r}: {key} is already an axis")
+        raws = values.split(",")
+        if not all(raws):
+            raise ConfigError(f"--grid {spec!r}: empty value")
+        axes.append((key, raws))
+    return axes
+
+
+def point_name(point):
+    """Directory name of a grid point [(key, raw value)]: 'learning_rate=2e-3,seed=1'."""
+    return ",".join(f"{k}={v.replace('/', '-')}" for k, v in point)
+
+
+def point_status(out_dir, max_iters):
+    """'done', 'diverged at step k', 'resume' (a checkpoint to continue from), or 'new'."""
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    if os.path.isfile(metrics):
+        with open(metrics) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        diverged = [r["step"] for r in records if r["type"] == "diverged"]
+        if diverged:
+            return f"diverged at step {diverged[-1]}"
+        if any(r["type"] == "eval" and r["step"] == max_iters for r in records):
+            return "done"
+    return "resume" if os.path.isfile(os.path.join(out_dir, "ckpt.pt")) else "new"
+
+
+def write_record(sweep_dir, argv, statuses):
+    """SWEEP_DIR/sweep.json: the command and {point: status}, replaced atomically."""
+    path = os.path.join(sweep_dir, "sweep.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"command": shlex.join([sys.executable, "sweep.py", *argv]), "points": statuses}, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="an axis of the grid (repeat for more)")
+    parser.add_argument("--sweep_dir", default="", help="parent of the points' out_dirs (default: the config's out_dir)")
+    parser.add_argument("--launcher", default="python",
+                        help="how to start train.py, e.g. 'torchrun --standalone --nproc_per_node=8' (default: python)")
+    parser.add_argument("--dry_run", action="store_true", help="print each point's status and command; run nothing")
+    args, train_args = parser.parse_known_args(argv)
+    try:
+        axes = parse_grid(args.grid)
+        if not axes:
+            raise ConfigError("no --grid axis given; e.g. --grid learning_rate=1e-3,2e-3 --grid seed=1,2,3")
+        base, _ = parse_config(TrainConfig, train_args)
+        sweep_dir = args.sweep_dir or base.out_dir
+        points = [list(zip([k for k, _ in axes], values)) for values in itertools.product(*(v for _, v in axes))]
+        configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in points]
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+    launcher = [sys.executable] if args.launcher == "python" else shlex.split(args.launcher)
+    statuses = {}
+    # a signal reaches the run in flight (from the terminal, or forwarded below); the sweep
+    # waits for it to checkpoint and exit, then stops
+    stop = []
+
+    def forward(signum, frame):
+        stop.append(signum)
+        if child is not None:
+            child.send_signal(signum)
+
+    child = None
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    if not args.dry_run:
+        os.makedirs(sweep_dir, exist_ok=True)
+    for i, (point, cfg) in enumerate(zip(points, configs)):
+        name = point_name(point)
+        out_dir = os.path.join(sweep_dir, name)
+        status = point_status(out_dir, cfg.max_iters)
+        if status == "done" or status.startswith("diverged"):
+            statuses[name] = status
+            print(f"[{i + 1}/{len(points)}] {name}: {status}, skipped")
+            continue
+        start = ["--init_from=resume"] if status == "resume" else ["--overwrite=True"]
+        cmd = [*launcher, os.path.join(REPO, "train.py"), *train_args, *(f"--{k}={v}" for k, v in point),
+               f"--out_dir={out_dir}", *start]
+        print(f"[{i + 1}/{len(points)}] {name}: {'resuming' if status == 'resume' else 'starting'}\n  {shlex.join(cmd)}",
+              flush=True)
+        if args.dry_run:
+            statuses[name] = status
+            continue
+        child = subprocess.Popen(cmd)
+        code = child.wait()
+        child = None
+        statuses[name] = point_status(out_dir, cfg.max_iters)
+        write_record(sweep_dir, argv, statuses)
+        if code not in (0, 3) or (code == 0 and statuses[name] != "done"):
+            if stop or code == 0:
+                print(f"sweep stopped at {name}; run the same command again to continue", file=sys.stderr)
+                return 0
+            print(f"error: {name} failed (exit status {code}); the sweep stopped. Fix the cause and run the same "
+                  f"command again: finished points are skipped", file=sys.stderr)
+            return 1
+        if stop:
+            print(f"sweep stopped after {name}; run the same command again to continue", file=sys.stderr)
+            return 0
+    if not args.dry_run:
+        write_record(sweep_dir, argv, statuses)
+    print(f"\n{sum(s == 'done' for s in statuses.values())} of {len(points)} points done, "
+          f"{sum(s.startswith('diverged') for s in statuses.values())} diverged. Compare them with:\n"
+          f"  python compare.py {shlex.quote(sweep_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""
+TrainConfig: every setting of train.py, with its default and its check. Its own module
+so that sweep.py can check a whole grid of configs before the first run starts.
+"""
+
+from dataclasses import dataclass
+
+from model import GPTConfig
+
+
+@dataclass
+class TrainConfig(GPTConfig):
+    """Every training setting; the model fields are inherited from GPTConfig.
+    Defaults are the paper's baseline (Table 1, first column) on OpenWebText."""
+
+    # I/O
+    out_dir: str = "out"
+    overwrite: bool = False  # allow a scratch run to replace an existing run in out_dir
+    eval_interval: int = 1000
+    log_interval: int = 10
+    eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
+    eval_only: bool = False
+    init_from: str = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt.pt, or from resume_from)
+    resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'
+    keep_last_n: int = 2  # newest step checkpoints out_dir/ckpt_<step>.pt kept; the newest is also ckpt.pt
+    save_checkpoint_steps: tuple = ()  # steps that also get a checkpoint, never pruned, e.g. (59000, 60000)
+    # wandb
+    wandb_log: bool = False
+    wandb_project: str = "nonlinear-queries"
+    wandb_group: str = ""
+    wandb_run_name: str = ""  # '' = the name of the last config file
+    # data
+    dataset: str = "openwebtext"
+    data_dir: str = ""  # '' = data/<dataset> next to this file
+    data_seed: int = 1337  # batch order; the same for every model variant
+    batch_size: int = 12  # micro-batch, sequences
+    gradient_accumulation_steps: int = 40  # 12 x 40 x 1024 = 491,520 tokens per step
+    # AdamW
+    learning_rate: float = 6e-4
+    max_iters: int = 60000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    z_loss: float = 0.0  # coefficient of the penalty z_loss * mean(log Z^2) on the log-partition log Z; 0 = off
+    # learning-rate schedule: linear warmup over warmup_iters, then
+    #   'cosine': cosine decay to min_lr at lr_decay_iters (the paper's), min_lr after
+    #   'linear_to_zero': linear decay to 0 at lr_decay_iters (min_lr unused), 0 after
+    lr_schedule: str = "cosine"
+    decay_lr: bool = True  # False: constant learning_rate, no warmup
+    warmup_iters: int = 2000
+    lr_decay_iters: int = 60000
+    min_lr: float = 6e-5
+    # system
+    device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...
+    dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
+    compile: bool = True  # torch.compile the model
+    seed: int = 1337  # model init and dropout
+    peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
+    backend: str = "auto"  # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
+    # divergence guard; a non-finite loss or gradient norm always stops the run
+    divergence_threshold: float = 12.0  # uniform guessing scores ln(50304) = 10.83, an untrained GPT-2 about 11.0; 0 disables
+    divergence_patience: int = 100  # consecutive steps with the loss above divergence_threshold that stop the run
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.init_from not in ("scratch", "resume"):
+            raise ValueError(f"init_from must be 'scratch' or 'resume', got {self.init_from!r}")
+        if self.resume_from:
+            self.init_from = "resume"
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.lr_schedule not in ("cosine", "linear_to_zero"):
+            raise ValueError(f"lr_schedule must be 'cosine' or 'linear_to_zero', got {self.lr_schedule!r}")
+        if self.z_loss < 0:
+            raise ValueError(f"z_loss must be >= 0 (0 = off), got {self.z_loss}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
+        for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
+                    "keep_last_n", "divergence_patience"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.save_checkpoint_steps):
+            raise ValueError(f"save_checkpoint_steps must be steps >= 1, got {self.save_checkpoint_steps!r}")
