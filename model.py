@@ -20,6 +20,9 @@ Architecture (SPEC §1):
     residual  Q = x + x W_Q                               d^2
     res_gelu  Q = (x + f(x)) / 2,
               f(x) = LN(GELU(RMSNorm(x) W1) W2)           2 d r + 2 d   (paper eq. 2-3)
+    res_linear  as res_gelu without the GELU             2 d r + 2 d
+  ablations (SPEC §4): `query_activation` gelu | relu | relu2 inside f, `query_norm`
+  (the two norms inside f, on by default), `qk_norm` (RMSNorm of each head's q and k)
 - MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d)
 - init N(0, 0.02) for every Linear and Embedding; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
@@ -53,6 +56,9 @@ class GPTConfig:
     mlp_ratio: float = 4.0  # MLP hidden width = int(mlp_ratio * n_embd); 4.75 for the MLP4.75 controls
     query_mode: str = "linear"  # a key of QUERY_MODULES
     query_rank: int = 0  # bottleneck width r of res_gelu; 0 means n_embd // 2 (the paper's r = d/2)
+    query_activation: str = "gelu"  # res_gelu's activation in f: 'gelu' (the paper's), 'relu' or 'relu2' (ReLU^2)
+    query_norm: bool = True  # res_gelu/res_linear: RMSNorm before W1 and LayerNorm after W2 in f; False drops both
+    qk_norm: bool = False  # RMSNorm of each head's query and key over head_dim, learnable weight (any query_mode)
     fused_qkv: bool = True  # one input matmul for K, V and the query's first layer (SPEC §4)
 
     def __post_init__(self):
@@ -62,6 +68,14 @@ class GPTConfig:
             )
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.query_activation not in ACTIVATIONS:
+            raise ValueError(f"unknown query_activation {self.query_activation!r}; valid: {', '.join(ACTIVATIONS)}")
+        if self.query_activation != "gelu" and self.query_mode != "res_gelu":
+            raise ValueError(f"query_activation={self.query_activation!r} applies to query_mode='res_gelu' only, "
+                             f"not {self.query_mode!r}")
+        if not self.query_norm and self.query_mode not in ("res_gelu", "res_linear"):
+            raise ValueError(f"query_norm=False applies to query_mode 'res_gelu' or 'res_linear' only, "
+                             f"not {self.query_mode!r}")
         if self.query_rank < 0:
             raise ValueError(f"query_rank must be >= 0 (0 means n_embd // 2), got {self.query_rank}")
 
@@ -139,6 +153,15 @@ class ResidualQuery(LinearQuery):
         return x + h
 
 
+def relu2(x):
+    """ReLU squared, max(x, 0)^2 (So et al., "Primer", 2021)."""
+    return F.relu(x).square()
+
+
+# activations of res_gelu's bottleneck f, chosen by `query_activation`
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "relu2": relu2}
+
+
 class ResGELUQuery(QueryModule):
     """The paper's nonlinear query (arXiv:2603.13381, eq. 2-3):
 
@@ -152,6 +175,10 @@ class ResGELUQuery(QueryModule):
     the softmax scale, as in the official code, which gives the same logits
     (Q K^T / sqrt(d_head) with Q = (x + f)/2 equals (x + f) K^T / (2 sqrt(d_head))).
 
+    Ablations (SPEC §4, the paper's open questions): `query_activation` replaces GELU by
+    ReLU or ReLU^2; `query_norm=False` drops both norms, f(x) = act(x W1) W2 (2 C r
+    parameters); ResLinearQuery drops the activation.
+
     Fused path (SPEC §4): RMSNorm(x) W1 = (x diag(g) W1) / rms(x), rms(x) = sqrt(mean(x^2)
     + eps), so the first matmul joins K and V as the rows diag(g) W1 (d -> 2.5d in all)
     and its r outputs are divided per token by rms(x). g stays its own parameter.
@@ -161,24 +188,38 @@ class ResGELUQuery(QueryModule):
 
     def __init__(self, config):
         super().__init__()
-        self.rms = nn.RMSNorm(config.n_embd, eps=1e-5)
+        self.act = ACTIVATIONS[config.query_activation]
+        self.norm = config.query_norm
+        self.rms = nn.RMSNorm(config.n_embd, eps=1e-5) if self.norm else nn.Identity()
         self.w1 = nn.Linear(config.n_embd, config.rank, bias=False)
         self.w2 = nn.Linear(config.rank, config.n_embd, bias=False)
-        self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
+        self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False) if self.norm else nn.Identity()
 
     def f(self, x):
         """The bottleneck f(x) of eq. 3; x: (..., C) -> (..., C)."""
-        return self.ln(self.w2(F.gelu(self.w1(self.rms(x)))))
+        return self.ln(self.w2(self.act(self.w1(self.rms(x)))))
 
     def forward(self, x):
         return x + self.f(x)
 
     def fused_weight(self):
-        return self.w1.weight * self.rms.weight  # (r, C): column j of W1^T scaled by g_j
+        # (r, C): column j of W1^T scaled by g_j
+        return self.w1.weight * self.rms.weight if self.norm else self.w1.weight
 
     def from_fused(self, x, h):
-        h = h * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.rms.eps)
-        return x + self.ln(self.w2(F.gelu(h)))
+        if self.norm:
+            h = h * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.rms.eps)
+        return x + self.ln(self.w2(self.act(h)))
+
+
+class ResLinearQuery(ResGELUQuery):
+    """Ablation of res_gelu without its nonlinearity: Q(x) = (x + f(x)) / 2 with
+    f(x) = LN(RMSNorm(x) W1 W2), the same 2 C r + 2 C parameters. What remains nonlinear
+    is the two norms; with query_norm=False, Q is linear in x (a rank-r update of x/2)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.act = nn.Identity()
 
 
 QUERY_MODULES = {
@@ -186,6 +227,7 @@ QUERY_MODULES = {
     "identity": IdentityQuery,
     "residual": ResidualQuery,
     "res_gelu": ResGELUQuery,
+    "res_linear": ResLinearQuery,
 }
 
 
@@ -233,6 +275,10 @@ class CausalSelfAttention(nn.Module):
     gives K, V and the query module's first linear map (SPEC §4); otherwise, and always
     when decoding with a KV cache, K and V come from c_kv (C -> 2C) and Q from the query
     module applied to x. Same parameters either way.
+
+    qk_norm: q and k are RMS-normalized per head over head_dim, each with its own learnable
+    weight (head_dim,) shared by the heads, before the cache and the softmax, whose scale is
+    then 1/sqrt(head_dim) for every query mode (2 head_dim parameters per layer).
     """
 
     def __init__(self, config):
@@ -245,7 +291,13 @@ class CausalSelfAttention(nn.Module):
         self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.scale = self.query.scale_mult / math.sqrt(config.n_embd // config.n_head)
+        head_dim = config.n_embd // config.n_head
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            self.q_norm = nn.RMSNorm(head_dim, eps=1e-5)
+            self.k_norm = nn.RMSNorm(head_dim, eps=1e-5)
+        # QK-norm removes any constant factor on q, res_gelu's 1/2 included, so the scale is the plain one
+        self.scale = (1.0 if self.qk_norm else self.query.scale_mult) / math.sqrt(head_dim)
 
     def qkv(self, x, fused):
         """q, k, v: (B, T, C) each, from x: (B, T, C); one input matmul if `fused`."""
@@ -263,6 +315,8 @@ class CausalSelfAttention(nn.Module):
         # bound by reading the weights, and stacking them first would double that read.
         fused = self.fused_qkv and kv_cache is None
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x, fused))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         mask, is_causal = None, True
         if kv_cache is not None:
             past = kv_cache.length

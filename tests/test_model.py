@@ -13,6 +13,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from model import GPT, QUERY_MODULES, GPTConfig  # noqa: E402
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
+# the ablations of issue 5 (SPEC §4's open questions) beside the plain query modes
+ABLATIONS = [
+    dict(query_mode="res_gelu", query_activation="relu"),
+    dict(query_mode="res_gelu", query_activation="relu2"),
+    dict(query_mode="res_gelu", query_norm=False),
+    dict(query_mode="res_linear", query_norm=False),
+    dict(query_mode="linear", qk_norm=True),
+    dict(query_mode="res_gelu", qk_norm=True),
+]
+VARIANTS = [dict(query_mode=m) for m in sorted(QUERY_MODULES)] + ABLATIONS
 
 
 # SPEC §1: non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
@@ -94,6 +104,92 @@ def test_half_folded_into_scale_gives_the_same_logits():
     torch.testing.assert_close(q_folded @ k.transpose(-2, -1) * attn.scale, paper_logits, rtol=1e-5, atol=1e-6)
 
 
+# ---------------------------------------------------------------------------------------
+# ablations (issue 5): each one's parameter count and forward pass, against hand-written math
+
+
+@pytest.mark.parametrize(
+    "variant, expected",
+    [
+        (dict(query_mode="res_linear"), 84_972_288),  # res_gelu's parameters exactly
+        (dict(query_mode="res_gelu", query_activation="relu"), 84_972_288),
+        (dict(query_mode="res_gelu", query_activation="relu2"), 84_972_288),
+        (dict(query_mode="res_gelu", query_norm=False), 84_972_288 - 12 * 2 * 768),  # no g, no LN weight
+        (dict(query_mode="res_linear", query_norm=False), 84_972_288 - 12 * 2 * 768),
+        (dict(query_mode="linear", qk_norm=True), 84_953_856 + 12 * 2 * 64),  # a (head_dim,) weight for q and k
+        (dict(query_mode="res_gelu", qk_norm=True), 84_972_288 + 12 * 2 * 64),
+    ],
+    ids=str,
+)
+def test_ablation_param_counts(variant, expected):
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**variant))
+    assert model.get_num_params() == expected
+
+
+def reference_f(qm, x, act, norm):
+    """f(x) of eq. 3 written out, with `act` for GELU and the two norms optional."""
+    h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * qm.rms.weight if norm else x
+    z = act(h @ qm.w1.weight.T) @ qm.w2.weight.T
+    if norm:
+        z = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * qm.ln.weight
+    return z
+
+
+@pytest.mark.parametrize(
+    "variant, act",
+    [
+        (dict(query_mode="res_gelu", query_activation="relu"), lambda h: torch.clamp(h, min=0)),
+        (dict(query_mode="res_gelu", query_activation="relu2"), lambda h: torch.clamp(h, min=0) ** 2),
+        (dict(query_mode="res_gelu", query_norm=False), lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))),
+        (dict(query_mode="res_linear"), lambda h: h),
+        (dict(query_mode="res_linear", query_norm=False), lambda h: h),
+    ],
+    ids=str,
+)
+def test_ablation_queries_equal_direct_transcription(variant, act):
+    cfg = GPTConfig(**SMALL, **variant)
+    qm = QUERY_MODULES[cfg.query_mode](cfg)
+    randomize(qm, seed=3)
+    x = torch.randn(2, 7, 32)
+    torch.testing.assert_close(qm(x), x + reference_f(qm, x, act, cfg.query_norm), rtol=1e-5, atol=1e-5)
+    assert qm.scale_mult == 0.5  # Q = (x + f(x)) / 2 for every variant of the bottleneck
+    if not cfg.query_norm:
+        assert not any(isinstance(m, (torch.nn.RMSNorm, torch.nn.LayerNorm)) for m in qm.modules())
+
+
+@pytest.mark.parametrize("query_mode", ["linear", "res_gelu"])
+def test_qk_norm_attention_equals_direct_transcription(query_mode):
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(**SMALL, query_mode=query_mode, qk_norm=True))
+    randomize(model, seed=4)
+    attn = model.transformer.h[0].attn
+    x = torch.randn(2, 16, 32)
+    q, k, v = attn.query(x), x @ attn.c_kv.weight[:32].T, x @ attn.c_kv.weight[32:].T
+    q, k, v = (t.view(2, 16, 4, 8).transpose(1, 2) for t in (q, k, v))
+    q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.q_norm.weight
+    k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.k_norm.weight
+    # the norm cancels res_gelu's 1/2, so every mode uses the plain 1/sqrt(head_dim)
+    logits = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~torch.ones(16, 16, dtype=torch.bool).tril(), -1e9)
+    y = attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(2, 16, 32))
+    torch.testing.assert_close(attn(x), y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        (dict(query_activation="swish"), "unknown query_activation 'swish'"),
+        (dict(query_mode="linear", query_activation="relu"), "applies to query_mode='res_gelu' only"),
+        (dict(query_mode="res_linear", query_activation="relu2"), "applies to query_mode='res_gelu' only"),
+        (dict(query_mode="identity", query_norm=False), "query_norm=False applies to"),
+    ],
+    ids=str,
+)
+def test_ablation_options_reject_modes_they_do_not_apply_to(variant, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**variant)
+
+
 def test_identity_equals_linear_with_identity_weight():
     torch.manual_seed(2)
     ident = GPT(GPTConfig(**SMALL, query_mode="identity"))
@@ -141,7 +237,7 @@ def test_mlp_ratio_sets_hidden_width():
 
 
 def test_unknown_query_mode_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid query modes: identity, linear, res_gelu, residual"):
+    with pytest.raises(ValueError, match="valid query modes: identity, linear, res_gelu, res_linear, residual"):
         GPTConfig(query_mode="nonlinear")
 
 
@@ -189,12 +285,12 @@ def test_generate_top_k_1_is_greedy():
 # fused input projection (SPEC §4) and the KV cache, each held against the plain computation
 
 
-@pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
-def test_fused_and_unfused_projections_agree_in_loss_and_gradients(query_mode):
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_fused_and_unfused_projections_agree_in_loss_and_gradients(variant):
     torch.manual_seed(6)
-    fused = GPT(GPTConfig(**SMALL, query_mode=query_mode))
+    fused = GPT(GPTConfig(**SMALL, **variant))
     randomize(fused, seed=6)
-    plain = GPT(GPTConfig(**SMALL, query_mode=query_mode, fused_qkv=False))
+    plain = GPT(GPTConfig(**SMALL, **variant, fused_qkv=False))
     plain.load_state_dict(fused.state_dict())  # strict: the same parameters either way
     idx, targets = torch.randint(0, 97, (3, 16)), torch.randint(0, 97, (3, 16))
     losses = []
@@ -255,10 +351,10 @@ def hidden_states(model, idx):
     return x
 
 
-@pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
-def test_greedy_generation_is_identical_with_and_without_kv_cache(query_mode):
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_greedy_generation_is_identical_with_and_without_kv_cache(variant):
     torch.manual_seed(8)
-    model = GPT(GPTConfig(**SMALL, query_mode=query_mode)).double().eval()
+    model = GPT(GPTConfig(**SMALL, **variant)).double().eval()
     randomize(model, seed=8)
     prompt = torch.randint(0, 97, (3, 5))
     # 5 + 20 tokens outgrow block_size 16: the cached run must switch to the cropped window
