@@ -1,0 +1,342 @@
+"""
+Compare runs written by train.py: the paper's Table 1, and with --plot its Figure 1.
+
+    python compare.py out-baseline out-res-gelu                    # baseline = the first run's group
+    python compare.py sweeps/seeds --baseline=baseline             # a sweep directory: one run per subdirectory
+    python compare.py out-* --step=59000 --format=markdown         # the paper's step, a table for RESULTS.md
+    python compare.py sweeps/lr --group_over=seed,data_seed --format=csv > lr.csv
+    python compare.py out-baseline out-res-gelu --plot=figure1.png
+
+Runs whose settings are equal except for --group_over (default: seed) and for settings that
+cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
+the mean ± sample std of the validation loss over the group's n runs at one eval step, by
+default the last step that every run that did not diverge has reached. rel. improvement is
+(L_base - L) / L_base of the group means in percent (SPEC §3; positive = lower loss than the
+baseline); p is Welch's t-test against the baseline group when both have n >= 2. A run that
+diverged is left out of its group's mean and n, and its row says so.
+
+A run's history is its metrics.jsonl as it stands now: a `config` record at step s (a
+restart) replaces what an earlier session logged after step s, and of records logged twice
+the later one counts. Exit status: 0 ok; 1 bad input; 2 bad command line.
+"""
+
+import argparse
+import csv
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+# settings that say where, how or whether a run is stored, logged or compiled, not what it computes
+IGNORED_KEYS = {
+    "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
+    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
+    "backend", "peak_flops", "device",
+}
+FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
+          "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
+
+
+@dataclass
+class Run:
+    """One run directory: train.py's config header, its evals {step: (train_loss, val_loss)} (nats per token)
+    and the step at which it diverged (None if it did not)."""
+
+    out_dir: str
+    header: dict
+    evals: dict
+    diverged: int | None
+
+    @property
+    def config(self):
+        return self.header["config"]
+
+
+@dataclass
+class Group:
+    """Runs with equal settings apart from the --group_over keys, under a label unique in the table."""
+
+    label: str
+    runs: list
+
+    @property
+    def header(self):
+        return self.runs[0].header
+
+
+def die(message):
+    """Print `error: message` to stderr and exit with status 1 (bad input)."""
+    sys.exit(f"error: {message}")
+
+
+def read_records(path):
+    """The records of a metrics.jsonl as the run stands now. A `config` record at step s, written at a restart,
+    drops the records of earlier sessions past step s (the resumed run logs those steps again). A last line
+    cut short by a crash is skipped with a warning; any other line that is not JSON is an error."""
+    with open(path) as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                die(f"{path} line {i + 1} is not JSON; metrics.jsonl holds one JSON record per line")
+            print(f"warning: skipping the incomplete last line of {path}", file=sys.stderr)
+            continue
+        if record["type"] == "config":
+            records = [r for r in records if r["step"] <= record["step"]]
+        records.append(record)
+    return records
+
+
+def load_run(path):
+    """Read a run directory into a Run: config.json, else the last `config` record of metrics.jsonl."""
+    records = read_records(os.path.join(path, "metrics.jsonl"))
+    headers = [r for r in records if r["type"] == "config"]
+    if os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as f:
+            headers.append(json.load(f))
+    if not headers:
+        die(f"{path} has neither config.json nor a config record in metrics.jsonl; pass runs written by train.py")
+    evals = {r["step"]: (r["train_loss"], r["val_loss"]) for r in records if r["type"] == "eval"}
+    diverged = [r["step"] for r in records if r["type"] == "diverged"]
+    return Run(path, headers[-1], evals, diverged[-1] if diverged else None)
+
+
+def find_run_dirs(paths):
+    """Run directories named on the command line: a directory holding metrics.jsonl is a run; one that does not
+    but whose subdirectories do (a sweep) stands for those, sorted. A run named twice counts once."""
+    dirs = []
+    for path in paths:
+        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+            dirs.append(path)
+            continue
+        subdirs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
+        runs = [d for d in subdirs if os.path.isfile(os.path.join(d, "metrics.jsonl"))]
+        if not runs:
+            die(f"{path} is not a run directory (one holding the metrics.jsonl and config.json that train.py "
+                f"writes) nor a directory of such runs; pass the out_dir of a train.py run")
+        dirs += runs
+    unique = {}
+    for d in dirs:
+        unique.setdefault(os.path.realpath(d), d)
+    return list(unique.values())
+
+
+def make_groups(runs, group_over):
+    """Group runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first appearance.
+    Each group's label is its run_name, plus key=value for every setting in which it differs from another group
+    of the same run_name."""
+    skip = IGNORED_KEYS | group_over
+    members = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.items() if k not in skip}, sort_keys=True)
+        members.setdefault(key, []).append(run)
+    names = ["/".join(dict.fromkeys(run.header["run_name"] for run in group)) for group in members.values()]
+    groups = []
+    for name, group in zip(names, members.values()):
+        configs = [other[0].config for n, other in zip(names, members.values()) if n == name]
+        keys = [k for k in dict.fromkeys(k for c in configs for k in c)
+                if k not in skip and len({json.dumps(c.get(k, "(unset)")) for c in configs}) > 1]
+        groups.append(Group(" ".join([name] + [f"{k}={group[0].config.get(k, '(unset)')}" for k in keys]), group))
+    return groups
+
+
+def find_baseline(groups, name):
+    """The group named by --baseline (a label or one of the run directories); the first group if name is None."""
+    if name is None:
+        return groups[0]
+    for group in groups:
+        if name == group.label or any(os.path.realpath(name) == os.path.realpath(r.out_dir) for r in group.runs):
+            return group
+    die(f"--baseline={name} is neither a group label nor a run directory given; "
+        f"labels: {', '.join(repr(g.label) for g in groups)}")
+
+
+def default_step(runs):
+    """The largest eval step that every run that did not diverge has reached; an error if there is none."""
+    alive = [r for r in runs if r.diverged is None]
+    if not alive:
+        die("every run diverged, so no eval step is common to the runs that did not; pass --step=N")
+    common = set.intersection(*(set(r.evals) for r in alive))
+    if not common:
+        die("no eval step is common to all runs that did not diverge; pass --step=N, or leave out the runs that "
+            "have not reached an eval yet")
+    return max(common)
+
+
+def summarize(group, step):
+    """One table row as numbers: the group's val losses at `step` (nats per token) over its runs that did not
+    diverge and have that eval, their mean and sample std (None without a value), and which runs are left out."""
+    alive = [r for r in group.runs if r.diverged is None]
+    losses = np.array([r.evals[step][1] for r in alive if step in r.evals])
+    n = len(losses)
+    return {"losses": losses, "mean": float(losses.mean()) if n else None,
+            "std": float(losses.std(ddof=1)) if n >= 2 else None, "n": n,
+            "diverged": sorted(r.diverged for r in group.runs if r.diverged is not None),
+            "not_reached": len(alive) - n, "runs": len(group.runs)}
+
+
+def versus(row, base):
+    """(rel. improvement in % of row's mean over the baseline row's, Welch's two-sided p of their losses);
+    None where it is undefined: no value, fewer than 2 runs in either, or the baseline itself for p."""
+    rel = 100 * (base["mean"] - row["mean"]) / base["mean"] if row["n"] and base["n"] else None
+    if row is base or row["n"] < 2 or base["n"] < 2:
+        return rel, None
+    # imported here: scipy.stats is most of the start-up time, and only p needs it
+    from scipy import stats
+
+    return rel, float(stats.ttest_ind(row["losses"], base["losses"], equal_var=False).pvalue)
+
+
+def step_list(steps):
+    """'step 812' or 'steps 812, 900'."""
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
+
+
+def loss_cell(row):
+    """The val loss column's text: mean ± std, or why there is no value, and which runs are left out."""
+    diverged, missing, total = row["diverged"], row["not_reached"], row["runs"]
+    if len(diverged) == total:
+        return f"diverged at {step_list(diverged)}"
+    if row["n"] == 0:
+        value = "not reached"
+    else:
+        value = f"{row['mean']:.4f}" + (f" ± {row['std']:.4f}" if row["n"] >= 2 else "")
+    notes = [f"{len(diverged)} of {total} diverged at {step_list(diverged)}"] if diverged else []
+    notes += [f"{missing} of {total} not reached"] if missing and row["n"] else []
+    return value + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def text_cells(group, row):
+    """The human-readable cells of one row of the text and markdown tables."""
+    cfg = group.header["config"]
+    return [group.label, cfg["query_mode"], f"{group.header['non_embedding_params']:,}", f"{cfg['learning_rate']:g}",
+            f"{cfg['min_lr']:g}", f"{cfg['weight_decay']:g}", loss_cell(row), str(row["n"]),
+            "-" if row["rel"] is None else f"{row['rel']:.2f}", "-" if row["p"] is None else f"{row['p']:.2g}"]
+
+
+def print_table(groups, rows, step, caption, fmt):
+    """Print the table to stdout as aligned text, a markdown pipe table, or csv with full precision."""
+    if fmt == "csv":
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(["run", "query_mode", "non_embedding_params", "learning_rate", "min_lr", "weight_decay", "step",
+                      "val_loss_mean", "val_loss_std", "n", "rel_improvement_pct", "p", "diverged", "not_reached"])
+        for group, row in zip(groups, rows):
+            cfg = group.header["config"]
+            out.writerow([group.label, cfg["query_mode"], group.header["non_embedding_params"], cfg["learning_rate"],
+                          cfg["min_lr"], cfg["weight_decay"], step] + [row[k] for k in ("mean", "std", "n", "rel", "p")]
+                         + [" ".join(map(str, row["diverged"])), row["not_reached"]])
+        return
+    # text columns and the val loss (which may carry a note) align left, numbers right
+    columns = ["run", "query", "non-emb params", "max lr", "min lr", "weight decay", f"val loss @ {step}", "n",
+               "rel. improvement (%)", "p"]
+    left = [True, True, False, False, False, False, True, False, False, False]
+    cells = [text_cells(g, r) for g, r in zip(groups, rows)]
+    print(caption + "\n")
+    if fmt == "markdown":
+        for line in [columns, ["---" if lft else "---:" for lft in left], *cells]:
+            print("| " + " | ".join(line) + " |")
+    else:
+        widths = [max(len(c) for c in column) for column in zip(columns, *cells)]
+        for line in [columns, ["-" * w for w in widths], *cells]:
+            print("  ".join(c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(line, widths, left)).rstrip())
+    print("\n" + FOOTER)
+
+
+def curve(group):
+    """A group's curve: (steps, losses) with losses of shape (runs, steps, 2) holding (train_loss, val_loss) at the
+    eval steps after step 0 that all its runs that did not diverge have; an all-diverged group uses all its runs,
+    so its curve ends where they stopped."""
+    runs = [r for r in group.runs if r.diverged is None] or group.runs
+    steps = sorted(set.intersection(*(set(r.evals) for r in runs)) - {0})
+    losses = np.array([[r.evals[s] for s in steps] for r in runs], dtype=float).reshape(len(runs), len(steps), 2)
+    return np.array(steps, dtype=np.int64), losses
+
+
+def plot(groups, baseline):
+    """Figure 1 of the paper, returned as a matplotlib Figure: top, the loss vs step of every group (val solid,
+    train dashed; the mean over its runs, a band from the lowest to the highest run when n > 1); bottom, the
+    relative improvement over the baseline group's mean (%) at the steps both have. Step 0 is left out: the
+    untrained loss, about ln(vocab_size), would squash the y-range. Runs that diverged are left out of a group
+    that has others; a group whose runs all diverged is drawn on top only, up to where they stopped; the
+    legend says which."""
+    # imported here: only --plot needs matplotlib; Figure without pyplot needs no display and no global state
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 8), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    base_steps, base_losses = curve(baseline)
+    for i, group in enumerate(groups):
+        steps, losses = curve(group)
+        diverged = [r.diverged for r in group.runs if r.diverged is not None]
+        note = f" ({len(diverged)} of {len(group.runs)} diverged, left out)" if diverged else ""
+        if len(diverged) == len(group.runs):
+            note = f" (diverged at {step_list(diverged)})"
+        _, mine, theirs = np.intersect1d(steps, base_steps, return_indices=True)
+        base_mean = base_losses.mean(axis=0)[theirs]
+        for j, style in ((1, "-"), (0, "--")):
+            top.plot(steps, losses[:, :, j].mean(axis=0), style, marker="o", markersize=2, color=f"C{i}",
+                     label=None if j == 0 else group.label + note)
+            if len(losses) > 1:
+                top.fill_between(steps, losses[:, :, j].min(axis=0), losses[:, :, j].max(axis=0), color=f"C{i}",
+                                 alpha=0.15, linewidth=0)
+            # a diverged group's early losses would set the scale of the improvements that matter
+            if len(diverged) < len(group.runs):
+                rel = 100 * (base_mean[:, j] - losses[:, mine, j].mean(axis=0)) / base_mean[:, j]
+                bottom.plot(steps[mine], rel, style, marker="o", markersize=2, color=f"C{i}")
+    bottom.axhline(0, color="gray", linewidth=0.8)
+    top.set_ylabel("loss (nats per token)")
+    top.legend(title="val loss solid, train loss dashed")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("rel. improvement (%)")
+    bottom.set_title(f"(L_base - L) / L_base, baseline: {baseline.label}", fontsize="medium")
+    return fig
+
+
+def main():
+    """Read the runs named on the command line, print the table and, with --plot, write the figure."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run directories, or directories of runs")
+    parser.add_argument("--group_over", default="seed",
+                        help="comma-separated config keys whose runs are pooled into one row (default: seed)")
+    parser.add_argument("--baseline", help="group label or run directory of the baseline (default: the first run)")
+    parser.add_argument("--step", type=int,
+                        help="eval step to tabulate (default: the last one that every run that did not diverge has)")
+    parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
+    parser.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
+    args = parser.parse_args()
+
+    runs = [load_run(d) for d in find_run_dirs(args.out_dirs)]
+    group_over = set(args.group_over.split(","))
+    unknown = group_over - set().union(*(r.config for r in runs))
+    if unknown:
+        die(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; "
+            f"pass config keys such as seed or data_seed")
+    groups = make_groups(runs, group_over)
+    baseline = find_baseline(groups, args.baseline)
+    if args.step is None:
+        step = default_step(runs)
+        caption = f"val loss at step {step}, the last eval step that every run that did not diverge has reached"
+    else:
+        step, caption = args.step, f"val loss at step {args.step}"
+        eval_steps = sorted(set().union(*(r.evals for r in runs)))
+        if step not in eval_steps:
+            die(f"--step={step} is not an eval step of any run; eval steps: {', '.join(map(str, eval_steps))}")
+    rows = [summarize(g, step) for g in groups]
+    base_row = rows[groups.index(baseline)]
+    for row in rows:
+        row["rel"], row["p"] = versus(row, base_row)
+    caption += f"; baseline: {baseline.label}; runs pooled over {', '.join(sorted(group_over))}"
+    print_table(groups, rows, step, caption, args.format)
+    if args.plot:
+        plot(groups, baseline).savefig(args.plot, dpi=150)
+        # the csv on stdout stays machine-readable
+        print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""Tests of compare.py on run directories fabricated as train.py writes them: the statistics
+(mean ± sample std, rel. improvement, Welch's p) against hand-computed numbers, step choice,
+divergence, resumed runs, grouping and labels, the three formats, the plot, and bad input."""
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import REPO, run_script
+
+sys.path.insert(0, REPO)
+
+import compare  # noqa: E402
+
+# what train.py's header holds under "config" (Table 1's baseline), shortened to the keys that matter here
+BASE = {
+    "out_dir": "out-baseline", "overwrite": False, "eval_interval": 1000, "log_interval": 10, "eval_iters": 200,
+    "eval_only": False, "init_from": "scratch", "resume_from": "", "keep_last_n": 2, "save_checkpoint_steps": [],
+    "wandb_log": True, "wandb_project": "nonlinear-queries", "wandb_group": "table1", "wandb_run_name": "",
+    "dataset": "openwebtext", "data_dir": "", "data_seed": 1337, "batch_size": 12, "gradient_accumulation_steps": 40,
+    "learning_rate": 6e-4, "max_iters": 60000, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0,
+    "decay_lr": True, "warmup_iters": 2000, "lr_decay_iters": 60000, "min_lr": 6e-5, "device": "auto",
+    "dtype": "auto", "compile": True, "seed": 1337, "peak_flops": 0.0, "backend": "auto",
+    "divergence_threshold": 12.0, "divergence_patience": 100, "block_size": 1024, "vocab_size": 50304,
+    "n_layer": 12, "n_head": 12, "n_embd": 768, "dropout": 0.0, "mlp_ratio": 4.0, "query_mode": "linear",
+    "query_rank": 0, "fused_qkv": False,
+}
+RES_GELU = {"query_mode": "res_gelu", "learning_rate": 3e-3, "min_lr": 3e-5, "weight_decay": 2**-5}
+PARAMS = {"linear": 84_953_856, "res_gelu": 84_972_288, "identity": 77_875_968}  # SPEC §1
+
+
+def header(run_name, **overrides):
+    """train.py's config header (config.json, and the first `config` record of metrics.jsonl)."""
+    config = {**BASE, **overrides}
+    return {"type": "config", "step": 0, "run_name": run_name, "config_files": [f"config/{run_name}.py"],
+            "argv": ["train.py", f"config/{run_name}.py"], "git_commit": "0" * 40, "git_dirty": False,
+            "torch": "2.8.0", "device": "cuda", "world_size": 1, "dtype": "bfloat16", "tokens_per_iter": 491520,
+            "non_embedding_params": PARAMS[config["query_mode"]], "config": config}
+
+
+def evals(losses):
+    """train and eval records for {step: val_loss}; the eval's train_loss is val_loss - 0.1."""
+    records = []
+    for step, val in losses.items():
+        records.append({"type": "train", "step": step, "loss": val + 0.3, "lr": 6e-4, "grad_norm": 0.4,
+                        "ms_per_step": 900.0, "tokens_per_s": 546133.0})
+        records.append({"type": "eval", "step": step, "train_loss": val - 0.1, "val_loss": val})
+    return records
+
+
+def diverged(step):
+    """train.py's record of a run that stopped at `step` on a non-finite loss."""
+    return {"type": "diverged", "step": step, "reason": "the loss is nan", "loss": float("nan"),
+            "grad_norm": float("nan"), "lr": 6e-4, "last_checkpoint_step": step - step % 1000}
+
+
+def make_run(out_dir, run_name, losses, diverged_at=None, **overrides):
+    """Write out_dir as train.py would for a run logging val losses {step: loss}, ending in divergence at step
+    `diverged_at` if given; overrides change the config. Returns out_dir as a str."""
+    os.makedirs(out_dir)
+    head = header(run_name, out_dir=str(out_dir), **overrides)
+    write_records(out_dir, [head, *evals(losses), *([diverged(diverged_at)] if diverged_at else [])])
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(head, f, indent=2)
+    return str(out_dir)
+
+
+def write_records(out_dir, records):
+    """Write records as out_dir/metrics.jsonl, one JSON object a line."""
+    with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def run_compare(*args, check=True):
+    """Run compare.py as a user would; check=True fails the test on a non-zero exit."""
+    return run_script("compare.py", *map(str, args), check=check)
+
+
+def rows(stdout):
+    """{label: cells} of compare.py's text table (cells are separated by two or more spaces)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    table = []
+    for line in lines[start + 2 :]:
+        if not line.strip():
+            break
+        table.append(re.split(r"\s{2,}", line.strip()))
+    return {cells[0]: cells for cells in table}
+
+
+def csv_rows(stdout):
+    """{label: row} of compare.py's csv output, parsed by the csv module."""
+    return {row["run"]: row for row in csv.DictReader(io.StringIO(stdout))}
+
+
+def welch_p(a, b):
+    """Two-sided p of Welch's t-test from its definition: t with the Welch-Satterthwaite degrees of freedom."""
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    t = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return 2 * stats.t.sf(abs(t), df)
+
+
+@pytest.fixture
+def seeds(tmp_path):
+    """Three seeds each of the baseline (val 3.0, 3.2, 3.1 at step 2000) and res_gelu (2.9, 3.0, 3.1)."""
+    dirs = []
+    for name, finals, overrides in (("baseline", [3.0, 3.2, 3.1], {}), ("res_gelu", [2.9, 3.0, 3.1], RES_GELU)):
+        for seed, final in enumerate(finals):
+            dirs.append(make_run(tmp_path / f"{name}-{seed}", name, {0: 10.9, 1000: final + 0.5, 2000: final},
+                                 seed=seed, **overrides))
+    return dirs
+
+
+def test_mean_std_rel_improvement_and_welch_p_match_hand_computed(seeds):
+    out = run_compare(*seeds).stdout
+    table = rows(out)
+    assert list(table) == ["baseline", "res_gelu"]
+    base, res = table["baseline"], table["res_gelu"]
+    assert base == ["baseline", "linear", "84,953,856", "0.0006", "6e-05", "0.1", "3.1000 ± 0.1000", "3", "0.00", "-"]
+    assert res[:7] == ["res_gelu", "res_gelu", "84,972,288", "0.003", "3e-05", "0.03125", "3.0000 ± 0.1000"]
+    # (3.1 - 3.0) / 3.1; both stds 0.1 with n = 3: t = -0.1 / sqrt(2 * 0.01 / 3), Welch df = 4
+    p = 2 * stats.t.sf(0.1 / math.sqrt(2 * 0.01 / 3), 4)
+    assert res[7:] == ["3", "3.23", f"{p:.2g}"]
+    assert "val loss at step 2000" in out and "val loss @ 2000" in out
+    assert "Welch's t-test" in out and "(L_base - L) / L_base" in out
+
+    row = csv_rows(run_compare(*seeds, "--format=csv").stdout)["res_gelu"]
+    assert float(row["rel_improvement_pct"]) == pytest.approx(100 * 0.1 / 3.1, abs=1e-9)
+    assert float(row["p"]) == pytest.approx(p, abs=1e-9)
+    assert float(row["p"]) == pytest.approx(welch_p([2.9, 3.0, 3.1], [3.0, 3.2, 3.1]), abs=1e-9)
+    assert float(row["val_loss_mean"]) == pytest.approx(3.0, abs=1e-12)
+    assert float(row["val_loss_std"]) == pytest.approx(0.1, abs=1e-12)
+    assert (row["n"], row["step"], row["diverged"], row["not_reached"]) == ("3", "2000", "", "0")
+
+
+def test_baseline_option_and_single_runs(seeds, tmp_path):
+    single = make_run(tmp_path / "identity", "identity", {1000: 3.5, 2000: 3.41}, query_mode="identity")
+    table = rows(run_compare(*seeds, single, "--baseline=res_gelu").stdout)
+    assert table["res_gelu"][7:] == ["3", "0.00", "-"]
+    assert table["baseline"][8] == f"{100 * (3.0 - 3.1) / 3.0:.2f}" == "-3.33"
+    # a group of one: its value without a std, n = 1, and no p
+    assert table["identity"][6:] == ["3.4100", "1", f"{100 * (3.0 - 3.41) / 3.0:.2f}", "-"]
+    # the baseline named by one of its run directories
+    assert rows(run_compare(single, *seeds, f"--baseline={seeds[4]}").stdout)["res_gelu"][8] == "0.00"
+
+
+def test_default_step_is_the_last_all_runs_reached_and_step_selects_another(tmp_path):
+    base = [make_run(tmp_path / f"b{s}", "baseline", {1000: 3.6 + s / 10, 2000: 3.2 + s / 10, 3000: 3.0 + s / 10},
+                     seed=s) for s in range(2)]
+    short = make_run(tmp_path / "short", "res_gelu", {1000: 3.55, 2000: 3.25}, **RES_GELU)
+    out = run_compare(*base, short).stdout
+    assert "val loss at step 2000" in out
+    assert rows(out)["baseline"][6] == "3.2500 ± 0.0707"
+    assert rows(out)["res_gelu"][6:9] == ["3.2500", "1", "0.00"]
+
+    table = rows(run_compare(*base, short, "--step=3000").stdout)
+    assert table["baseline"][6] == "3.0500 ± 0.0707"
+    assert table["res_gelu"][6:] == ["not reached", "0", "-", "-"]
+    row = csv_rows(run_compare(*base, short, "--step=3000", "--format=csv").stdout)["res_gelu"]
+    assert (row["val_loss_mean"], row["n"], row["not_reached"]) == ("", "0", "1")
+
+    table = rows(run_compare(*base, short, "--step=1000").stdout)
+    assert table["res_gelu"][6:9] == ["3.5500", "1", f"{100 * (3.65 - 3.55) / 3.65:.2f}"]
+
+    proc = run_compare(*base, short, "--step=1500", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "error: --step=1500 is not an eval step of any run; eval steps: 1000, 2000, 3000"
+
+    # one of two seeds not there yet: the row pools the one that is, and says so
+    make_run(tmp_path / "b2", "baseline", {1000: 3.9}, seed=2)
+    assert rows(run_compare(*base, tmp_path / "b2", "--step=2000").stdout)["baseline"][6:8] == [
+        "3.2500 ± 0.0707 (1 of 3 not reached)", "2"]
+
+
+def test_diverged_runs_are_left_out_and_shown(tmp_path):
+    base = [make_run(tmp_path / f"b{s}", "baseline", {1000: 3.5, 2000: final}, seed=s)
+            for s, final in enumerate([3.0, 3.2])]
+    partial = [make_run(tmp_path / "r0", "res_gelu", {1000: 3.4}, diverged_at=1812, seed=0, **RES_GELU)]
+    partial += [make_run(tmp_path / f"r{s}", "res_gelu", {1000: 3.4, 2000: final}, seed=s, **RES_GELU)
+                for s, final in ((1, 3.0), (2, 3.1))]
+    # the paper's baseline at weight decay 0.05 diverges before 20k steps
+    wd = [make_run(tmp_path / f"w{s}", "baseline", {1000: 3.9}, diverged_at=step, seed=s, weight_decay=0.05)
+          for s, step in ((0, 1234), (1, 1300))]
+    out = run_compare(*base, *partial, *wd).stdout
+    assert "val loss at step 2000" in out  # the diverged runs' last evals (1000) do not hold the step back
+    table = rows(out)
+    assert table["res_gelu"][6:10] == ["3.0500 ± 0.0707 (1 of 3 diverged at step 1812)", "2",
+                                       f"{100 * 0.05 / 3.1:.2f}", f"{welch_p([3.0, 3.1], [3.0, 3.2]):.2g}"]
+    assert table["baseline weight_decay=0.05"][6:] == ["diverged at steps 1234, 1300", "0", "-", "-"]
+    assert table["baseline weight_decay=0.1"][6:8] == ["3.1000 ± 0.1414", "2"]
+
+    by_label = csv_rows(run_compare(*base, *partial, *wd, "--format=csv").stdout)
+    assert (by_label["res_gelu"]["diverged"], by_label["res_gelu"]["n"]) == ("1812", "2")
+    # unequal spreads tell Welch's p (df = 1.47) from Student's (df = 2, p = 0.69849)
+    assert float(by_label["res_gelu"]["p"]) == pytest.approx(welch_p([3.0, 3.1], [3.0, 3.2]), abs=1e-9)
+    assert welch_p([3.0, 3.1], [3.0, 3.2]) == pytest.approx(0.71172, abs=1e-5)
+    assert by_label["baseline weight_decay=0.05"]["diverged"] == "1234 1300"
+    assert "diverged at step 1812" in run_compare(*base, *partial, "--format=markdown").stdout
+
+    proc = run_compare(*wd, check=False)
+    assert proc.returncode == 1 and "every run diverged" in proc.stderr and "--step=N" in proc.stderr
+    assert rows(run_compare(*wd, "--step=1000").stdout)["baseline"][6] == "diverged at steps 1234, 1300"
+
+
+def test_resumed_run_counts_the_later_records(tmp_path):
+    run = tmp_path / "resumed"
+    make_run(run, "baseline", {})
+    head = json.loads((run / "config.json").read_text())
+    # first session: evals to 3000 and a divergence at 3345; then resumed from the step-1000 checkpoint, it
+    # logs step 2000 again (3.2 replaces 3.4) and has not reached 3000 yet; a kill cut its last line short
+    first = [head, *evals({0: 10.9, 1000: 3.5, 2000: 3.4}), {"type": "eval", "step": 3000, "train_loss": 2.9,
+                                                              "val_loss": 3.0}, diverged(3345)]
+    write_records(run, [*first, {**head, "step": 1000}, *evals({2000: 3.2})])
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"type": "train", "step": 2010, "lo')
+    other = make_run(tmp_path / "other", "baseline", {1000: 3.6, 2000: 3.3, 3000: 3.1}, seed=7)
+    proc = run_compare(run, other)
+    assert "val loss at step 2000" in proc.stdout
+    assert rows(proc.stdout)["baseline"][6:8] == ["3.2500 ± 0.0707", "2"]
+    assert "incomplete last line" in proc.stderr
+
+    # duplicates within one session (no restart record between them): the later one counts too
+    write_records(run, [head, *evals({1000: 3.5, 2000: 3.4}), *evals({2000: 3.0})])
+    assert rows(run_compare(run).stdout)["baseline"][6] == "3.0000"
+
+
+def test_sweep_directory_and_labels_that_tell_learning_rates_apart(tmp_path):
+    sweep = tmp_path / "lr-sweep"
+    for lr, finals in ((1e-3, [3.1, 3.3]), (3e-3, [3.0, 3.0])):
+        for seed, final in enumerate(finals):
+            make_run(sweep / f"lr{lr:g}-s{seed}", "res_gelu", {1000: 3.6, 2000: final}, seed=seed,
+                     **{**RES_GELU, "learning_rate": lr})
+    baseline = make_run(tmp_path / "baseline", "baseline", {1000: 3.6, 2000: 3.2})
+    table = rows(run_compare(baseline, sweep).stdout)
+    assert list(table) == ["baseline", "res_gelu learning_rate=0.001", "res_gelu learning_rate=0.003"]
+    assert table["res_gelu learning_rate=0.001"][6:9] == ["3.2000 ± 0.1414", "2", "0.00"]
+    assert table["res_gelu learning_rate=0.003"][6:9] == ["3.0000 ± 0.0000", "2", f"{100 * 0.2 / 3.2:.2f}"]
+
+    table = rows(run_compare(sweep, baseline, "--baseline=res_gelu learning_rate=0.003").stdout)
+    assert table["res_gelu learning_rate=0.001"][8] == f"{100 * -0.2 / 3.0:.2f}"
+    # a run named twice (itself and through its sweep) counts once
+    table = rows(run_compare(sweep, f"{sweep}/../lr-sweep/lr0.001-s0").stdout)
+    assert table["res_gelu learning_rate=0.001"][7] == "2"
+
+
+def test_group_over_pools_runs_that_differ_in_several_keys(tmp_path):
+    # out_dir, wandb_run_name and compile differ too, but cannot change the numbers
+    runs = [make_run(tmp_path / f"s{seed}", "res_gelu", {1000: 3.5, 2000: final}, seed=seed, data_seed=seed + 10,
+                     wandb_run_name=f"s{seed}", compile=seed == 1, **RES_GELU)
+            for seed, final in ((1, 3.0), (2, 3.2))]
+    table = rows(run_compare(*runs).stdout)
+    assert list(table) == ["res_gelu data_seed=11", "res_gelu data_seed=12"]
+    assert [cells[7] for cells in table.values()] == ["1", "1"]
+    out = run_compare(*runs, "--group_over=seed,data_seed").stdout
+    assert rows(out) == {"res_gelu": ["res_gelu", "res_gelu", "84,972,288", "0.003", "3e-05", "0.03125",
+                                      "3.1000 ± 0.1414", "2", "0.00", "-"]}
+    assert "runs pooled over data_seed, seed" in out
+
+    # a setting that older runs lack (train.py gains keys) tells the groups apart too
+    runs.append(make_run(tmp_path / "z", "res_gelu", {1000: 3.5, 2000: 2.9}, z_loss=1e-4, **RES_GELU))
+    table = rows(run_compare(*runs, "--group_over=seed,data_seed").stdout)
+    assert {label: cells[6:8] for label, cells in table.items()} == {
+        "res_gelu z_loss=(unset)": ["3.1000 ± 0.1414", "2"], "res_gelu z_loss=0.0001": ["2.9000", "1"]}
+
+    proc = run_compare(*runs, "--group_over=sede", check=False)
+    assert proc.returncode == 1 and "sede" in proc.stderr
+
+
+def test_markdown_and_csv(seeds):
+    lines = run_compare(*seeds, "--format=markdown").stdout.splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == ("| run | query | non-emb params | max lr | min lr | weight decay | val loss @ 2000 | n "
+                        "| rel. improvement (%) | p |")
+    assert table[1] == "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"
+    assert table[2] == "| baseline | linear | 84,953,856 | 0.0006 | 6e-05 | 0.1 | 3.1000 ± 0.1000 | 3 | 0.00 | - |"
+    assert len(table) == 4 and all(line.count("|") == 11 for line in table)
+    assert any("Welch's t-test" in line for line in lines)
+
+    records = list(csv.reader(io.StringIO(run_compare(*seeds, "--format=csv").stdout)))
+    assert records[0] == ["run", "query_mode", "non_embedding_params", "learning_rate", "min_lr", "weight_decay",
+                        "step", "val_loss_mean", "val_loss_std", "n", "rel_improvement_pct", "p", "diverged",
+                        "not_reached"]
+    assert len(records) == 3
+    base = dict(zip(records[0], records[1]))
+    assert base["non_embedding_params"] == "84953856" and float(base["learning_rate"]) == 6e-4
+    assert float(base["val_loss_mean"]) == pytest.approx(3.1, abs=1e-12)
+    assert (float(base["rel_improvement_pct"]), base["p"]) == (0.0, "")
+
+
+def test_plot_draws_both_panels(seeds, tmp_path):
+    png = tmp_path / "figure1.png"
+    proc = run_compare(*seeds, f"--plot={png}")
+    assert f"wrote {png}" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+    wd = make_run(tmp_path / "wd", "baseline", {0: 10.9, 1000: 4.4}, diverged_at=1500, weight_decay=0.05)
+    runs = [compare.load_run(d) for d in [*seeds, wd]]
+    groups = compare.make_groups(runs, {"seed"})
+    top, bottom = compare.plot(groups, groups[1]).axes
+    # per group a val (solid) and a train (dashed) line; below, not for the diverged group, and the zero line
+    assert [line.get_linestyle() for line in top.lines] == ["-", "--"] * 3
+    assert len(bottom.lines) == 5 and bottom.lines[-1].get_ydata() == [0, 0]
+    # step 0 is left out; the top shows group means, the bottom (L_base - L) / L_base in %, baseline res_gelu
+    assert list(top.lines[0].get_xdata()) == [1000, 2000]
+    np.testing.assert_allclose(top.lines[0].get_ydata(), [3.6, 3.1])
+    np.testing.assert_allclose(top.lines[1].get_ydata(), [3.5, 3.0])
+    np.testing.assert_allclose(top.lines[4].get_ydata(), [4.4])
+    np.testing.assert_allclose(bottom.lines[0].get_ydata(), [100 * (3.5 - 3.6) / 3.5, 100 * (3.0 - 3.1) / 3.0])
+    np.testing.assert_allclose(bottom.lines[1].get_ydata(), [100 * (3.4 - 3.5) / 3.4, 100 * (2.9 - 3.0) / 2.9])
+    np.testing.assert_allclose(bottom.lines[2].get_ydata(), [0, 0], atol=1e-12)
+    assert [t.get_text() for t in top.get_legend().get_texts()] == [
+        "baseline weight_decay=0.1", "res_gelu", "baseline weight_decay=0.05 (diverged at step 1500)"]
+    assert len(top.collections) == 4  # min..max bands of the 3 seeds, val and train, per group of several
+
+
+def test_bad_input_is_a_clear_error(seeds, tmp_path):
+    proc = run_compare(*seeds, "--baseline=res-gelu", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("error: --baseline=res-gelu is neither a group label nor a run directory given; "
+                                   "labels: 'baseline', 'res_gelu'")
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    for path in (empty, tmp_path / "missing"):
+        proc = run_compare(seeds[0], path, check=False)
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert proc.stderr.startswith(f"error: {path} is not a run directory") and "metrics.jsonl" in proc.stderr
