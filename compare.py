@@ -6,6 +6,7 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py out-* --step=59000 --format=markdown         # the paper's step, a table for RESULTS.md
     python compare.py sweeps/lr --group_over=seed,data_seed --format=csv > lr.csv
     python compare.py out-baseline out-res-gelu --plot=figure1.png
+    python compare.py out-mini/* --best_over=learning_rate         # each arm at its own best learning rate
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
@@ -17,7 +18,9 @@ diverged is left out of its group's mean and n, and its row says so.
 
 A run's history is its metrics.jsonl as it stands now: a `config` record at step s (a
 restart) replaces what an earlier session logged after step s, and of records logged twice
-the later one counts. Exit status: 0 ok; 1 bad input; 2 bad command line.
+the later one counts. A setting missing from an older run's config (one added to train.py
+later) counts as today's default, which reproduces what the older code did. Exit status:
+0 ok; 1 bad input; 2 bad command line.
 """
 
 import argparse
@@ -25,7 +28,7 @@ import csv
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -104,6 +107,22 @@ def load_run(path):
     evals = {r["step"]: (r["train_loss"], r["val_loss"]) for r in records if r["type"] == "eval"}
     diverged = [r["step"] for r in records if r["type"] == "diverged"]
     return Run(path, headers[-1], evals, diverged[-1] if diverged else None)
+
+
+def fill_defaults(runs):
+    """Give a setting that only some runs' configs have (one added to train.py after the others ran) today's
+    default where it is missing: the defaults reproduce what the older code did."""
+    keys = set().union(*(r.config for r in runs))
+    if all(keys <= set(r.config) for r in runs):
+        return
+    # imported only here: train_config imports model, and so torch, which takes seconds
+    from train_config import TrainConfig
+
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    for run in runs:
+        for key in keys - set(run.config):
+            if key in defaults:
+                run.config[key] = defaults[key]
 
 
 def find_run_dirs(paths):
@@ -297,6 +316,20 @@ def plot(groups, baseline):
     return fig
 
 
+def family(group, skip):
+    """The settings of a group apart from the keys in `skip`, as a comparable string."""
+    return json.dumps({k: v for k, v in group.runs[0].config.items() if k not in skip}, sort_keys=True)
+
+
+def best_of(groups, rows, skip):
+    """Of the groups whose settings differ only in keys in `skip` (say, learning_rate), the one with the lowest
+    mean val loss; groups without a value lose. Returns [(group, row)] in order of first appearance."""
+    families = {}
+    for group, row in zip(groups, rows):
+        families.setdefault(family(group, skip), []).append((group, row))
+    return [min(members, key=lambda m: (m[1]["mean"] is None, m[1]["mean"] or 0.0)) for members in families.values()]
+
+
 def main():
     """Read the runs named on the command line, print the table and, with --plot, write the figure."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,11 +339,15 @@ def main():
     parser.add_argument("--baseline", help="group label or run directory of the baseline (default: the first run)")
     parser.add_argument("--step", type=int,
                         help="eval step to tabulate (default: the last one that every run that did not diverge has)")
+    parser.add_argument("--best_over", default="",
+                        help="comma-separated config keys, e.g. learning_rate: of the groups that differ only in them, "
+                             "show the one with the lowest mean val loss (a tuned-vs-tuned comparison)")
     parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     parser.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
     args = parser.parse_args()
 
     runs = [load_run(d) for d in find_run_dirs(args.out_dirs)]
+    fill_defaults(runs)
     group_over = set(args.group_over.split(","))
     unknown = group_over - set().union(*(r.config for r in runs))
     if unknown:
@@ -327,6 +364,13 @@ def main():
         if step not in eval_steps:
             die(f"--step={step} is not an eval step of any run; eval steps: {', '.join(map(str, eval_steps))}")
     rows = [summarize(g, step) for g in groups]
+    if args.best_over:
+        # tuned against tuned: each family of groups keeps its best, the baseline's family included
+        skip = IGNORED_KEYS | group_over | set(args.best_over.split(","))
+        kept = best_of(groups, rows, skip)
+        baseline = next(g for g, _ in kept if family(g, skip) == family(baseline, skip))
+        groups, rows = [g for g, _ in kept], [r for _, r in kept]
+        caption += f"; each row the best {args.best_over} of its arm (lowest mean val loss at this step)"
     base_row = rows[groups.index(baseline)]
     for row in rows:
         row["rel"], row["p"] = versus(row, base_row)

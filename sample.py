@@ -4,7 +4,9 @@ Sample text from a checkpoint written by train.py.
     python sample.py --out_dir=out-res-gelu --start="To be, or not to be" --num_samples=3
     python sample.py --out_dir=out-quickstart --start=FILE:prompt.txt --device=cpu
 
-The checkpoint is loaded with torch.load(weights_only=True): only tensors and plain
+Prompts are encoded with GPT-2's BPE, or, for a run on a character-level dataset (its
+meta.json says "tokenizer": "char", e.g. data/shakespeare_char), with that dataset's
+characters. The checkpoint is loaded with torch.load(weights_only=True): only tensors and plain
 containers are read, never arbitrary pickled objects.
 """
 

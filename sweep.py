@@ -90,7 +90,8 @@ def main(argv):
                                      allow_abbrev=False)
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                         help="an axis of the grid (repeat for more)")
-    parser.add_argument("--sweep_dir", default="", help="parent of the points' out_dirs (default: the config's out_dir)")
+    parser.add_argument("--sweep_dir", default="",
+                        help="parent of the points' out_dirs (default: the config's out_dir)")
     parser.add_argument("--launcher", default="python",
                         help="how to start train.py, e.g. 'torchrun --standalone --nproc_per_node=8' (default: python)")
     parser.add_argument("--dry_run", action="store_true", help="print each point's status and command; run nothing")
@@ -134,8 +135,8 @@ def main(argv):
         start = ["--init_from=resume"] if status == "resume" else ["--overwrite=True"]
         cmd = [*launcher, os.path.join(REPO, "train.py"), *train_args, *(f"--{k}={v}" for k, v in point),
                f"--out_dir={out_dir}", *start]
-        print(f"[{i + 1}/{len(points)}] {name}: {'resuming' if status == 'resume' else 'starting'}\n  {shlex.join(cmd)}",
-              flush=True)
+        action = "resuming" if status == "resume" else "starting"
+        print(f"[{i + 1}/{len(points)}] {name}: {action}\n  {shlex.join(cmd)}", flush=True)
         if args.dry_run:
             statuses[name] = status
             continue

@@ -276,6 +276,7 @@ if master:
         "git_commit": commit, "git_dirty": dirty, "torch": torch.__version__, "device": device,
         "world_size": world_size, "dtype": dtype, "tokens_per_iter": tokens_per_iter,
         "non_embedding_params": raw_model.get_num_params(), "config": asdict(cfg),
+        "data": data_fingerprint,  # runs with equal fingerprints trained and evaluated on the same batches
     }
     log(header)
     with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:

@@ -57,9 +57,11 @@ class TrainConfig(GPTConfig):
     compile: bool = True  # torch.compile the model
     seed: int = 1337  # model init and dropout
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
-    backend: str = "auto"  # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
+    # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
+    backend: str = "auto"
     # divergence guard; a non-finite loss or gradient norm always stops the run
-    divergence_threshold: float = 12.0  # uniform guessing scores ln(50304) = 10.83, an untrained GPT-2 about 11.0; 0 disables
+    # uniform guessing scores ln(50304) = 10.83, an untrained GPT-2 about 11.0; 0 disables
+    divergence_threshold: float = 12.0
     divergence_patience: int = 100  # consecutive steps with the loss above divergence_threshold that stop the run
 
     def __post_init__(self):

@@ -265,11 +265,13 @@ def test_group_over_pools_runs_that_differ_in_several_keys(tmp_path):
                                       "3.1000 ± 0.1414", "2", "0.00", "-"]}
     assert "runs pooled over data_seed, seed" in out
 
-    # a setting that older runs lack (train.py gains keys) tells the groups apart too
+    # a setting that older runs lack (train.py gains keys) counts as today's default: a newer run at the
+    # default pools with them, one at another value does not
+    runs.append(make_run(tmp_path / "z0", "res_gelu", {1000: 3.5, 2000: 3.4}, z_loss=0.0, **RES_GELU))
     runs.append(make_run(tmp_path / "z", "res_gelu", {1000: 3.5, 2000: 2.9}, z_loss=1e-4, **RES_GELU))
     table = rows(run_compare(*runs, "--group_over=seed,data_seed").stdout)
     assert {label: cells[6:8] for label, cells in table.items()} == {
-        "res_gelu z_loss=(unset)": ["3.1000 ± 0.1414", "2"], "res_gelu z_loss=0.0001": ["2.9000", "1"]}
+        "res_gelu z_loss=0.0": ["3.2000 ± 0.2000", "3"], "res_gelu z_loss=0.0001": ["2.9000", "1"]}
 
     proc = run_compare(*runs, "--group_over=sede", check=False)
     assert proc.returncode == 1 and "sede" in proc.stderr
@@ -333,3 +335,22 @@ def test_bad_input_is_a_clear_error(seeds, tmp_path):
         proc = run_compare(seeds[0], path, check=False)
         assert proc.returncode == 1 and proc.stdout == ""
         assert proc.stderr.startswith(f"error: {path} is not a run directory") and "metrics.jsonl" in proc.stderr
+
+
+def test_best_over_compares_each_arm_at_its_best_learning_rate(tmp_path):
+    # baseline: lr 6e-4 -> 3.1 (mean of 3.0, 3.2), lr 1e-3 -> 3.0; res_gelu: lr 3e-3 -> 2.9, lr 6e-3 -> 3.4
+    grid = {("baseline", 6e-4): [3.0, 3.2], ("baseline", 1e-3): [2.95, 3.05],
+            ("res_gelu", 3e-3): [2.85, 2.95], ("res_gelu", 6e-3): [3.3, 3.5]}
+    dirs = [make_run(tmp_path / f"{name}-{lr}-{seed}", name, {1000: final + 0.5, 2000: final}, seed=seed,
+                     **{**(RES_GELU if name == "res_gelu" else {}), "learning_rate": lr})
+            for (name, lr), finals in grid.items() for seed, final in enumerate(finals)]
+    full = rows(run_compare(*dirs).stdout)
+    assert len(full) == 4 and full["baseline learning_rate=0.0006"][8] == "0.00"  # the first run's row
+    out = run_compare(*dirs, "--best_over=learning_rate", "--format=csv").stdout
+    best = csv_rows(out)
+    assert list(best) == ["baseline learning_rate=0.001", "res_gelu learning_rate=0.003"]
+    assert float(best["baseline learning_rate=0.001"]["rel_improvement_pct"]) == 0.0  # the baseline's best row
+    assert float(best["res_gelu learning_rate=0.003"]["rel_improvement_pct"]) == pytest.approx(100 * 0.1 / 3.0,
+                                                                                            abs=1e-9)
+    assert float(best["res_gelu learning_rate=0.003"]["p"]) == pytest.approx(welch_p([2.85, 2.95], [2.95, 3.05]),
+                                                                           abs=1e-9)

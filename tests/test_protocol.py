@@ -1,0 +1,191 @@
+"""The comparison protocol (issue 5): seeds, z-loss, the learning-rate schedules, sweep.py,
+character-level Shakespeare and the config/mini arms, on real text with a tiny model."""
+
+import csv
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, TINY, read_metrics, run_script
+
+sys.path.insert(0, REPO)
+
+from batches import get_batch, index_file, open_tokens  # noqa: E402
+from configurator import parse_config, read_config_file  # noqa: E402
+from model import GPT, GPTConfig, model_config_keys  # noqa: E402
+from train_config import TrainConfig  # noqa: E402
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # bitwise repeatable across processes
+
+
+def train(data_dir, out_dir, *args, check=True):
+    return run_script("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args, check=check,
+                      env=ONE_THREAD)
+
+
+def header(out_dir):
+    with open(os.path.join(out_dir, "config.json")) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------
+# seed (init and dropout) and data_seed (batches) are independent
+
+
+def test_seed_changes_the_model_and_data_seed_the_batches(shakespeare_dir, tmp_path):
+    runs = {(1, 5): tmp_path / "a", (2, 5): tmp_path / "b", (1, 6): tmp_path / "c"}
+    for (seed, data_seed), out in runs.items():
+        train(shakespeare_dir, out, f"--seed={seed}", f"--data_seed={data_seed}", "--max_iters=2", "--eval_interval=2")
+    data = {key: header(out)["data"] for key, out in runs.items()}
+    # same data_seed, another seed: the very same train, train_eval and val_eval batches...
+    assert data[(1, 5)] == data[(2, 5)]
+    # ...and another model: the untrained val loss on those same batches differs
+    val0 = {key: read_metrics(out, "eval")[0]["val_loss"] for key, out in runs.items()}
+    assert val0[(1, 5)] != val0[(2, 5)]
+    # another data_seed: other batches in every stream, the same token files
+    for stream in ("train index", "train_eval index", "val_eval index"):
+        assert data[(1, 6)][stream]["rows_blake2b"][0] != data[(1, 5)][stream]["rows_blake2b"][0], stream
+    assert data[(1, 6)]["train.bin"] == data[(1, 5)]["train.bin"]
+
+
+# ---------------------------------------------------------------------------------------
+# z-loss and the learning-rate schedules
+
+
+def test_z_loss_adds_the_squared_log_partition_to_the_gradient_not_to_the_logged_loss(shakespeare_dir, tmp_path):
+    args = ["--max_iters=1", "--eval_interval=1", "--grad_clip=0"]
+    train(shakespeare_dir, tmp_path / "plain", *args)
+    train(shakespeare_dir, tmp_path / "z", *args, "--z_loss=1.0")
+    plain, z = read_metrics(tmp_path / "plain", "train")[0], read_metrics(tmp_path / "z", "train")[0]
+    assert z["loss"] == plain["loss"]  # the same cross-entropy before the first update
+    # the first step's gradient norm, recomputed here from the same init and batch
+    cfg, _ = parse_config(TrainConfig, [*TINY, "--max_iters=1"])
+    torch.manual_seed(cfg.seed)
+    model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
+    data = open_tokens(os.path.join(shakespeare_dir, "train.bin"), "")
+    idx = index_file(os.path.join(shakespeare_dir, "indices"), "train", cfg.data_seed, 1, cfg.batch_size,
+                     cfg.block_size, len(data))
+    x, y = get_batch(data, idx[0], cfg.block_size, "cpu")
+    for coefficient, record in ((0.0, plain), (1.0, z)):
+        model.zero_grad()
+        logits, loss = model(x, y)
+        (loss + coefficient * torch.logsumexp(logits, dim=-1).pow(2).mean()).backward()
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+        assert record["grad_norm"] == pytest.approx(norm, rel=1e-4)
+    assert z["grad_norm"] != pytest.approx(plain["grad_norm"], rel=1e-3)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear_to_zero"])
+def test_learning_rate_schedules(shakespeare_dir, tmp_path, schedule):
+    lr, min_lr, warmup, decay = 1e-3, 1e-4, 2, 6
+    train(shakespeare_dir, tmp_path / schedule, f"--lr_schedule={schedule}", "--max_iters=8", "--eval_interval=8",
+          f"--warmup_iters={warmup}", f"--lr_decay_iters={decay}", f"--min_lr={min_lr}")
+    logged = [r["lr"] for r in read_metrics(tmp_path / schedule, "train")]  # record of step s: update s-1 -> s
+    warm = [lr * 1 / 3, lr * 2 / 3]
+    if schedule == "cosine":
+        expected = warm + [min_lr + 0.5 * (1 + math.cos(math.pi * i / 4)) * (lr - min_lr) for i in range(4)]
+        expected += [min_lr, min_lr]
+    else:  # decay to zero, whatever min_lr says
+        expected = warm + [lr, 0.75 * lr, 0.5 * lr, 0.25 * lr, 0.0, 0.0]
+    assert logged == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_schedule_and_z_loss_values_are_checked(shakespeare_dir, tmp_path):
+    for arg, message in (("--lr_schedule=linear", "lr_schedule must be 'cosine' or 'linear_to_zero'"),
+                         ("--z_loss=-1", "z_loss must be >= 0")):
+        proc = train(shakespeare_dir, tmp_path / "bad", arg, check=False)
+        assert proc.returncode == 2 and message in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# sweep.py
+
+
+def sweep(data_dir, sweep_dir, *args, check=True):
+    return run_script("sweep.py", *TINY, f"--data_dir={data_dir}", f"--sweep_dir={sweep_dir}", "--max_iters=4",
+                      "--eval_interval=2", "--grid", "learning_rate=1e-3,2e-3", "--grid", "seed=1,2", *args,
+                      check=check, env=ONE_THREAD)
+
+
+def test_sweep_runs_every_point_skips_finished_ones_and_resumes_an_unfinished_one(shakespeare_dir, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    names = ["learning_rate=1e-3,seed=1", "learning_rate=1e-3,seed=2", "learning_rate=2e-3,seed=1",
+             "learning_rate=2e-3,seed=2"]
+    # an unfinished point: stopped at its checkpoint of step 2 of 4
+    unfinished = sweep_dir / names[3]
+    train(shakespeare_dir, unfinished, "--learning_rate=2e-3", "--seed=2", "--max_iters=2", "--eval_interval=2")
+    out = sweep(shakespeare_dir, sweep_dir).stdout
+    assert out.count(": starting") == 3 and f"{names[3]}: resuming" in out
+    for name in names:
+        cfg = header(sweep_dir / name)["config"]
+        assert (cfg["learning_rate"], cfg["seed"]) == (float(name[14:18]), int(name[-1]))
+        assert [r["step"] for r in read_metrics(sweep_dir / name, "eval")] == [0, 2, 4]
+    # resumed from step 2, not restarted: a second config record at step 2, and step 0 evaluated once
+    assert [r["step"] for r in read_metrics(unfinished, "config")] == [0, 2]
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    assert record["points"] == {name: "done" for name in names} and "--grid" in record["command"]
+
+    before = {name: (sweep_dir / name / "metrics.jsonl").read_bytes() for name in names}
+    out = sweep(shakespeare_dir, sweep_dir).stdout
+    assert out.count("done, skipped") == 4
+    assert all((sweep_dir / name / "metrics.jsonl").read_bytes() == before[name] for name in names)
+    # the finished sweep is what compare.py reads: two learning rates, two seeds each
+    rows = list(csv.DictReader(run_script("compare.py", str(sweep_dir), "--format=csv").stdout.splitlines()))
+    assert [(r["learning_rate"], r["step"], r["n"]) for r in rows] == [("0.001", "4", "2"), ("0.002", "4", "2")]
+
+
+def test_sweep_skips_a_diverged_point_and_checks_every_config_first(shakespeare_dir, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    diverged = sweep_dir / "learning_rate=1e-3,seed=1"
+    diverged.mkdir(parents=True)
+    (diverged / "metrics.jsonl").write_text(json.dumps({"type": "diverged", "step": 3}) + "\n")
+    out = sweep(shakespeare_dir, sweep_dir, "--dry_run").stdout
+    assert "learning_rate=1e-3,seed=1: diverged at step 3, skipped" in out and out.count(": starting") == 3
+    proc = sweep(shakespeare_dir, sweep_dir, "--grid", "n_layers=1,2", check=False)
+    assert proc.returncode == 2 and "unknown config key 'n_layers'" in proc.stderr
+    proc = run_script("sweep.py", *TINY, "--grid", "learning_rate=1e-3,fast", check=False)
+    assert proc.returncode == 2 and "learning_rate must be float" in proc.stderr
+    assert sorted(os.listdir(sweep_dir)) == ["learning_rate=1e-3,seed=1"]  # nothing ran
+
+
+# ---------------------------------------------------------------------------------------
+# character-level Shakespeare and the config/mini arms
+
+
+def test_char_level_shakespeare_round_trips_and_samples(tmp_path):
+    data_dir = tmp_path / "chars"
+    run_script("data/shakespeare_char/prepare.py", f"--out_dir={data_dir}")
+    meta = json.loads((data_dir / "meta.json").read_text())
+    chars = meta["chars"]
+    assert meta["tokenizer"] == "char" and meta["vocab_size"] == len(chars) == len(set(chars)) < 128
+    assert list(chars) == sorted(chars)
+    val = np.fromfile(data_dir / "val.bin", dtype=np.uint16)
+    assert len(val) == meta["val_tokens"] and meta["val_documents"] == 5  # the same held-out works as BPE
+    assert "".join(chars[i] for i in val[:2000]).count(" ") > 200  # decodes to English text
+    out = tmp_path / "run"
+    run_script("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out}", f"--vocab_size={len(chars)}",
+               "--max_iters=2", "--eval_interval=2")
+    text = run_script("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=40", "--device=cpu").stdout
+    sample = text.split("\n", 1)[1].split("---------------")[0]
+    assert sample.startswith("ROMEO:") and len(sample) == 6 + 40 + 1 and set(sample) <= set(chars)
+    proc = run_script("sample.py", f"--out_dir={out}", "--start=\u00e9t\u00e9", check=False)
+    assert proc.returncode == 1 and "never saw" in proc.stderr
+
+
+def test_mini_arms_differ_only_in_the_model():
+    arms = {name: read_config_file(os.path.join(REPO, "config", "mini", f"{name}.py"))
+            for name in ("baseline", "mlp475", "res_gelu")}
+    differing = {name: {k for k in arms["baseline"] if arms[name][k] != arms["baseline"][k]} for name in arms}
+    assert differing == {"baseline": set(), "mlp475": {"out_dir", "mlp_ratio"}, "res_gelu": {"out_dir", "query_mode"}}
+    assert (arms["mlp475"]["mlp_ratio"], arms["res_gelu"]["query_mode"]) == (4.75, "res_gelu")
+    with torch.device("meta"):
+        params = {name: GPT(GPTConfig(**{k: v for k, v in c.items() if k in model_config_keys()})).get_num_params()
+                  for name, c in arms.items()}
+    # d = 128, 4 layers: res_gelu adds 2 d per layer (2 d r = d^2 = W_Q's count), MLP4.75 adds 1.5 d^2 per layer
+    assert params["res_gelu"] - params["baseline"] == 4 * 2 * 128
+    assert params["mlp475"] - params["baseline"] == 4 * 2 * 96 * 128
