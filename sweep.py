@@ -80,7 +80,7 @@ def write_record(sweep_dir, argv, statuses):
     """SWEEP_DIR/sweep.json: the command and {point: status}, replaced atomically."""
     path = os.path.join(sweep_dir, "sweep.json")
     with open(path + ".tmp", "w") as f:
-        json.dump({"command": shlex.join([sys.executable, "sweep.py", *argv]), "points": statuses}, f, indent=2)
+        json.dump({"command": shlex.join(["python", "sweep.py", *argv]), "points": statuses}, f, indent=2)
         f.write("\n")
     os.replace(path + ".tmp", path)
 
