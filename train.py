@@ -7,7 +7,7 @@ Train a GPT whose attention query is chosen by `query_mode` (see model.py).
     python train.py config/baseline.py --init_from=resume     # continue out_dir/ckpt.pt
 
 Config files in config/ are plain Python assignments; --key=value overrides them (see
-configurator.py). Every variant trains on the same pre-generated batches (batches.py),
+configurator.py); every setting, its default and its check is in train_config.py. Every variant trains on the same pre-generated batches (batches.py),
 evaluates train and val loss on the same fixed sequences every eval_interval steps,
 appends every metric to out_dir/metrics.jsonl (and to wandb when wandb_log), and writes
 a checkpoint atomically after each evaluation.

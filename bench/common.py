@@ -28,6 +28,21 @@ def parser(description, model=True):
     return p
 
 
+# the query modes of the paper and the official code; ablations such as res_linear via --modes
+DEFAULT_MODES = "linear,identity,res_gelu,residual"
+
+
+def query_modes(p, args):
+    """The list of args.modes (comma-separated); p.error names any that is not a query mode."""
+    from model import QUERY_MODULES
+
+    modes = args.modes.split(",")
+    unknown = set(modes) - set(QUERY_MODULES)
+    if unknown:
+        p.error(f"unknown query modes {', '.join(sorted(unknown))}; valid: {', '.join(sorted(QUERY_MODULES))}")
+    return modes
+
+
 def resolve_device(args):
     """(device, dtype name, autocast context) from the parsed flags; exits with a message on a bad combination."""
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

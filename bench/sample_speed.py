@@ -15,11 +15,9 @@ import statistics
 
 import torch
 
-from common import command_line, header, interleaved, parser, resolve_device
-from model import GPT, QUERY_MODULES, GPTConfig
+from common import DEFAULT_MODES, command_line, header, interleaved, parser, query_modes, resolve_device
+from model import GPT, GPTConfig
 
-# the query modes of the paper and the official code; ablations such as res_linear via --modes
-DEFAULT_MODES = ["linear", "identity", "res_gelu", "residual"]
 SIZES = {  # n_layer, n_head, n_embd, block_size
     "cpu": (6, 6, 384, 1024),  # the CPU training benchmark's model
     "gpt2": (12, 12, 768, 1024),
@@ -45,15 +43,13 @@ def main():
     p.add_argument("--size", choices=SIZES, default=None, help="model size; default cpu or gpt2 by device")
     for key in ("n_layer", "n_head", "n_embd", "vocab_size"):
         p.add_argument(f"--{key}", type=int, default=0, help="override the size preset")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help="comma-separated query modes")
+    p.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated query modes")
     p.add_argument("--batch_sizes", default="1,8", help="comma-separated numbers of sequences")
     p.add_argument("--prompt_len", type=int, default=16)
     p.add_argument("--new_tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=0, help="timed rounds (default 1 on CPU, 5 on CUDA)")
     args = p.parse_args()
-    unknown = set(args.modes.split(",")) - set(QUERY_MODULES)
-    if unknown:
-        p.error(f"unknown query modes {', '.join(sorted(unknown))}; valid: {', '.join(sorted(QUERY_MODULES))}")
+    query_modes(p, args)
     device, dtype, autocast = resolve_device(args)
     cuda = device.startswith("cuda")
     args.size = args.size or ("gpt2" if cuda else "cpu")

@@ -26,11 +26,19 @@ import statistics
 
 import torch
 
-from common import command_line, header, interleaved, paired_ratio, parser, proc_status_kib, resolve_device
-from model import GPT, QUERY_MODULES, GPTConfig, peak_flops_for
+from common import (
+    DEFAULT_MODES,
+    command_line,
+    header,
+    interleaved,
+    paired_ratio,
+    parser,
+    proc_status_kib,
+    query_modes,
+    resolve_device,
+)
+from model import GPT, GPTConfig, peak_flops_for
 
-# the query modes of the paper and the official code; ablations such as res_linear via --modes
-DEFAULT_MODES = ["linear", "identity", "res_gelu", "residual"]
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
     "cpu": (6, 6, 384, 256, 4),
     "gpt2": (12, 12, 768, 1024, 12),  # the paper's model and micro-batch
@@ -103,16 +111,14 @@ def main():
         p.add_argument(f"--{key}", type=int, default=0, help="override the size preset")
     p.add_argument("--rounds", type=int, default=0, help="timed rounds (default 10 on CPU, 30 on CUDA)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant (compilation happens here)")
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help="comma-separated query modes; linear first")
+    p.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated query modes; linear first")
     p.add_argument("--no_mlp475", action="store_true", help="leave out the MLP4.75 control (linear, mlp_ratio 4.75)")
     p.add_argument("--unfused", action="store_true", help="also time linear and res_gelu with fused_qkv=False")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
     args = p.parse_args()
     if not args.modes.startswith("linear"):
         p.error("--modes must start with linear: every ratio is taken against it")
-    unknown = set(args.modes.split(",")) - set(QUERY_MODULES)
-    if unknown:
-        p.error(f"unknown query modes {', '.join(sorted(unknown))}; valid: {', '.join(sorted(QUERY_MODULES))}")
+    query_modes(p, args)
     device, dtype, autocast = resolve_device(args)
     cuda = device.startswith("cuda")
     args.size = args.size or ("gpt2" if cuda else "cpu")
