@@ -85,7 +85,8 @@ class GPTConfig:
         return int(self.mlp_ratio * self.n_embd)
 
     @property
-    def rank(self):
+    def query_bottleneck(self):
+        """Bottleneck width r of res_gelu's f: query_rank, or n_embd // 2 (the paper's r = d/2) when 0."""
         return self.query_rank or self.n_embd // 2
 
 
@@ -192,8 +193,8 @@ class ResGELUQuery(QueryModule):
         self.act = ACTIVATIONS[config.query_activation]
         self.norm = config.query_norm
         self.rms = nn.RMSNorm(config.n_embd, eps=1e-5) if self.norm else nn.Identity()
-        self.w1 = nn.Linear(config.n_embd, config.rank, bias=False)
-        self.w2 = nn.Linear(config.rank, config.n_embd, bias=False)
+        self.w1 = nn.Linear(config.n_embd, config.query_bottleneck, bias=False)
+        self.w2 = nn.Linear(config.query_bottleneck, config.n_embd, bias=False)
         self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False) if self.norm else nn.Identity()
 
     def f(self, x):
