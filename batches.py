@@ -18,7 +18,9 @@ so that x = data[o : o+T] and its target y = data[o+1 : o+T+1] are both in range
 """
 
 import hashlib
+import json
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -136,3 +138,58 @@ def fingerprint_change(saved, current):
         if a != b:
             return f"row {i} holds other offsets"
     return None
+
+
+class DataError(Exception):
+    """Token files or index streams that a run cannot train on; the message says what to do."""
+
+
+@dataclass
+class RunData:
+    """The token memmaps and fixed index streams of one run (shapes in the module docstring)."""
+
+    train: np.memmap
+    val: np.memmap
+    train_idx: np.ndarray
+    train_eval_idx: np.ndarray
+    val_eval_idx: np.ndarray
+
+    def files(self):
+        """{name: path} of the five files, the names used in fingerprints and messages."""
+        return {"train.bin": self.train.filename, "val.bin": self.val.filename,
+                "train index": self.train_idx.filename, "train_eval index": self.train_eval_idx.filename,
+                "val_eval index": self.val_eval_idx.filename}
+
+    def fingerprint(self):
+        """{name: fingerprint}: file_fingerprint of the token files, index_fingerprint of the
+        streams. Runs with equal fingerprints trained and evaluated on the same batches."""
+        return {"train.bin": file_fingerprint(self.train.filename), "val.bin": file_fingerprint(self.val.filename),
+                "train index": index_fingerprint(self.train_idx),
+                "train_eval index": index_fingerprint(self.train_eval_idx),
+                "val_eval index": index_fingerprint(self.val_eval_idx)}
+
+
+def open_run_data(data_dir, prepare_cmd, data_seed, max_iters, global_batch, eval_batch, block_size, eval_iters,
+                  vocab_size):
+    """Open data_dir's train.bin and val.bin and the three index streams of a run (creating
+    the streams in data_dir/indices if missing). global_batch: sequences per step (batch_size
+    x gradient_accumulation_steps); eval_batch: sequences per evaluation batch. Returns a
+    RunData. Raises DataError naming prepare_cmd for a missing token file, for a split
+    shorter than block_size + 1 tokens, and for a meta.json vocabulary larger than vocab_size.
+    """
+    try:
+        train = open_tokens(os.path.join(data_dir, "train.bin"), prepare_cmd)
+        val = open_tokens(os.path.join(data_dir, "val.bin"), prepare_cmd)
+        index_dir = os.path.join(data_dir, "indices")
+        streams = [index_file(index_dir, "train", data_seed, max_iters, global_batch, block_size, len(train)),
+                   index_file(index_dir, "train_eval", data_seed, eval_iters, eval_batch, block_size, len(train)),
+                   index_file(index_dir, "val_eval", data_seed, eval_iters, eval_batch, block_size, len(val))]
+    except (FileNotFoundError, ValueError) as e:
+        raise DataError(str(e)) from None
+    meta_path = os.path.join(data_dir, "meta.json")
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            data_vocab = json.load(f)["vocab_size"]
+        if data_vocab > vocab_size:
+            raise DataError(f"the data uses {data_vocab} token ids but vocab_size={vocab_size}; raise vocab_size")
+    return RunData(train, val, *streams)

@@ -3,8 +3,8 @@ Config loading shared by train.py and sample.py (nanoGPT's convention, validated
 
     python train.py config/res_gelu.py --batch_size=8 --compile=False
 
-Positional arguments are config files of plain Python assignments, executed in order
-in their own namespace; `--key=value` arguments override them. Values are parsed as
+Positional arguments are config files of plain assignments (read_config_file: parsed,
+never executed), applied in order; `--key=value` arguments override them. Values are parsed as
 Python literals (`--learning_rate=3e-3`, `--compile=False`); a string needs no quotes.
 Every key must be a field of the script's config dataclass and every value must have
 that field's type (an int is accepted for a float); anything else is a ConfigError that
@@ -14,9 +14,9 @@ names the key.
 import ast
 import dataclasses
 import difflib
+import operator
 import os
 import sys
-import types
 
 
 class ConfigError(ValueError):
@@ -50,15 +50,77 @@ def _check_type(key, value, ftype, source, raw=None):
     return value
 
 
-def read_config_file(path):
-    """The assignments of a config file as a dict (names starting with _ and modules
-    left out), unvalidated. Raises ConfigError if the file does not exist."""
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def _evaluate(node, names, where):
+    """The value of a config expression: literals, tuples, lists, arithmetic on them, and
+    names assigned earlier (in this file or its bases). Raises ConfigError otherwise."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_evaluate(e, names, where) for e in node.elts]
+        return tuple(items) if isinstance(node, ast.Tuple) else items
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _BINARY[type(node.op)](_evaluate(node.left, names, where), _evaluate(node.right, names, where))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand, names, where))
+    raise ConfigError(f"{where}: {ast.unparse(node)!r} is not a value; a config value is a literal, arithmetic on "
+                      f"literals, or a key assigned above")
+
+
+def _read(path, chain=()):
+    """{key: (value, 'file, line n')} of a config file, its base's keys first. `chain`: the
+    files that led here, for the cycle check."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} not found")
-    namespace = {"__file__": os.path.abspath(path)}  # lets a config exec a sibling config
+    if os.path.abspath(path) in chain:
+        files = [os.path.relpath(p) for p in (*chain, os.path.abspath(path))]
+        raise ConfigError(f"config files inherit from each other in a cycle: {' -> '.join(files)}")
     with open(path) as f:
-        exec(compile(f.read(), path, "exec"), namespace)
-    return {k: v for k, v in namespace.items() if not k.startswith("_") and not isinstance(v, types.ModuleType)}
+        try:
+            tree = ast.parse(f.read(), path)
+        except SyntaxError as e:
+            raise ConfigError(f"{path}, line {e.lineno}: {e.msg}") from None
+    found, names = {}, {}
+    for node in tree.body:
+        where = f"{path}, line {node.lineno}"
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue  # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ConfigError(f"{where}: a config file holds only assignments `key = value` (and `base = FILE`), "
+                              f"not {ast.unparse(node).splitlines()[0]!r}")
+        key, value = node.targets[0].id, _evaluate(node.value, names, where)
+        if key == "base":
+            if found or not isinstance(value, str):
+                raise ConfigError(f"{where}: `base = \"FILE\"` must be the first assignment, naming a config file")
+            base = os.path.join(os.path.dirname(path), value)
+            if not os.path.isfile(base):
+                raise ConfigError(f"{where}: base config {value!r} not found (looked for {base})")
+            found = _read(base, (*chain, os.path.abspath(path)))
+            names = {k: v for k, (v, _) in found.items()}
+            continue
+        names[key] = value
+        if not key.startswith("_"):  # _name: a local helper value, not a setting
+            found[key] = (value, where)
+    return found
+
+
+def read_config_file(path):
+    """The settings of a config file as a dict, unvalidated.
+
+    A config file holds assignments `key = value`, where a value is a literal, arithmetic
+    on literals, or a key assigned above (`min_lr = learning_rate / 10`); names that start
+    with _ are local helpers, not settings. A first line `base = "other.py"` (relative to
+    the file) takes every setting of that file first, so a config says only how it
+    differs. Nothing in the file is executed. Raises ConfigError naming the file and line
+    for anything else, a missing file or base, or a cycle of bases.
+    """
+    return {key: value for key, (value, _) in _read(path).items()}
 
 
 def parse_config(config_cls, argv):
@@ -80,10 +142,10 @@ def parse_config(config_cls, argv):
                 raise _unknown_key(key, ftypes, arg)
             values[key] = _check_type(key, _parse_literal(raw), ftypes[key], arg, raw)
         else:
-            for key, value in read_config_file(arg).items():
+            for key, (value, where) in _read(arg).items():
                 if key not in ftypes:
-                    raise _unknown_key(key, ftypes, arg)
-                values[key] = _check_type(key, value, ftypes[key], arg)
+                    raise _unknown_key(key, ftypes, where)
+                values[key] = _check_type(key, value, ftypes[key], where)
             files.append(arg)
     try:
         return config_cls(**values), files

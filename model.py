@@ -493,24 +493,3 @@ class GPT(nn.Module):
                 idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-
-# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' spec sheets, for MFU.
-# Matched by substring of torch.cuda.get_device_name(); first match wins.
-PEAK_FLOPS_BF16 = [
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),
-    ("A100", 312e12),
-    ("RTX 5090", 209.5e12),
-    ("RTX 4090", 165.2e12),
-]
-
-
-def peak_flops_for(device_name):
-    """Peak dense bf16 FLOP/s of a CUDA device by name, or None if unknown."""
-    for key, flops in PEAK_FLOPS_BF16:
-        if key in device_name:
-            return flops
-    return None

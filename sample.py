@@ -6,20 +6,22 @@ Sample text from a checkpoint written by train.py.
 
 Prompts are encoded with GPT-2's BPE, or, for a run on a character-level dataset (its
 meta.json says "tokenizer": "char", e.g. data/shakespeare_char), with that dataset's
-characters. The checkpoint is loaded with torch.load(weights_only=True): only tensors and plain
-containers are read, never arbitrary pickled objects.
+characters. The checkpoint is read by checkpoint.read_checkpoint (torch.load(weights_only=True): only
+tensors and plain containers, never arbitrary pickled objects), which names the other
+checkpoints of the run if ckpt.pt is truncated or corrupt.
 """
 
 import json
 import os
 import sys
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
+from checkpoint import CheckpointError, read_checkpoint
 from configurator import config_from_argv
 from model import GPT, GPTConfig
+from runtime import SetupError, setup
 from tokenizer import get_gpt2_encoding
 
 
@@ -40,19 +42,17 @@ class SampleConfig:
 
 
 cfg, _ = config_from_argv(SampleConfig)
-device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-device_type = "cuda" if device.startswith("cuda") else "cpu"
-dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
-ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type=device_type, dtype=ptdtype)
-
 ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-if not os.path.isfile(ckpt_path):
-    sys.exit(f"error: no checkpoint at {ckpt_path}; train one with train.py or pass --out_dir=DIR")
-ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+try:
+    rt = setup(cfg.device, cfg.dtype, join_process_group=False)
+    if not os.path.isfile(ckpt_path):
+        raise CheckpointError(f"no checkpoint at {ckpt_path}; train one with train.py or pass --out_dir=DIR")
+    ckpt = read_checkpoint(ckpt_path, map_location=rt.device)
+except (SetupError, CheckpointError) as e:
+    sys.exit(f"error: {e}")
 model = GPT(GPTConfig(**ckpt["model_args"]))
 model.load_state_dict(ckpt["model"])
-model.eval().to(device)
+model.eval().to(rt.device)
 print(f"loaded {ckpt_path}: step {ckpt['step']}, query_mode={ckpt['model_args']['query_mode']}")
 
 # the run's tokenizer: GPT-2 BPE, or the characters of a char-level dataset's meta.json
@@ -81,10 +81,10 @@ else:
     start_ids, decode = enc.encode_ordinary(start), enc.decode
 if not start_ids:
     sys.exit("error: the prompt encodes to no tokens; pass a non-empty --start")
-x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...].repeat(cfg.num_samples, 1)
+x = torch.tensor(start_ids, dtype=torch.long, device=rt.device)[None, ...].repeat(cfg.num_samples, 1)
 
 torch.manual_seed(cfg.seed)
-with torch.no_grad(), autocast:
+with torch.no_grad(), rt.autocast:
     y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
                        use_kv_cache=cfg.kv_cache)
 for i in range(cfg.num_samples):

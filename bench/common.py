@@ -6,14 +6,13 @@ import platform
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from runtime import DTYPES, SetupError, setup  # noqa: E402
 
 
 def parser(description, model=True):
@@ -44,20 +43,13 @@ def query_modes(p, args):
 
 
 def resolve_device(args):
-    """(device, dtype name, autocast context) from the parsed flags; exits with a message on a bad combination."""
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        sys.exit(f"error: --device={device} but torch.cuda.is_available() is False")
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
-    dtype = getattr(args, "dtype", "auto")
-    dtype = dtype if dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
-    if device_type == "cpu" and dtype == "float16":
-        sys.exit("error: float16 autocast is for CUDA; use --dtype=float32 or bfloat16 on the CPU")
-    autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=DTYPES[dtype])
-    if device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return device, dtype, autocast
+    """(device, dtype name, autocast context) from the parsed flags (runtime.setup, in this
+    process alone); exits with the message on a bad combination."""
+    try:
+        rt = setup(args.device, getattr(args, "dtype", "auto"), join_process_group=False)
+    except SetupError as e:
+        sys.exit(f"error: {e}")
+    return rt.device, rt.dtype, rt.autocast
 
 
 def device_name(device):

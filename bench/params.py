@@ -32,8 +32,9 @@ for path in sorted(glob.glob(os.path.join(REPO, "config", "*.py"))):
 
 baseline = next((r[4] for r in rows if r[0] == "baseline"), None)
 header = ("config", "query_mode", "L x d", "mlp_hidden", "non-emb", "vs baseline", "total", "max lr", "min lr", "wd")
-print(" | ".join(header))
-print(" | ".join("---" for _ in header))
+print("| " + " | ".join(header) + " |")
+print("|" + "|".join("---" for _ in header) + "|")
 for name, mode, shape, hidden, non_emb, total, lr, min_lr, wd in rows:
     ratio = f"{100 * (non_emb / baseline - 1):+.2f}%" if baseline and shape == "12x768" else "-"
-    print(f"{name} | {mode} | {shape} | {hidden} | {non_emb:,} | {ratio} | {total:,} | {lr:g} | {min_lr:g} | {wd:g}")
+    cells = (name, mode, shape, hidden, f"{non_emb:,}", ratio, f"{total:,}", f"{lr:g}", f"{min_lr:g}", f"{wd:g}")
+    print("| " + " | ".join(map(str, cells)) + " |")

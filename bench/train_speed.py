@@ -37,7 +37,8 @@ from common import (
     query_modes,
     resolve_device,
 )
-from model import GPT, GPTConfig, peak_flops_for
+from model import GPT, GPTConfig
+from runtime import mfu, peak_flops
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
     "cpu": (6, 6, 384, 256, 4),
@@ -123,7 +124,7 @@ def main():
     cuda = device.startswith("cuda")
     args.size = args.size or ("gpt2" if cuda else "cpu")
     rounds = args.rounds or (30 if cuda else 10)
-    peak = args.peak_flops or (peak_flops_for(torch.cuda.get_device_name(device)) if cuda else None)
+    peak = args.peak_flops or peak_flops(device)
 
     specs = variants(args)
     models, steps, persistent = {}, {}, {}
@@ -157,9 +158,10 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for name, model in models.items():
         med, low = statistics.median(times[name]), min(times[name])
-        mfu = f"{100 * model.flops_per_token() * tokens / med / peak:.1f}%" if peak else "-"
+        util = mfu(model.flops_per_token(), tokens / med, peak)
+        util = f"{100 * util:.1f}%" if util is not None else "-"
         print(f"| {name} | {model.get_num_params():,} | {1000 * med:.1f} ({1000 * low:.1f}) | {tokens / med:,.0f} "
-              f"| {mfu} | {peak_mib[name]:,.0f} | {paired_ratio(times, name, 'linear'):.3f} |")
+              f"| {util} | {peak_mib[name]:,.0f} | {paired_ratio(times, name, 'linear'):.3f} |")
 
 
 if __name__ == "__main__":

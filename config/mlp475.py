@@ -1,8 +1,6 @@
 # Table 1, column "MLP4.75": the linear baseline with MLP hidden width 4.75 d = 3648,
 # 12.5% more non-embedding parameters (95,570,688), same learning rate.
-import os
-
-exec(open(os.path.join(os.path.dirname(__file__), "baseline.py")).read())
+base = "baseline.py"
 
 out_dir = "out-mlp475"
 mlp_ratio = 4.75

@@ -1,8 +1,6 @@
 # Table 1, column "MLP4.75 (scaled)": MLP hidden 4.75 d with the learning rates divided
 # by sqrt(1.125), the parameter ratio to the baseline.
-import os
-
-exec(open(os.path.join(os.path.dirname(__file__), "baseline.py")).read())
+base = "baseline.py"
 
 out_dir = "out-mlp475-scaled"
 mlp_ratio = 4.75

@@ -1,9 +1,7 @@
 # Table 1, best column "Res. GELU": the paper's nonlinear query Q = (x + f(x)) / 2
 # (eq. 2-3) with max lr 3e-3 -> min lr 3e-5 and weight decay 2^-5; val loss 2.915 at
 # step 59k in the paper (baseline 2.956).
-import os
-
-exec(open(os.path.join(os.path.dirname(__file__), "baseline.py")).read())
+base = "baseline.py"
 
 out_dir = "out-res-gelu"
 query_mode = "res_gelu"

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 # tests never touch the network: datasets and huggingface_hub read these at import time
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -12,6 +13,13 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["WANDB_MODE"] = "offline"
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# the GPU suite (bench/gpu.py runs it) is collected only where there is a GPU
+collect_ignore = [] if torch.cuda.is_available() else ["test_cuda.py"]
+
+# Multithreaded CPU kernels may sum in another order when the machine is loaded: runs that
+# are compared across processes, bit for bit or to 1e-6, use one thread.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # A tiny model that still uses the real GPT-2 vocabulary and real Shakespeare tokens.
 TINY = [
@@ -33,11 +41,43 @@ def run_script(script, *args, check=True, env=None, cwd=REPO):
     return proc
 
 
+def train(data_dir, out_dir, *args, check=True, env=ONE_THREAD):
+    """train.py on the TINY model with data_dir's tokens into out_dir, then `args`, in one
+    thread unless env says otherwise; returns the CompletedProcess (see run_script)."""
+    return run_script("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args, check=check,
+                      env=env)
+
+
 def read_metrics(out_dir, kind=None):
     """Records of out_dir/metrics.jsonl, optionally only those of one type."""
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     return [r for r in records if kind is None or r["type"] == kind]
+
+
+def losses_by_step(out_dir):
+    """{step: logged training loss} of a run (a resumed run's later record of a step wins)."""
+    return {r["step"]: r["loss"] for r in read_metrics(out_dir, "train")}
+
+
+def val_losses_by_step(out_dir):
+    """{step: val loss} of a run's evaluations."""
+    return {r["step"]: r["val_loss"] for r in read_metrics(out_dir, "eval")}
+
+
+def markdown_table(stdout, first_header):
+    """{first cell: {header: cell}} of the markdown table in stdout whose header row starts
+    with `first_header`; the rows of the table up to the first line that is not one."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    headers = [c.strip() for c in lines[start].split("|")[1:-1]]
+    table = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        table[cells[0]] = dict(zip(headers, cells))
+    return table
 
 
 def read_wandb_history(run_file):

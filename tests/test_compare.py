@@ -8,38 +8,28 @@ import json
 import math
 import os
 import re
-import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 from scipy import stats
 
+import compare
+from configurator import parse_config
 from conftest import REPO, run_script
+from train_config import TrainConfig
 
-sys.path.insert(0, REPO)
-
-import compare  # noqa: E402
-
-# what train.py's header holds under "config" (Table 1's baseline), shortened to the keys that matter here
-BASE = {
-    "out_dir": "out-baseline", "overwrite": False, "eval_interval": 1000, "log_interval": 10, "eval_iters": 200,
-    "eval_only": False, "init_from": "scratch", "resume_from": "", "keep_last_n": 2, "save_checkpoint_steps": [],
-    "wandb_log": True, "wandb_project": "nonlinear-queries", "wandb_group": "table1", "wandb_run_name": "",
-    "dataset": "openwebtext", "data_dir": "", "data_seed": 1337, "batch_size": 12, "gradient_accumulation_steps": 40,
-    "learning_rate": 6e-4, "max_iters": 60000, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0,
-    "decay_lr": True, "warmup_iters": 2000, "lr_decay_iters": 60000, "min_lr": 6e-5, "device": "auto",
-    "dtype": "auto", "compile": True, "seed": 1337, "peak_flops": 0.0, "backend": "auto",
-    "divergence_threshold": 12.0, "divergence_patience": 100, "block_size": 1024, "vocab_size": 50304,
-    "n_layer": 12, "n_head": 12, "n_embd": 768, "dropout": 0.0, "mlp_ratio": 4.0, "query_mode": "linear",
-    "query_rank": 0, "fused_qkv": False,
-}
+# what train.py's header holds under "config" for Table 1's baseline: the real TrainConfig,
+# resolved from the real config file
+BASE = asdict(parse_config(TrainConfig, [os.path.join(REPO, "config", "baseline.py")])[0])
 RES_GELU = {"query_mode": "res_gelu", "learning_rate": 3e-3, "min_lr": 3e-5, "weight_decay": 2**-5}
 PARAMS = {"linear": 84_953_856, "res_gelu": 84_972_288, "identity": 77_875_968}  # SPEC §1
 
 
-def header(run_name, **overrides):
-    """train.py's config header (config.json, and the first `config` record of metrics.jsonl)."""
-    config = {**BASE, **overrides}
+def header(run_name, without=(), **overrides):
+    """train.py's config header (config.json, and the first `config` record of metrics.jsonl); `without`:
+    settings to leave out, as in the header of a run made before train.py had them."""
+    config = {k: v for k, v in {**BASE, **overrides}.items() if k not in without}
     return {"type": "config", "step": 0, "run_name": run_name, "config_files": [f"config/{run_name}.py"],
             "argv": ["train.py", f"config/{run_name}.py"], "git_commit": "0" * 40, "git_dirty": False,
             "torch": "2.8.0", "device": "cuda", "world_size": 1, "dtype": "bfloat16", "tokens_per_iter": 491520,
@@ -62,11 +52,11 @@ def diverged(step):
             "grad_norm": float("nan"), "lr": 6e-4, "last_checkpoint_step": step - step % 1000}
 
 
-def make_run(out_dir, run_name, losses, diverged_at=None, **overrides):
+def make_run(out_dir, run_name, losses, diverged_at=None, without=(), **overrides):
     """Write out_dir as train.py would for a run logging val losses {step: loss}, ending in divergence at step
     `diverged_at` if given; overrides change the config. Returns out_dir as a str."""
     os.makedirs(out_dir)
-    head = header(run_name, out_dir=str(out_dir), **overrides)
+    head = header(run_name, without, out_dir=str(out_dir), **overrides)
     write_records(out_dir, [head, *evals(losses), *([diverged(diverged_at)] if diverged_at else [])])
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(head, f, indent=2)
@@ -84,16 +74,29 @@ def run_compare(*args, check=True):
     return run_script("compare.py", *map(str, args), check=check)
 
 
+# compare.py's column headers, by the short names the tests use
+COLUMNS = {"run": "run", "query": "query", "non-emb params": "params", "max lr": "max_lr", "min lr": "min_lr",
+           "weight decay": "wd", "val loss": "val", "n": "n", "rel. improvement (%)": "rel", "p": "p"}
+
+
 def rows(stdout):
-    """{label: cells} of compare.py's text table (cells are separated by two or more spaces)."""
+    """{label: {column: cell}} of compare.py's text table, columns found by their headers (cells are
+    separated by two or more spaces; "val loss @ STEP" is column "val")."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("run "))
-    table = []
+    headers = [COLUMNS[re.sub(r" @ \d+$", "", h)] for h in re.split(r"\s{2,}", lines[start].strip())]
+    table = {}
     for line in lines[start + 2 :]:
         if not line.strip():
             break
-        table.append(re.split(r"\s{2,}", line.strip()))
-    return {cells[0]: cells for cells in table}
+        cells = dict(zip(headers, re.split(r"\s{2,}", line.strip())))
+        table[cells["run"]] = cells
+    return table
+
+
+def cells(row, *columns):
+    """The cells of `row` (a dict of rows()) in the named columns, as a list."""
+    return [row[c] for c in columns]
 
 
 def csv_rows(stdout):
@@ -125,11 +128,13 @@ def test_mean_std_rel_improvement_and_welch_p_match_hand_computed(seeds):
     table = rows(out)
     assert list(table) == ["baseline", "res_gelu"]
     base, res = table["baseline"], table["res_gelu"]
-    assert base == ["baseline", "linear", "84,953,856", "0.0006", "6e-05", "0.1", "3.1000 ± 0.1000", "3", "0.00", "-"]
-    assert res[:7] == ["res_gelu", "res_gelu", "84,972,288", "0.003", "3e-05", "0.03125", "3.0000 ± 0.1000"]
+    assert base == {"run": "baseline", "query": "linear", "params": "84,953,856", "max_lr": "0.0006",
+                    "min_lr": "6e-05", "wd": "0.1", "val": "3.1000 ± 0.1000", "n": "3", "rel": "0.00", "p": "-"}
+    assert cells(res, "query", "params", "max_lr", "min_lr", "wd", "val") == [
+        "res_gelu", "84,972,288", "0.003", "3e-05", "0.03125", "3.0000 ± 0.1000"]
     # (3.1 - 3.0) / 3.1; both stds 0.1 with n = 3: t = -0.1 / sqrt(2 * 0.01 / 3), Welch df = 4
     p = 2 * stats.t.sf(0.1 / math.sqrt(2 * 0.01 / 3), 4)
-    assert res[7:] == ["3", "3.23", f"{p:.2g}"]
+    assert cells(res, "n", "rel", "p") == ["3", "3.23", f"{p:.2g}"]
     assert "val loss at step 2000" in out and "val loss @ 2000" in out
     assert "Welch's t-test" in out and "(L_base - L) / L_base" in out
 
@@ -145,12 +150,12 @@ def test_mean_std_rel_improvement_and_welch_p_match_hand_computed(seeds):
 def test_baseline_option_and_single_runs(seeds, tmp_path):
     single = make_run(tmp_path / "identity", "identity", {1000: 3.5, 2000: 3.41}, query_mode="identity")
     table = rows(run_compare(*seeds, single, "--baseline=res_gelu").stdout)
-    assert table["res_gelu"][7:] == ["3", "0.00", "-"]
-    assert table["baseline"][8] == f"{100 * (3.0 - 3.1) / 3.0:.2f}" == "-3.33"
+    assert cells(table["res_gelu"], "n", "rel", "p") == ["3", "0.00", "-"]
+    assert table["baseline"]["rel"] == f"{100 * (3.0 - 3.1) / 3.0:.2f}" == "-3.33"
     # a group of one: its value without a std, n = 1, and no p
-    assert table["identity"][6:] == ["3.4100", "1", f"{100 * (3.0 - 3.41) / 3.0:.2f}", "-"]
+    assert cells(table["identity"], "val", "n", "rel", "p") == ["3.4100", "1", f"{100 * (3.0 - 3.41) / 3.0:.2f}", "-"]
     # the baseline named by one of its run directories
-    assert rows(run_compare(single, *seeds, f"--baseline={seeds[4]}").stdout)["res_gelu"][8] == "0.00"
+    assert rows(run_compare(single, *seeds, f"--baseline={seeds[4]}").stdout)["res_gelu"]["rel"] == "0.00"
 
 
 def test_default_step_is_the_last_all_runs_reached_and_step_selects_another(tmp_path):
@@ -159,17 +164,17 @@ def test_default_step_is_the_last_all_runs_reached_and_step_selects_another(tmp_
     short = make_run(tmp_path / "short", "res_gelu", {1000: 3.55, 2000: 3.25}, **RES_GELU)
     out = run_compare(*base, short).stdout
     assert "val loss at step 2000" in out
-    assert rows(out)["baseline"][6] == "3.2500 ± 0.0707"
-    assert rows(out)["res_gelu"][6:9] == ["3.2500", "1", "0.00"]
+    assert rows(out)["baseline"]["val"] == "3.2500 ± 0.0707"
+    assert cells(rows(out)["res_gelu"], "val", "n", "rel") == ["3.2500", "1", "0.00"]
 
     table = rows(run_compare(*base, short, "--step=3000").stdout)
-    assert table["baseline"][6] == "3.0500 ± 0.0707"
-    assert table["res_gelu"][6:] == ["not reached", "0", "-", "-"]
+    assert table["baseline"]["val"] == "3.0500 ± 0.0707"
+    assert cells(table["res_gelu"], "val", "n", "rel", "p") == ["not reached", "0", "-", "-"]
     row = csv_rows(run_compare(*base, short, "--step=3000", "--format=csv").stdout)["res_gelu"]
     assert (row["val_loss_mean"], row["n"], row["not_reached"]) == ("", "0", "1")
 
     table = rows(run_compare(*base, short, "--step=1000").stdout)
-    assert table["res_gelu"][6:9] == ["3.5500", "1", f"{100 * (3.65 - 3.55) / 3.65:.2f}"]
+    assert cells(table["res_gelu"], "val", "n", "rel") == ["3.5500", "1", f"{100 * (3.65 - 3.55) / 3.65:.2f}"]
 
     proc = run_compare(*base, short, "--step=1500", check=False)
     assert proc.returncode == 1
@@ -177,7 +182,7 @@ def test_default_step_is_the_last_all_runs_reached_and_step_selects_another(tmp_
 
     # one of two seeds not there yet: the row pools the one that is, and says so
     make_run(tmp_path / "b2", "baseline", {1000: 3.9}, seed=2)
-    assert rows(run_compare(*base, tmp_path / "b2", "--step=2000").stdout)["baseline"][6:8] == [
+    assert cells(rows(run_compare(*base, tmp_path / "b2", "--step=2000").stdout)["baseline"], "val", "n") == [
         "3.2500 ± 0.0707 (1 of 3 not reached)", "2"]
 
 
@@ -193,10 +198,12 @@ def test_diverged_runs_are_left_out_and_shown(tmp_path):
     out = run_compare(*base, *partial, *wd).stdout
     assert "val loss at step 2000" in out  # the diverged runs' last evals (1000) do not hold the step back
     table = rows(out)
-    assert table["res_gelu"][6:10] == ["3.0500 ± 0.0707 (1 of 3 diverged at step 1812)", "2",
-                                       f"{100 * 0.05 / 3.1:.2f}", f"{welch_p([3.0, 3.1], [3.0, 3.2]):.2g}"]
-    assert table["baseline weight_decay=0.05"][6:] == ["diverged at steps 1234, 1300", "0", "-", "-"]
-    assert table["baseline weight_decay=0.1"][6:8] == ["3.1000 ± 0.1414", "2"]
+    assert cells(table["res_gelu"], "val", "n", "rel", "p") == [
+        "3.0500 ± 0.0707 (1 of 3 diverged at step 1812)", "2", f"{100 * 0.05 / 3.1:.2f}",
+        f"{welch_p([3.0, 3.1], [3.0, 3.2]):.2g}"]
+    assert cells(table["baseline weight_decay=0.05"], "val", "n", "rel", "p") == [
+        "diverged at steps 1234, 1300", "0", "-", "-"]
+    assert cells(table["baseline weight_decay=0.1"], "val", "n") == ["3.1000 ± 0.1414", "2"]
 
     by_label = csv_rows(run_compare(*base, *partial, *wd, "--format=csv").stdout)
     assert (by_label["res_gelu"]["diverged"], by_label["res_gelu"]["n"]) == ("1812", "2")
@@ -208,7 +215,7 @@ def test_diverged_runs_are_left_out_and_shown(tmp_path):
 
     proc = run_compare(*wd, check=False)
     assert proc.returncode == 1 and "every run diverged" in proc.stderr and "--step=N" in proc.stderr
-    assert rows(run_compare(*wd, "--step=1000").stdout)["baseline"][6] == "diverged at steps 1234, 1300"
+    assert rows(run_compare(*wd, "--step=1000").stdout)["baseline"]["val"] == "diverged at steps 1234, 1300"
 
 
 def test_resumed_run_counts_the_later_records(tmp_path):
@@ -225,12 +232,12 @@ def test_resumed_run_counts_the_later_records(tmp_path):
     other = make_run(tmp_path / "other", "baseline", {1000: 3.6, 2000: 3.3, 3000: 3.1}, seed=7)
     proc = run_compare(run, other)
     assert "val loss at step 2000" in proc.stdout
-    assert rows(proc.stdout)["baseline"][6:8] == ["3.2500 ± 0.0707", "2"]
+    assert cells(rows(proc.stdout)["baseline"], "val", "n") == ["3.2500 ± 0.0707", "2"]
     assert "incomplete last line" in proc.stderr
 
     # duplicates within one session (no restart record between them): the later one counts too
     write_records(run, [head, *evals({1000: 3.5, 2000: 3.4}), *evals({2000: 3.0})])
-    assert rows(run_compare(run).stdout)["baseline"][6] == "3.0000"
+    assert rows(run_compare(run).stdout)["baseline"]["val"] == "3.0000"
 
 
 def test_sweep_directory_and_labels_that_tell_learning_rates_apart(tmp_path):
@@ -242,27 +249,29 @@ def test_sweep_directory_and_labels_that_tell_learning_rates_apart(tmp_path):
     baseline = make_run(tmp_path / "baseline", "baseline", {1000: 3.6, 2000: 3.2})
     table = rows(run_compare(baseline, sweep).stdout)
     assert list(table) == ["baseline", "res_gelu learning_rate=0.001", "res_gelu learning_rate=0.003"]
-    assert table["res_gelu learning_rate=0.001"][6:9] == ["3.2000 ± 0.1414", "2", "0.00"]
-    assert table["res_gelu learning_rate=0.003"][6:9] == ["3.0000 ± 0.0000", "2", f"{100 * 0.2 / 3.2:.2f}"]
+    assert cells(table["res_gelu learning_rate=0.001"], "val", "n", "rel") == ["3.2000 ± 0.1414", "2", "0.00"]
+    assert cells(table["res_gelu learning_rate=0.003"], "val", "n", "rel") == [
+        "3.0000 ± 0.0000", "2", f"{100 * 0.2 / 3.2:.2f}"]
 
     table = rows(run_compare(sweep, baseline, "--baseline=res_gelu learning_rate=0.003").stdout)
-    assert table["res_gelu learning_rate=0.001"][8] == f"{100 * -0.2 / 3.0:.2f}"
+    assert table["res_gelu learning_rate=0.001"]["rel"] == f"{100 * -0.2 / 3.0:.2f}"
     # a run named twice (itself and through its sweep) counts once
     table = rows(run_compare(sweep, f"{sweep}/../lr-sweep/lr0.001-s0").stdout)
-    assert table["res_gelu learning_rate=0.001"][7] == "2"
+    assert table["res_gelu learning_rate=0.001"]["n"] == "2"
 
 
 def test_group_over_pools_runs_that_differ_in_several_keys(tmp_path):
     # out_dir, wandb_run_name and compile differ too, but cannot change the numbers
     runs = [make_run(tmp_path / f"s{seed}", "res_gelu", {1000: 3.5, 2000: final}, seed=seed, data_seed=seed + 10,
-                     wandb_run_name=f"s{seed}", compile=seed == 1, **RES_GELU)
+                     wandb_run_name=f"s{seed}", compile=seed == 1, without=("z_loss",), **RES_GELU)
             for seed, final in ((1, 3.0), (2, 3.2))]
     table = rows(run_compare(*runs).stdout)
     assert list(table) == ["res_gelu data_seed=11", "res_gelu data_seed=12"]
-    assert [cells[7] for cells in table.values()] == ["1", "1"]
+    assert [row["n"] for row in table.values()] == ["1", "1"]
     out = run_compare(*runs, "--group_over=seed,data_seed").stdout
-    assert rows(out) == {"res_gelu": ["res_gelu", "res_gelu", "84,972,288", "0.003", "3e-05", "0.03125",
-                                      "3.1000 ± 0.1414", "2", "0.00", "-"]}
+    assert rows(out) == {"res_gelu": {"run": "res_gelu", "query": "res_gelu", "params": "84,972,288",
+                                      "max_lr": "0.003", "min_lr": "3e-05", "wd": "0.03125",
+                                      "val": "3.1000 ± 0.1414", "n": "2", "rel": "0.00", "p": "-"}}
     assert "runs pooled over data_seed, seed" in out
 
     # a setting that older runs lack (train.py gains keys) counts as today's default: a newer run at the
@@ -270,7 +279,7 @@ def test_group_over_pools_runs_that_differ_in_several_keys(tmp_path):
     runs.append(make_run(tmp_path / "z0", "res_gelu", {1000: 3.5, 2000: 3.4}, z_loss=0.0, **RES_GELU))
     runs.append(make_run(tmp_path / "z", "res_gelu", {1000: 3.5, 2000: 2.9}, z_loss=1e-4, **RES_GELU))
     table = rows(run_compare(*runs, "--group_over=seed,data_seed").stdout)
-    assert {label: cells[6:8] for label, cells in table.items()} == {
+    assert {label: cells(row, "val", "n") for label, row in table.items()} == {
         "res_gelu z_loss=0.0": ["3.2000 ± 0.2000", "3"], "res_gelu z_loss=0.0001": ["2.9000", "1"]}
 
     proc = run_compare(*runs, "--group_over=sede", check=False)
@@ -345,7 +354,7 @@ def test_best_over_compares_each_arm_at_its_best_learning_rate(tmp_path):
                      **{**(RES_GELU if name == "res_gelu" else {}), "learning_rate": lr})
             for (name, lr), finals in grid.items() for seed, final in enumerate(finals)]
     full = rows(run_compare(*dirs).stdout)
-    assert len(full) == 4 and full["baseline learning_rate=0.0006"][8] == "0.00"  # the first run's row
+    assert len(full) == 4 and full["baseline learning_rate=0.0006"]["rel"] == "0.00"  # the first run's row
     out = run_compare(*dirs, "--best_over=learning_rate", "--format=csv").stdout
     best = csv_rows(out)
     assert list(best) == ["baseline learning_rate=0.001", "res_gelu learning_rate=0.003"]

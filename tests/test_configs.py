@@ -2,16 +2,11 @@
 
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
-
-sys.path.insert(0, REPO)
-
-from configurator import read_config_file  # noqa: E402
+from configurator import read_config_file
+from conftest import REPO, markdown_table, run_script
 
 TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)
     "baseline": ("linear", 4.0, 6e-4, 6e-5, 0.1),
@@ -42,10 +37,9 @@ def test_every_config_is_listed():
 
 
 def test_params_table_shows_spec_counts():
-    out = subprocess.run([sys.executable, os.path.join(REPO, "bench", "params.py")],
-                         capture_output=True, text=True, check=True).stdout
-    rows = {line.split(" | ")[0]: line.split(" | ") for line in out.splitlines()[2:]}
-    assert rows["baseline"][4] == "84,953,856"
-    assert rows["res_gelu"][4] == rows["res_gelu_lr2p6"][4] == "84,972,288"
-    assert rows["identity"][4] == "77,875,968"
-    assert rows["mlp475"][4] == rows["mlp475_scaled"][4] == "95,570,688" and rows["mlp475"][5] == "+12.50%"
+    rows = markdown_table(run_script("bench/params.py").stdout, "config")
+    assert rows["baseline"]["non-emb"] == "84,953,856"
+    assert rows["res_gelu"]["non-emb"] == rows["res_gelu_lr2p6"]["non-emb"] == "84,972,288"
+    assert rows["identity"]["non-emb"] == "77,875,968"
+    assert rows["mlp475"]["non-emb"] == rows["mlp475_scaled"]["non-emb"] == "95,570,688"
+    assert rows["mlp475"]["vs baseline"] == "+12.50%" and rows["baseline"]["vs baseline"] == "+0.00%"

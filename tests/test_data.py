@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import time
 
 import datasets
@@ -23,12 +22,9 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-from conftest import REPO, run_script
-
-sys.path.insert(0, REPO)
-
-from data.common import DataError, load_hub_documents, load_local_documents, prepare  # noqa: E402
-from tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files  # noqa: E402
+from conftest import run_script
+from data.common import DataError, load_hub_documents, load_local_documents, prepare
+from tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 
 # where tiktoken_ext.openai_public.gpt2() fetches the files; its cache key is sha1(url)
 VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"

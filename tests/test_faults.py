@@ -19,22 +19,23 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, TINY, read_metrics, read_wandb_history, run_script
+from conftest import ONE_THREAD, REPO, TINY, read_metrics, read_wandb_history, run_script
+from conftest import losses_by_step as losses
+from conftest import train as train_tiny
+from conftest import val_losses_by_step as evals
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
-RUN = [*TINY, "--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1"]
+RUN = ["--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1"]
 
 
 def train(data_dir, out_dir, *args, check=True):
-    return run_script("train.py", *RUN, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args,
-                      check=check, env=ONE_THREAD)
+    return train_tiny(data_dir, out_dir, *RUN, *args, check=check)
 
 
 def start_training(data_dir, out_dir, *args):
     """train.py in the background, its output in out_dir.log."""
     with open(f"{out_dir}.log", "w") as log:
-        return subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *RUN, f"--data_dir={data_dir}",
+        return subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *TINY, *RUN, f"--data_dir={data_dir}",
                                  f"--out_dir={out_dir}", *args], cwd=REPO, env={**os.environ, **ONE_THREAD},
                                 stdout=log, stderr=subprocess.STDOUT, text=True)
 
@@ -57,14 +58,6 @@ def last_train_step(out_dir):
     with open(path) as f:
         records = [json.loads(line) for line in f if line.endswith("\n")]
     return max([r["step"] for r in records if r["type"] == "train"], default=0)
-
-
-def losses(out_dir):
-    return {r["step"]: r["loss"] for r in read_metrics(out_dir, "train")}
-
-
-def evals(out_dir):
-    return {r["step"]: r["val_loss"] for r in read_metrics(out_dir, "eval")}
 
 
 def checkpoint_step(path):
@@ -108,7 +101,7 @@ def test_two_processes_train_on_the_same_tokens_as_one(shakespeare_dir, tmp_path
 
     def torchrun(*args):
         return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               os.path.join(REPO, "train.py"), *RUN, f"--data_dir={shakespeare_dir}", *args],
+                               os.path.join(REPO, "train.py"), *TINY, *RUN, f"--data_dir={shakespeare_dir}", *args],
                               cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True,
                               timeout=600, check=False)
 
@@ -217,6 +210,10 @@ def test_step_checkpoints_and_a_corrupt_checkpoint(shakespeare_dir, tmp_path):
     assert f"cannot read checkpoint {out / 'ckpt.pt'}: it is truncated or corrupt" in proc.stderr
     assert (f"Checkpoints in {out}: {out / 'ckpt_000006.pt'}, {out / 'ckpt_000003.pt'}; resume from one with "
             f"--resume_from=PATH") in proc.stderr
+    # sample.py reads checkpoints through the same reader
+    proc = run_script("sample.py", f"--out_dir={out}", "--device=cpu", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"cannot read checkpoint {out / 'ckpt.pt'}: it is truncated or corrupt" in proc.stderr
 
     train(shakespeare_dir, out, "--max_iters=10", f"--resume_from={out / 'ckpt_000006.pt'}")
     # steps 7 and 8 as first trained, then again from the older checkpoint
@@ -225,45 +222,64 @@ def test_step_checkpoints_and_a_corrupt_checkpoint(shakespeare_dir, tmp_path):
     assert checkpoint_step(out / "ckpt.pt") == 10 and checkpoint_step(out / "ckpt_000008.pt") == 8
 
 
-def test_resume_refuses_changed_data_or_index(shakespeare_dir, tmp_path):
+@pytest.fixture(scope="module")
+def four_steps(shakespeare_dir, tmp_path_factory):
+    """(data, out): a copy of the data and a run of 4 steps on it, to be copied and damaged by each test."""
+    root = tmp_path_factory.mktemp("four_steps")
+    shutil.copytree(shakespeare_dir, root / "data")
+    train(root / "data", root / "out", "--max_iters=4")
+    train(root / "data", root / "probe", "--max_iters=8", "--eval_interval=8")  # writes the 8-step index
+    return root / "data", root / "out"
+
+
+def reverse_rows(path):
+    np.save(path, np.load(path)[::-1])
+
+
+def change_one_token(path):
+    tokens = np.memmap(path, dtype=np.uint16, mode="r+")
+    tokens[500_000] += 1
+    tokens.flush()
+
+
+DAMAGE = {  # what is changed, and how
+    "train.bin": lambda data: change_one_token(data / "train.bin"),
+    "val.bin": lambda data: open(data / "val.bin", "ab").write(b"\0\0"),
+    "train index": lambda data: reverse_rows(glob.glob(str(data / "indices" / "train_seed1337_8x4_*.npy"))[0]),
+}
+
+
+@pytest.mark.parametrize("damaged, change", [
+    ("train.bin", "(same size, different contents)"),
+    ("val.bin", "(size {size:,} bytes, now {grown:,})"),
+    ("train index", "(row 0 holds other offsets)"),
+    ("batch size", "(4 sequences per row, now 8)"),
+    (None, None),
+])
+def test_resume_refuses_changed_data_or_index(four_steps, tmp_path, damaged, change):
     data, out = tmp_path / "data", tmp_path / "out"
-    shutil.copytree(shakespeare_dir, data)
-    train(data, out, "--max_iters=4")
+    shutil.copytree(four_steps[0], data)
+    shutil.copytree(four_steps[1], out)
     before = sha256(out / "ckpt.pt")
-
-    def refused(*args):
-        proc = train(data, out, "--max_iters=8", "--init_from=resume", *args, check=False)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        return proc.stderr
-
-    tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r+")
-    tokens[500_000] += 1  # one token, same size
-    tokens.flush()
-    assert f"{data / 'train.bin'} changed since {out / 'ckpt.pt'} was written (same size, different contents)" \
-        in refused()
-    tokens[500_000] -= 1
-    tokens.flush()
-
-    size = os.path.getsize(data / "val.bin")
-    with open(data / "val.bin", "ab") as f:
-        f.write(b"\0\0")
-    assert f"{data / 'val.bin'} changed since {out / 'ckpt.pt'} was written (size {size:,} bytes, now {size + 2:,})" \
-        in refused()
-    with open(data / "val.bin", "r+b") as f:
-        f.truncate(size)
-
-    (index,) = glob.glob(str(data / "indices" / "train_seed1337_8x4_*.npy"))  # made by the refused runs
-    rows = np.load(index)
-    np.save(index, rows[::-1])
-    assert f"{index} changed since {out / 'ckpt.pt'} was written (row 0 holds other offsets)" in refused()
-    np.save(index, rows)
-
-    # another batch size is another token stream
-    message = refused("--batch_size=8")
-    assert "train_seed1337_8x8_" in message and "(4 sequences per row, now 8)" in message
-
+    args = ["--batch_size=8"] if damaged == "batch size" else []
+    if damaged in DAMAGE:
+        DAMAGE[damaged](data)
+    proc = train(data, out, "--max_iters=8", "--init_from=resume", *args, check=False)
+    if damaged is None:  # the untouched copy resumes
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(losses(out)) == list(range(1, 9))
+        return
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    size = os.path.getsize(four_steps[0] / "val.bin")
+    if damaged == "batch size":  # another batch size is another token stream
+        (file,) = glob.glob(str(data / "indices" / "train_seed1337_8x8_*.npy"))
+    elif damaged == "train index":
+        (file,) = glob.glob(str(data / "indices" / "train_seed1337_8x4_*.npy"))
+    else:
+        file = data / damaged
+    assert f"{file} changed since {out / 'ckpt.pt'} was written {change.format(size=size, grown=size + 2)}" \
+        in proc.stderr, proc.stderr
     assert sha256(out / "ckpt.pt") == before  # a refusal writes nothing
-    train(data, out, "--max_iters=8", "--init_from=resume")  # the restored data is accepted
 
 
 # ---------------------------------------------------------------------------------------

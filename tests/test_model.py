@@ -1,16 +1,12 @@
 """Tests of model.py: exact parameter counts, the query modules' math, init, generate."""
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from model import GPT, QUERY_MODULES, GPTConfig  # noqa: E402
+from model import GPT, QUERY_MODULES, GPTConfig
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 # the ablations of issue 5 (SPEC §4's open questions) beside the plain query modes

@@ -1,0 +1,121 @@
+"""
+Run logging: out_dir/metrics.jsonl always, wandb when asked, and the run header.
+
+The training loop calls RunLog.log and RunLog.print unconditionally: on every rank but 0,
+and for wandb when it is off, they do nothing (as nanochat's DummyWandb), so the loop
+has no `if master` or `if wandb` branches. metrics.jsonl holds one JSON object a line:
+first a `config` record (the header: resolved config, command line, git commit), then
+`train`, `eval` and `diverged` records, each with its `step`.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from urllib.parse import urlparse
+
+
+def git_state(path):
+    """(commit, dirty) of the git checkout holding `path`, or (None, None) outside one or
+    without git. dirty: tracked files differ from the commit."""
+    try:
+        git = ["git", "-C", os.path.dirname(os.path.abspath(path))]
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+        return (commit, bool(status)) if commit else (None, None)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def wandb_mode():
+    """WANDB_MODE if set; else 'online' only with an API key and a reachable server, so that
+    wandb never waits for input or for a dead network (it would, for minutes)."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    import netrc
+
+    url = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
+    try:
+        has_key = bool(os.environ.get("WANDB_API_KEY")) or netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        has_key = False
+    if not has_key:
+        print("wandb: no API key found, logging offline (sync later with `wandb sync`)")
+        return "offline"
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError:
+        print(f"wandb: {host} unreachable, logging offline (sync later with `wandb sync`)")
+        return "offline"
+    return "online"
+
+
+class NullWandb:
+    """Stands in for a wandb run when wandb is off: every call does nothing."""
+
+    id = None
+    summary = {}
+
+    def log(self, data, step=None):
+        pass
+
+    def finish(self, exit_code=0):
+        pass
+
+
+class RunLog:
+    """metrics.jsonl and wandb for rank 0; a no-op on every other rank.
+
+    path: the metrics.jsonl to append to; wandb_run: a wandb run or NullWandb();
+    master: whether this process writes and prints.
+    """
+
+    def __init__(self, path, wandb_run, master):
+        self.path, self.wandb, self.master = path, wandb_run, master
+
+    def log(self, record):
+        """Append one record (a dict with 'type' and 'step') to metrics.jsonl and, but for the
+        header, to wandb as '<type>/<key>'."""
+        if not self.master:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if record["type"] != "config":
+            self.wandb.log({f"{record['type']}/{k}": v for k, v in record.items() if k not in ("type", "step")},
+                           step=record["step"])
+            if record["type"] == "diverged":
+                self.wandb.summary["diverged_step"] = record["step"]
+
+    def print(self, *args, **kwargs):
+        """print() on rank 0 only."""
+        if self.master:
+            print(*args, **kwargs)
+
+    def finish(self, exit_code):
+        """Close the wandb run with the exit status."""
+        if self.master:
+            self.wandb.finish(exit_code=exit_code)
+
+
+def open_run_log(out_dir, master, wandb_log=False, wandb_id=None, **wandb_init):
+    """The RunLog of a run in out_dir (created if missing). wandb_log starts or, with
+    wandb_id, continues a wandb run on rank 0 (wandb_init: project, group, name, config),
+    in the mode wandb_mode() chooses; otherwise the run logs to NullWandb."""
+    os.makedirs(out_dir, exist_ok=True)
+    run = NullWandb()
+    if wandb_log and master:
+        import wandb
+
+        run = wandb.init(dir=out_dir, mode=wandb_mode(), id=wandb_id, resume="allow", **wandb_init)
+    return RunLog(os.path.join(out_dir, "metrics.jsonl"), run, master)
+
+
+def run_header(step, script, **facts):
+    """The `config` record that opens a run's (or a resumed run's) part of metrics.jsonl:
+    the step it starts at, the command line, the git commit of `script` and whether the
+    checkout was dirty, then `facts` (config, device, parameter counts, data fingerprints)."""
+    commit, dirty = git_state(script)
+    return {"type": "config", "step": step, "argv": sys.argv, "git_commit": commit, "git_dirty": dirty, **facts}

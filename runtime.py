@@ -1,0 +1,184 @@
+"""
+Process setup and teardown for every entry point (train.py, sample.py, bench/): which
+process this is, the device, the dtype and its autocast context, the process group, and
+the device's peak FLOP/s for MFU. One pair of functions, as nanochat's compute_init /
+compute_cleanup:
+
+    rt = setup(device="auto", dtype="auto")   # under torchrun also joins the process group
+    with rt.autocast:
+        logits, loss = model(x, y)
+    teardown(rt)
+
+Under torchrun (RANK, LOCAL_RANK and WORLD_SIZE in the environment) process r of W uses
+cuda:LOCAL_RANK on a GPU machine and joins a process group (NCCL on CUDA, gloo on the
+CPU); `python script.py` is process 0 of 1 and joins none.
+"""
+
+import os
+import signal
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SetupError(ValueError):
+    """A device, dtype or backend that cannot work on this machine or in this process layout."""
+
+
+@dataclass
+class Runtime:
+    """Where and how this process computes.
+
+    rank, local_rank, world_size: the torchrun process layout (0, 0, 1 without torchrun).
+    device: 'cpu', 'cuda', 'cuda:1', ...; device_type: 'cpu' or 'cuda'.
+    dtype: the autocast dtype's name; float32 means no autocast.
+    backend: the process group's backend ('nccl' or 'gloo'), None without torchrun.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str
+    dtype: str
+    backend: str | None
+    autocast: object = field(init=False, repr=False)
+
+    def __post_init__(self):
+        # one context object, entered anew for every forward pass
+        self.autocast = (nullcontext() if self.dtype == "float32"
+                         else torch.autocast(device_type=self.device_type, dtype=DTYPES[self.dtype]))
+
+    @property
+    def device_type(self):
+        return "cuda" if self.device.startswith("cuda") else "cpu"
+
+    @property
+    def distributed(self):
+        """Whether this process was started by torchrun (and so is in a process group)."""
+        return self.backend is not None
+
+    @property
+    def master(self):
+        """Rank 0: the process that writes files and prints."""
+        return self.rank == 0
+
+
+def setup(device="auto", dtype="auto", backend="auto", join_process_group=True):
+    """Resolve the device and dtype, and under torchrun join the process group.
+
+    device: 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...; under
+    torchrun a CUDA device becomes cuda:LOCAL_RANK. dtype: 'auto' (bfloat16 on CUDA,
+    float32 on the CPU), 'float32', 'bfloat16', 'float16' (CUDA only). backend: 'auto'
+    (nccl on CUDA, gloo on the CPU), 'nccl', 'gloo'. join_process_group=False resolves
+    everything but leaves the group to the caller (tests, tools that never communicate).
+    Enables TF32 matmuls on CUDA. Returns a Runtime. Raises SetupError for a CUDA device
+    without CUDA, float16 on the CPU, or NCCL without CUDA.
+    """
+    launched = "RANK" in os.environ
+    rank, local_rank, world_size = ((int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+                                    if launched else (0, 0, 1))
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SetupError(f"device={device} but torch.cuda.is_available() is False; use --device=cpu")
+    if launched and device_type == "cuda":
+        device = f"cuda:{local_rank}"
+    dtype = dtype if dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+    if dtype not in DTYPES:
+        raise SetupError(f"dtype must be auto, {', '.join(DTYPES)}; got {dtype!r}")
+    if device_type == "cpu" and dtype == "float16":
+        raise SetupError("dtype=float16 is for CUDA; use --dtype=float32 or bfloat16 on the CPU")
+    if launched:
+        backend = backend if backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+        if backend == "nccl" and device_type != "cuda":
+            raise SetupError("backend=nccl needs CUDA devices; use --backend=gloo on the CPU")
+    else:
+        backend = None
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if launched and join_process_group and not dist.is_initialized():
+        dist.init_process_group(backend=backend, device_id=torch.device(device) if device_type == "cuda" else None)
+    return Runtime(rank, local_rank, world_size, device, dtype, backend)
+
+
+def teardown(rt, clean=True):
+    """Leave the process group, if any. clean=True waits for every rank first (a normal
+    end); clean=False leaves at once (an error: the other ranks may never get there)."""
+    if dist.is_initialized():
+        if clean:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def parallelize(model, rt):
+    """The module the training step calls: `model` itself in one process, under torchrun
+    PyTorch's DistributedDataParallel, which averages the gradients over the processes."""
+    if not rt.distributed:
+        return model
+    return DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+
+
+def all_reduce_sum(tensor, rt):
+    """Sum `tensor` over the processes in place (nothing to do in one process); returns it."""
+    if rt.distributed:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+class StopFlag:
+    """Set by SIGTERM (preemption, a scheduler's time limit) or SIGINT (Ctrl-C) once
+    install()ed: the handler only records the signal's name in `signal`, and the training
+    loop finishes the step in flight, checkpoints, and stops."""
+
+    def __init__(self):
+        self.signal = None
+
+    def install(self):
+        """Handle SIGTERM and SIGINT from now on; returns self."""
+        signal.signal(signal.SIGTERM, self._record)
+        signal.signal(signal.SIGINT, self._record)
+        return self
+
+    def _record(self, signum, frame):
+        self.signal = signal.Signals(signum).name
+
+
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' spec sheets,
+# matched against torch.cuda.get_device_name() in this order, so that the PCIe and NVL
+# variants are found before the SXM part of the same name ("NVIDIA H100 80GB HBM3" is
+# the SXM H100, "NVIDIA H200" the SXM H200).
+PEAK_FLOPS_BF16 = [
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H200 NVL", 835e12),
+    ("GH200", 989e12),
+    ("H200", 989e12),  # SXM
+    ("H100", 989e12),  # SXM
+    ("A100", 312e12),  # SXM and PCIe alike
+    ("L40S", 362e12),
+    ("RTX 5090", 209.5e12),
+    ("RTX 4090", 165.2e12),
+]
+
+
+def peak_flops(device):
+    """Peak dense bf16 FLOP/s of a CUDA device from PEAK_FLOPS_BF16, or None for the CPU
+    and for GPUs not in the table (MFU is then not reported)."""
+    if not device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS_BF16 if key in name), None)
+
+
+def mfu(flops_per_token, tokens_per_s, peak, world_size=1):
+    """Model FLOPs utilization: achieved training FLOP/s (flops_per_token, e.g.
+    GPT.flops_per_token(), times tokens/s over all processes) over the peak of
+    world_size devices of `peak` FLOP/s each (PaLM, appendix B). None if peak is None."""
+    return None if not peak else flops_per_token * tokens_per_s / (peak * world_size)

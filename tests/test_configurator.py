@@ -1,0 +1,66 @@
+"""configurator.py: config files are parsed, never executed; `base = FILE` inheritance, and
+errors that name the file and the line."""
+
+import glob
+import os
+
+import pytest
+
+from configurator import ConfigError, parse_config, read_config_file
+from conftest import REPO
+from train_config import TrainConfig
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_config_in_the_repo_is_plain_assignments():
+    paths = glob.glob(os.path.join(REPO, "config", "**", "*.py"), recursive=True)
+    assert len(paths) >= 10
+    for path in paths:
+        parse_config(TrainConfig, [path])  # no exec: anything but assignments would be an error
+        assert "exec(" not in open(path).read(), path
+
+
+def test_base_is_read_first_relative_to_the_file(tmp_path):
+    write(tmp_path / "base.py", '"""A docstring."""\nlearning_rate = 6e-4\nmin_lr = learning_rate / 10\nn_layer = 2\n')
+    child = write(tmp_path / "arms" / "child.py", 'base = "../base.py"\n# a comment\nn_layer = 4\n'
+                  'weight_decay = 2**-5\n_width = 64\nn_embd = _width * 2\n')
+    assert read_config_file(child) == {"learning_rate": 6e-4, "min_lr": 6e-4 / 10, "n_layer": 4, "weight_decay": 2**-5,
+                                       "n_embd": 128}
+    cfg, files = parse_config(TrainConfig, [child, "--n_layer=6", "--n_head=4"])
+    assert (cfg.n_layer, cfg.min_lr, cfg.n_embd, files) == (6, 6e-4 / 10, 128, [child])
+    # the paper's configs: res_gelu differs from the baseline only where Table 1 says
+    base, res = (read_config_file(os.path.join(REPO, "config", f"{n}.py")) for n in ("baseline", "res_gelu"))
+    assert {k for k in res if res[k] != base.get(k)} == {"out_dir", "query_mode", "learning_rate", "min_lr",
+                                                          "weight_decay"}
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a.py": 'base = "b.py"\n', "b.py": 'base = "a.py"\n'}, "config files inherit from each other in a cycle: "),
+    ({"a.py": 'n_layer = 2\nbase = "b.py"\n', "b.py": ""}, "a.py, line 2: `base = \"FILE\"` must be the first"),
+    ({"a.py": 'base = "missing.py"\n'}, "a.py, line 1: base config 'missing.py' not found"),
+    ({"a.py": "import os\nn_layer = 2\n"}, "a.py, line 1: a config file holds only assignments `key = value`"),
+    ({"a.py": "n_layer = int('2')\n"}, "a.py, line 1: \"int('2')\" is not a value"),
+    ({"a.py": "n_layer = n_head\n"}, "a.py, line 1: 'n_head' is not a value"),
+    ({"a.py": "n_layer = = 2\n"}, "a.py, line 1: invalid syntax"),
+    ({"a.py": "learning_rate = 1e-3\nn_layers = 4\n"}, "a.py, line 2: unknown config key 'n_layers'; did you mean "
+                                                       "'n_layer'?"),
+    ({"a.py": 'n_layer = "four"\n'}, "a.py, line 1: n_layer must be int, got str 'four'"),
+])
+def test_bad_config_files_name_the_file_and_line(tmp_path, files, message):
+    for name, text in files.items():
+        write(tmp_path / name, text)
+    with pytest.raises(ConfigError) as e:
+        parse_config(TrainConfig, [str(tmp_path / "a.py")])
+    assert message in str(e.value), str(e.value)
+
+
+def test_a_bad_key_in_a_base_names_the_base(tmp_path):
+    write(tmp_path / "base.py", "n_layer = 2\nlearnig_rate = 1e-3\n")
+    child = write(tmp_path / "child.py", 'base = "base.py"\nn_layer = 3\n')
+    with pytest.raises(ConfigError, match=r"base.py, line 2: unknown config key 'learnig_rate'"):
+        parse_config(TrainConfig, [child])

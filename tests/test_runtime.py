@@ -1,0 +1,117 @@
+"""runtime.py (device, dtype, process layout, peak FLOP/s, the stop flag) and runlog.py (metrics.jsonl,
+the no-op wandb, rank 0 only) without a training run."""
+
+import json
+import os
+import signal
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+import runtime
+from runlog import NullWandb, RunLog, run_header
+from runtime import SetupError, StopFlag, mfu, peak_flops, setup
+
+
+def test_setup_on_the_cpu():
+    rt = setup("auto" if not torch.cuda.is_available() else "cpu")
+    assert (rt.device, rt.device_type, rt.dtype, rt.rank, rt.world_size) == ("cpu", "cpu", "float32", 0, 1)
+    assert rt.master and not rt.distributed and isinstance(rt.autocast, nullcontext)
+    bf16 = setup("cpu", "bfloat16")
+    with bf16.autocast:
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("device, dtype, message", [
+    ("cpu", "float16", "dtype=float16 is for CUDA; use --dtype=float32 or bfloat16 on the CPU"),
+    ("cpu", "float64", "dtype must be auto, float32, bfloat16, float16; got 'float64'"),
+])
+def test_setup_refuses_what_cannot_work(device, dtype, message):
+    with pytest.raises(SetupError, match=message):
+        setup(device, dtype)
+
+
+def test_setup_refuses_cuda_without_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SetupError, match="device=cuda but torch.cuda.is_available"):
+        setup("cuda")
+
+
+def test_torchrun_layout_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    rt = setup("cpu", join_process_group=False)
+    assert (rt.rank, rt.local_rank, rt.world_size, rt.backend, rt.master, rt.distributed) == (3, 1, 4, "gloo", False,
+                                                                                            True)
+    with pytest.raises(SetupError, match="backend=nccl needs CUDA devices; use --backend=gloo on the CPU"):
+        setup("cpu", backend="nccl", join_process_group=False)
+
+
+@pytest.mark.parametrize("name, flops", [
+    ("NVIDIA H100 80GB HBM3", 989e12),  # SXM
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12),  # SXM
+    ("NVIDIA H200 NVL", 835e12),
+    ("NVIDIA GH200 480GB", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("Tesla T4", None),  # unknown: tokens/s only
+])
+def test_peak_flops_tells_gpu_variants_apart(monkeypatch, name, flops):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_flops("cuda:0") == flops
+    assert peak_flops("cpu") is None
+
+
+def test_mfu():
+    # 6 N FLOPs per token for N = 1e8 matmul parameters at 1e5 tokens/s on 2 devices of 1e14 FLOP/s
+    assert mfu(6e8, 1e5, 1e14, world_size=2) == pytest.approx(0.3)
+    assert mfu(6e8, 1e5, None) is None
+
+
+def test_stop_flag_records_the_signal():
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        stop = StopFlag().install()
+        assert stop.signal is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signal == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+
+
+class RecordingWandb(NullWandb):
+    def __init__(self):
+        self.calls, self.summary, self.finished = [], {}, None
+
+    def log(self, data, step=None):
+        self.calls.append((step, data))
+
+    def finish(self, exit_code=0):
+        self.finished = exit_code
+
+
+def test_run_log_writes_on_rank_0_only(tmp_path, capsys):
+    wandb = RecordingWandb()
+    master = RunLog(str(tmp_path / "metrics.jsonl"), wandb, master=True)
+    other = RunLog(str(tmp_path / "other.jsonl"), RecordingWandb(), master=False)
+    header = run_header(0, __file__, config={"n_layer": 2})
+    for log in (master, other):
+        log.log(header)
+        log.log({"type": "eval", "step": 4, "val_loss": 3.5})
+        log.log({"type": "diverged", "step": 5, "reason": "the loss is nan"})
+        log.print("hello")
+        log.finish(3)
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["type"] for r in records] == ["config", "eval", "diverged"] and records[0]["config"] == {"n_layer": 2}
+    assert len(records[0]["git_commit"]) == 40 and records[0]["argv"]
+    assert not os.path.exists(tmp_path / "other.jsonl")
+    assert capsys.readouterr().out == "hello\n"
+    # wandb gets every record but the header, its keys prefixed by the record type
+    assert wandb.calls == [(4, {"eval/val_loss": 3.5}), (5, {"diverged/reason": "the loss is nan"})]
+    assert wandb.summary == {"diverged_step": 5} and wandb.finished == 3
+    NullWandb().log({"x": 1}, step=0)  # the stand-in takes the same calls and does nothing
+    assert runtime.all_reduce_sum(torch.ones(2), setup("cpu")).tolist() == [1.0, 1.0]  # one process: unchanged

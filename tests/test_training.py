@@ -1,0 +1,125 @@
+"""The pieces of train.py's loop (training.py) held to hand computations, without a training run:
+the schedules, the dropout seeds, the divergence rule, the loop's decisions, one step, evaluation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from batches import get_batch
+from model import GPT, GPTConfig
+from runtime import Runtime
+from train_config import TrainConfig
+from training import divergence_reason, dropout_seed, evaluate, get_lr, should_eval, should_save, train_step
+
+LR, MIN_LR = 1e-3, 1e-4
+
+
+def schedule(name, **overrides):
+    return TrainConfig(learning_rate=LR, min_lr=MIN_LR, warmup_iters=2, lr_decay_iters=6, lr_schedule=name,
+                       **overrides)
+
+
+def test_cosine_schedule_warms_up_decays_to_min_lr_and_stays():
+    cfg = schedule("cosine")
+    expected = [LR / 3, 2 * LR / 3] + [MIN_LR + 0.5 * (1 + math.cos(math.pi * i / 4)) * (LR - MIN_LR)
+                                       for i in range(4)] + [MIN_LR, MIN_LR]
+    assert [get_lr(s, cfg) for s in range(8)] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert get_lr(2, cfg) == LR  # the peak, right after warmup
+
+
+def test_linear_to_zero_ignores_min_lr_and_constant_without_decay():
+    cfg = schedule("linear_to_zero")
+    assert [get_lr(s, cfg) for s in range(8)] == pytest.approx(
+        [LR / 3, 2 * LR / 3, LR, 0.75 * LR, 0.5 * LR, 0.25 * LR, 0.0, 0.0], rel=1e-12, abs=1e-15)
+    assert {get_lr(s, schedule("cosine", decay_lr=False)) for s in (0, 3, 100)} == {LR}
+
+
+def test_dropout_seed_depends_on_seed_step_and_micro_batch_only():
+    seeds = {dropout_seed(seed, step, micro) for seed in (1, 2) for step in (0, 1, 2) for micro in (0, 1, 2, 3)}
+    assert len(seeds) == 24 and all(0 <= s < 2**64 for s in seeds)
+    assert dropout_seed(1337, 5, 3) == dropout_seed(1337, 5, 3)
+    assert dropout_seed(1337, 5, 3) == int(np.random.SeedSequence([1337, 5, 3]).generate_state(1, np.uint64)[0])
+
+
+def test_divergence_rule():
+    assert divergence_reason(float("nan"), 1.0, 0, 12.0, 100) == ("the loss is nan", 0)
+    assert divergence_reason(3.0, float("inf"), 0, 12.0, 100) == ("the gradient norm is inf", 0)
+    assert divergence_reason(3.0, float("inf"), 0, 12.0, 100, check_grad_norm=False) == (None, 0)
+    # patience 3: the third step in a row above the threshold stops the run; a step below resets the streak
+    streak, reasons = 0, []
+    for loss in (13.0, 13.0, 11.0, 13.0, 13.0, 13.0):
+        reason, streak = divergence_reason(loss, 1.0, streak, 12.0, 3)
+        reasons.append(reason)
+    assert reasons[:5] == [None] * 5 and streak == 3
+    assert reasons[5] == "the loss has been above divergence_threshold=12.0 for 3 steps (now 13.0000)"
+    assert divergence_reason(1e6, 1.0, 50, 0.0, 3) == (None, 0)  # threshold 0: only non-finite values count
+
+
+def test_when_to_evaluate_and_checkpoint():
+    cfg = TrainConfig(eval_interval=4, max_iters=10, save_checkpoint_steps=(7,))
+    assert [s for s in range(11) if should_eval(s, cfg, 0, False, False)] == [0, 4, 8, 10]
+    assert not should_eval(4, cfg, 4, True, False)  # resumed from a checkpoint written after step 4's eval
+    assert should_eval(4, cfg, 4, False, False)  # resumed from one written before it
+    assert not should_eval(8, cfg, 0, False, True)  # a signal: stop fast, no evaluation
+    assert [s for s in range(11) if should_save(s, cfg, 0, should_eval(s, cfg, 0, False, False), False)] == [4, 7, 8,
+                                                                                                           10]
+    assert should_save(5, cfg, 0, False, True) and not should_save(4, cfg, 4, True, True)  # never the start step
+    eval_only = TrainConfig(eval_only=True)
+    assert should_eval(3, eval_only, 3, True, False) and not should_save(3, eval_only, 0, True, False)
+
+
+@pytest.fixture
+def tiny():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64, dropout=0.1))
+    tokens = np.random.default_rng(0).integers(0, 64, 500).astype(np.uint16)
+    return model, tokens
+
+
+def test_train_step_equals_the_hand_written_step(tiny):
+    model, tokens = tiny
+    offsets = [[3, 50, 100], [200, 300, 410]]  # two micro-batches of 3 sequences
+    batches = [get_batch(tokens, np.array(o), 8, "cpu") for o in offsets]
+    seeds = [11, 12]
+    z, clip = 0.5, 0.1
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    params = list(model.parameters())
+    loss_sum, norm = train_step(model, params, optimizer, scaler, lambda k: batches[k], 2, torch.autocast("cpu",
+                                enabled=False), seeds, z_loss=z, grad_clip=clip)
+    got = [p.grad.clone() for p in params]
+
+    model.load_state_dict(state)
+    model.zero_grad()
+    losses = []
+    for (x, y), seed in zip(batches, seeds):
+        torch.manual_seed(seed)  # the same dropout masks
+        logits, loss = model(x, y)
+        losses.append(loss.item())
+        ((loss + z * torch.logsumexp(logits, dim=-1).pow(2).mean()) / 2).backward()
+    want_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in params))
+    assert loss_sum.item() == pytest.approx(sum(losses), rel=1e-6)  # the cross-entropy alone
+    assert norm.item() == pytest.approx(want_norm.item(), rel=1e-5) and norm.item() > clip
+    for g, p in zip(got, params):  # clipped to norm `clip`
+        torch.testing.assert_close(g, p.grad * clip / want_norm, rtol=1e-4, atol=1e-8)
+
+
+def test_evaluate_is_the_mean_loss_over_the_fixed_rows(tiny):
+    model, tokens = tiny
+    index = np.array([[0, 10], [20, 30], [40, 50]])
+    rt = Runtime(0, 0, 1, "cpu", "float32", None)
+    model.train()
+    out = evaluate(model, {"val": (tokens, index)}, 8, "cpu", rt.autocast, rt)
+    assert model.training  # back in training mode
+    model.eval()
+    with torch.no_grad():
+        want = np.mean([model(*get_batch(tokens, row, 8, "cpu"))[1].item() for row in index])
+    assert out == {"val": pytest.approx(want, rel=1e-6)}
+    # process 1 of 2 evaluates rows 1, 3, ...; the all-reduce (absent here) adds process 0's share
+    half = evaluate(model, {"val": (tokens, index)}, 8, "cpu", rt.autocast, Runtime(1, 1, 2, "cpu", "float32", None))
+    model.eval()
+    with torch.no_grad():
+        assert half["val"] == pytest.approx(model(*get_batch(tokens, index[1], 8, "cpu"))[1].item() / 3, rel=1e-6)
