@@ -6,8 +6,11 @@ Queries", arXiv:2603.13381 (2026); the baseline is nanoGPT's GPT-2 small.
 
 Architecture (SPEC §1):
 - token + learned positional embeddings; the token embedding is tied to the LM head
+  (`tie_weights=False` gives the LM head its own weight, as some official runs have)
 - pre-LayerNorm blocks (LayerNorm with weight, no bias, eps 1e-5), no biases anywhere
-- causal softmax attention through F.scaled_dot_product_attention with an explicit scale
+  (`bias=True` puts a bias in every Linear but the LM head and in every LayerNorm, as GPT-2 has)
+- causal softmax attention through F.scaled_dot_product_attention with an explicit scale:
+  scale_mult / sqrt(head_dim) from the query module, or `attn_scale` when set
 - keys and values are always linear in the block's ln_1 output x: K = x W_K, V = x W_V
 - fused input projection (SPEC §4, on by default, `fused_qkv`): one matmul of x with the
   stacked rows [W_K | W_V | rows of the query module] gives K, V and the query's own
@@ -16,17 +19,23 @@ Architecture (SPEC §1):
   with a KV cache uses the separate projections (few tokens: the weight read dominates)
 - the query is a module chosen by `query_mode` from QUERY_MODULES:
     linear    Q = x W_Q                                   d^2 params per layer
-    identity  Q = x                                       0
-    residual  Q = x + x W_Q                               d^2
+    identity  Q = x / 2                                   0
+    residual  Q = (x + x W_Q) / 2                         d^2
     res_gelu  Q = (x + f(x)) / 2,
               f(x) = LN(GELU(RMSNorm(x) W1) W2)           2 d r + 2 d   (paper eq. 2-3)
     res_linear  res_gelu without the GELU                 2 d r + 2 d
+    anchored_res_gelu  Q = (x W_Q + f(x)) / 2, f's LN weight starting at 0, scale 2 / sqrt(head_dim):
+              for fine-tuning a pretrained linear model   d^2 + 2 d r + 2 d   (paper §5)
+  the halves are folded into the softmax scale (scale_mult = 1/2), as in the official code
 - ablations (SPEC §4's open questions): `query_activation` gelu | relu | relu2 inside f,
   `query_norm` (the two norms inside f, on by default), `qk_norm` (RMSNorm of each
   head's q and k, 2 head_dim params per layer)
-- MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d)
-- init N(0, 0.02) for every Linear and Embedding; residual output projections
+- MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d); `mlp_activation` picks the activation
+  from MLP_ACTIVATIONS: 'gelu' (exact, the paper's) or 'gelu_tanh' (GPT-2's gelu_new)
+- init N(0, 0.02) for every Linear and Embedding, zero biases; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
+- GPT.from_pretrained loads OpenAI's GPT-2, a Hugging Face GPT-2 directory, the official
+  code's checkpoints and this repo's (pretrained.py)
 - generate() keeps a KV cache: K and V are linear in x for every query mode, so cached
   decoding computes what the full forward pass does (to rounding; greedy tokens agree)
 
@@ -61,6 +70,10 @@ class GPTConfig:
     query_norm: bool = True  # res_gelu/res_linear: RMSNorm before W1 and LayerNorm after W2 in f; False drops both
     qk_norm: bool = False  # RMSNorm of each head's query and key over head_dim, learnable weight (any query_mode)
     fused_qkv: bool = True  # one input matmul for K, V and the query's first layer (SPEC §4)
+    attn_scale: float = 0.0  # softmax scale; 0 = the query module's own, scale_mult / sqrt(head_dim)
+    tie_weights: bool = True  # the LM head shares the token embedding's weight; False gives it its own
+    bias: bool = False  # a bias in every Linear but the LM head and in every LayerNorm (GPT-2 has them)
+    mlp_activation: str = "gelu"  # a key of MLP_ACTIVATIONS: 'gelu' (exact) or 'gelu_tanh' (GPT-2's gelu_new)
 
     def __post_init__(self):
         if self.query_mode not in QUERY_MODULES:
@@ -79,6 +92,10 @@ class GPTConfig:
                              f"not {self.query_mode!r}")
         if self.query_rank < 0:
             raise ValueError(f"query_rank must be >= 0 (0 means n_embd // 2), got {self.query_rank}")
+        if self.attn_scale < 0:
+            raise ValueError(f"attn_scale must be >= 0 (0 = the query module's own scale), got {self.attn_scale}")
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ValueError(f"unknown mlp_activation {self.mlp_activation!r}; valid: {', '.join(MLP_ACTIVATIONS)}")
 
     @property
     def mlp_hidden(self):
@@ -107,7 +124,8 @@ class QueryModule(nn.Module):
     A module that starts with a linear map of x can take part in the fused input
     projection: `fused_weight()` returns that map's rows, (n, C), which CausalSelfAttention
     stacks under W_K and W_V, and `from_fused(x, h)` finishes the query from x and
-    h = x @ fused_weight().T, (B, T, n). By default a module takes no part (None).
+    h = x @ fused_weight().T, (B, T, n), adding the module's own biases (the stacked matmul
+    has none). By default a module takes no part (None).
     """
 
     scale_mult = 1.0
@@ -117,11 +135,11 @@ class QueryModule(nn.Module):
 
 
 class LinearQuery(QueryModule):
-    """Standard query Q = x W_Q, W_Q of shape (C, C), no bias. d^2 parameters."""
+    """Standard query Q = x W_Q (+ b with `bias`), W_Q of shape (C, C). d^2 parameters."""
 
     def __init__(self, config):
         super().__init__()
-        self.w_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.w_q = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x):
         return self.w_q(x)
@@ -130,13 +148,19 @@ class LinearQuery(QueryModule):
         return self.w_q.weight
 
     def from_fused(self, x, h):
-        return h
+        return h if self.w_q.bias is None else h + self.w_q.bias
 
 
 class IdentityQuery(QueryModule):
-    """Q = x: W_Q set to the identity, which loses nothing by the reparametrization
+    """Q = x / 2: W_Q set to the identity, which loses nothing by the reparametrization
     invariance of multi-head attention (paper eq. 1). No parameters; the fused
-    projection is K and V alone (d -> 2d)."""
+    projection is K and V alone (d -> 2d).
+
+    forward returns x with scale_mult = 1/2, the official code's scale 1/(2 sqrt(d_head)):
+    Q = (x + f(x)) / 2 of res_gelu with f = 0, so its runs load and compare exactly.
+    """
+
+    scale_mult = 0.5
 
     def __init__(self, config):
         super().__init__()
@@ -146,13 +170,19 @@ class IdentityQuery(QueryModule):
 
 
 class ResidualQuery(LinearQuery):
-    """Linear residual query Q = x + x W_Q (the official code's `residual` mode). d^2 parameters."""
+    """Linear residual query Q = (x + x W_Q) / 2 (the official code's `residual` mode). d^2 parameters.
+
+    forward returns x + x W_Q with scale_mult = 1/2, the official code's scale 1/(2 sqrt(d_head)):
+    Q = (x + f(x)) / 2 of res_gelu with f(x) = x W_Q, so its runs load and compare exactly.
+    """
+
+    scale_mult = 0.5
 
     def forward(self, x):
         return x + self.w_q(x)
 
     def from_fused(self, x, h):
-        return x + h
+        return x + super().from_fused(x, h)
 
 
 def relu2(x):
@@ -171,7 +201,8 @@ class ResGELUQuery(QueryModule):
 
     with W1: (C, r), W2: (r, C), r = C/2 by default, no biases; RMSNorm and LayerNorm
     have learnable weights (no bias, eps 1e-5); GELU is the exact (erf) form.
-    Parameters: 2 C r + 2 C.
+    Parameters: 2 C r + 2 C. With `bias`, W1, W2 and the LayerNorm get biases, as in the
+    official code (RMSNorm has none).
 
     forward returns x + f(x) and sets scale_mult = 1/2: the paper's 1/2 is folded into
     the softmax scale, as in the official code, which gives the same logits
@@ -193,9 +224,9 @@ class ResGELUQuery(QueryModule):
         self.act = ACTIVATIONS[config.query_activation]
         self.norm = config.query_norm
         self.rms = nn.RMSNorm(config.n_embd, eps=1e-5) if self.norm else nn.Identity()
-        self.w1 = nn.Linear(config.n_embd, config.query_bottleneck, bias=False)
-        self.w2 = nn.Linear(config.query_bottleneck, config.n_embd, bias=False)
-        self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False) if self.norm else nn.Identity()
+        self.w1 = nn.Linear(config.n_embd, config.query_bottleneck, bias=config.bias)
+        self.w2 = nn.Linear(config.query_bottleneck, config.n_embd, bias=config.bias)
+        self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias) if self.norm else nn.Identity()
 
     def f(self, x):
         """The bottleneck f(x) of eq. 3; x: (..., C) -> (..., C)."""
@@ -208,10 +239,16 @@ class ResGELUQuery(QueryModule):
         # (r, C): column j of W1^T scaled by g_j
         return self.w1.weight * self.rms.weight if self.norm else self.w1.weight
 
-    def from_fused(self, x, h):
+    def f_from_fused(self, x, h):
+        """f(x) from x (..., C) and h = x @ fused_weight().T (..., r); the bias of W1 comes after the 1/rms(x)."""
         if self.norm:
             h = h * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.rms.eps)
-        return x + self.ln(self.w2(self.act(h)))
+        if self.w1.bias is not None:
+            h = h + self.w1.bias
+        return self.ln(self.w2(self.act(h)))
+
+    def from_fused(self, x, h):
+        return x + self.f_from_fused(x, h)
 
 
 class ResLinearQuery(ResGELUQuery):
@@ -224,12 +261,52 @@ class ResLinearQuery(ResGELUQuery):
         self.act = nn.Identity()
 
 
+class AnchoredResGELUQuery(ResGELUQuery):
+    """The paper's suggestion for pretrained models (§5): Q = (x W_Q + f(x)) / 2, res_gelu's f
+    anchored to a pretrained linear query's W_Q instead of to x. d^2 + 2 C r + 2 C parameters.
+
+    Meant for fine-tuning: GPT.from_pretrained(source, query_mode='anchored_res_gelu') keeps a
+    linear model's W_Q and adds f, and at step 0 computes exactly that model's logits, which
+    the formula as written would not, hence two departures:
+    - f's closing LayerNorm weight starts at 0 (its bias too), so f(x) = 0 until training
+      moves it, as LoRA starts its B at zero; with weight 1 (res_gelu's init) f would add a
+      unit-scale term to every pretrained query.
+    - the softmax scale is 2/sqrt(d_head): forward returns x W_Q + f(x) with scale_mult = 1,
+      so with f = 0 the logits are x W_Q K^T / sqrt(d_head), the pretrained ones; the halved
+      Q with the standard scale would halve every pretrained attention logit.
+    The gradient reaches f from step 0 through the LayerNorm's weight (and bias); W1, W2 and g
+    receive gradients once that weight has moved off zero.
+
+    Fused path: the rows [W_Q | diag(g) W1] join K and V (d -> 3.5 d).
+    """
+
+    scale_mult = 1.0
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.w_q = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        nn.init.zeros_(self.ln.weight)
+
+    def forward(self, x):
+        return self.w_q(x) + self.f(x)
+
+    def fused_weight(self):
+        return torch.cat([self.w_q.weight, super().fused_weight()])
+
+    def from_fused(self, x, h):
+        q, h = h.split([x.size(-1), h.size(-1) - x.size(-1)], dim=-1)
+        if self.w_q.bias is not None:
+            q = q + self.w_q.bias
+        return q + self.f_from_fused(x, h)
+
+
 QUERY_MODULES = {
     "linear": LinearQuery,
     "identity": IdentityQuery,
     "residual": ResidualQuery,
     "res_gelu": ResGELUQuery,
     "res_linear": ResLinearQuery,
+    "anchored_res_gelu": AnchoredResGELUQuery,
 }
 
 
@@ -281,6 +358,8 @@ class CausalSelfAttention(nn.Module):
     qk_norm: q and k are RMS-normalized per head over head_dim, each with its own learnable
     weight (head_dim,) shared by the heads, before the cache and the softmax, whose scale is
     then 1/sqrt(head_dim) for every query mode (2 head_dim parameters per layer).
+
+    Softmax scale: `attn_scale` when set (> 0), else query.scale_mult / sqrt(head_dim).
     """
 
     def __init__(self, config):
@@ -290,8 +369,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.fused_qkv = config.fused_qkv
         self.query = QUERY_MODULES[config.query_mode](config)
-        self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         head_dim = config.n_embd // config.n_head
         self.qk_norm = config.qk_norm
@@ -299,7 +378,8 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = nn.RMSNorm(head_dim, eps=1e-5)
             self.k_norm = nn.RMSNorm(head_dim, eps=1e-5)
         # QK-norm removes any constant factor on q, res_gelu's 1/2 included, so the scale is the plain one
-        self.scale = (1.0 if self.qk_norm else self.query.scale_mult) / math.sqrt(head_dim)
+        own_scale = (1.0 if self.qk_norm else self.query.scale_mult) / math.sqrt(head_dim)
+        self.scale = config.attn_scale or own_scale
 
     def qkv(self, x, fused):
         """q, k, v: (B, T, C) each, from x: (B, T, C); one input matmul if `fused`."""
@@ -309,6 +389,8 @@ class CausalSelfAttention(nn.Module):
             k, v = self.c_kv(x).split(C, dim=2)
             return self.query(x), k, v
         k, v, h = F.linear(x, torch.cat([self.c_kv.weight, w_query])).split([C, C, w_query.size(0)], dim=2)
+        if self.c_kv.bias is not None:  # the stacked matmul has no bias; the query module adds its own
+            k, v = k + self.c_kv.bias[:C], v + self.c_kv.bias[C:]
         return self.query.from_fused(x, h), k, v
 
     def forward(self, x, kv_cache=None):
@@ -336,17 +418,28 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+def gelu_tanh(x):
+    """GELU's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's `gelu_new`."""
+    return F.gelu(x, approximate="tanh")
+
+
+# activations of the MLP, chosen by `mlp_activation`
+MLP_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": gelu_tanh}
+
+
 class MLP(nn.Module):
-    """Position-wise MLP C -> mlp_hidden -> C with exact GELU. x: (B, T, C) -> (B, T, C)."""
+    """Position-wise MLP C -> mlp_hidden -> C with the activation `mlp_activation` (exact GELU by
+    default). x: (B, T, C) -> (B, T, C)."""
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=False)
-        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.act = MLP_ACTIVATIONS[config.mlp_activation]
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -354,9 +447,9 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=False)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(self, x, kv_cache=None):
@@ -385,11 +478,12 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=False),
+                ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if config.tie_weights:
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
         # Residual output projections get a depth-scaled std so the residual stream's
         # variance does not grow with n_layer (GPT-2 paper). Matched by module, not by
@@ -402,18 +496,23 @@ class GPT(nn.Module):
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            torch.nn.init.zeros_(module.bias)
 
     def get_num_params(self, non_embedding=True):
         """Number of parameters, each tied tensor counted once.
 
-        non_embedding=True subtracts the token embedding wte (which is also the LM head)
-        and the positional embedding wpe, so what remains is exactly the transformer
-        blocks plus the final LayerNorm: the quantity SPEC §1 and the paper's Table 1 /
+        non_embedding=True leaves out the token embedding wte, the positional embedding wpe
+        and the LM head's weight (the same tensor as wte when tied, its own when
+        `tie_weights=False`), so what remains is exactly the transformer blocks plus the
+        final LayerNorm, tied or untied: the quantity SPEC §1 and the paper's Table 1 /
         Figure 2 report (84,953,856 for the GPT-2 small baseline).
         """
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.lm_head.weight.numel()
         return n
 
     def forward(self, idx, targets=None, kv_cache=None):
@@ -432,6 +531,24 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
+    @classmethod
+    def from_pretrained(cls, source, **overrides):
+        """A GPT with pretrained weights: OpenAI's GPT-2 from the local Hugging Face cache
+        ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'), a Hugging Face GPT-2 directory, a
+        checkpoint file of the official code or of this repo's train.py, a run directory
+        holding ckpt.pt, or a directory written by export.py.
+
+        overrides: GPTConfig fields to change; only dropout, fused_qkv, a smaller block_size
+        and, on a linear model, query_mode='anchored_res_gelu' (with query_rank) may differ
+        from the loaded model. Returns the model on the CPU in float32, train mode, with
+        `config` its GPTConfig and `loaded_from` (pretrained.LoadedFrom) the kind, path, step
+        and training config of the source. Raises pretrained.PretrainedError with a message
+        that says what was expected. See pretrained.load_pretrained.
+        """
+        from pretrained import load_pretrained  # here, not at the top: pretrained.py imports this module
+
+        return load_pretrained(source, **overrides)
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW with weight decay on parameters of dim >= 2 (matmul weights, embeddings)
         and none on norm weights (paper §3.1, SPEC §3). Fused kernel on CUDA."""
@@ -446,11 +563,14 @@ class GPT(nn.Module):
 
     def flops_per_token(self):
         """Training FLOPs per token (forward + backward), PaLM appendix B style:
-        6 N for the matmul parameters N (every parameter but wpe; the tied wte counts as
-        the LM head, and a query module contributes only its own parameters) plus
-        12 n_layer n_embd block_size for the attention scores and weighted sum."""
+        6 N for the matmul parameters N (every parameter but wpe and an untied wte, which
+        are lookups; the LM head's weight counts once, tied or not, and a query module
+        contributes only its own parameters) plus 12 n_layer n_embd block_size for the
+        attention scores and weighted sum."""
         cfg = self.config
         n = self.get_num_params(non_embedding=False) - self.transformer.wpe.weight.numel()
+        if not cfg.tie_weights:
+            n -= self.transformer.wte.weight.numel()
         return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
     def new_kv_cache(self):

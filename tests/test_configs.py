@@ -14,7 +14,7 @@ TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)
     "mlp475_scaled": ("linear", 4.75, 5.66e-4, 5.66e-5, 0.1),
     "res_gelu_lr2p6": ("res_gelu", 4.0, 2.6e-3, 3e-5, 2**-5),
     "res_gelu": ("res_gelu", 4.0, 3e-3, 3e-5, 2**-5),
-    "identity": ("identity", 4.0, 6e-4, 6e-5, 0.1),
+    "identity": ("identity", 4.0, 6e-4, 6e-5, 2**-5),  # the official identity run's weight decay
 }
 
 

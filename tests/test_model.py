@@ -18,7 +18,14 @@ ABLATIONS = [
     dict(query_mode="linear", qk_norm=True),
     dict(query_mode="res_gelu", qk_norm=True),
 ]
-VARIANTS = [dict(query_mode=m) for m in sorted(QUERY_MODULES)] + ABLATIONS
+# the options of issue 12: GPT-2's biases and activation, an untied LM head
+OPTIONS = [
+    dict(query_mode="linear", bias=True, tie_weights=False, mlp_activation="gelu_tanh"),
+    dict(query_mode="residual", bias=True),
+    dict(query_mode="res_gelu", bias=True),
+    dict(query_mode="anchored_res_gelu", bias=True),
+]
+VARIANTS = [dict(query_mode=m) for m in sorted(QUERY_MODULES)] + ABLATIONS + OPTIONS
 
 
 # SPEC §1: non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
@@ -66,11 +73,16 @@ def paper_attention_logits(attn, x):
 
 
 def randomize(module, seed=0):
-    """Give every parameter (norm weights included) random values so nothing is trivially 1 or 0."""
+    """Give every parameter (norm weights and biases included) random values so nothing is trivially 1 or 0:
+    norm weights around 1, matrices around 0, biases smaller (constant over positions, large ones would swamp
+    what differs from token to token)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
 
 
 def test_res_gelu_equals_direct_transcription_of_eq_2_3():
@@ -194,7 +206,7 @@ def test_identity_equals_linear_with_identity_weight():
     assert unexpected == [] and all(k.endswith("attn.query.w_q.weight") for k in missing) and len(missing) == 2
     with torch.no_grad():
         for block in linear.transformer.h:
-            block.attn.query.w_q.weight.copy_(torch.eye(32))
+            block.attn.query.w_q.weight.copy_(torch.eye(32) / 2)  # identity's Q = x / 2
     idx = torch.randint(0, 97, (2, 16))
     torch.testing.assert_close(linear(idx, idx)[0], ident(idx, idx)[0], rtol=0, atol=1e-6)
 
@@ -233,7 +245,8 @@ def test_mlp_ratio_sets_hidden_width():
 
 
 def test_unknown_query_mode_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid query modes: identity, linear, res_gelu, res_linear, residual"):
+    valid = "anchored_res_gelu, identity, linear, res_gelu, res_linear, residual"
+    with pytest.raises(ValueError, match=f"valid query modes: {valid}"):
         GPTConfig(query_mode="nonlinear")
 
 
@@ -312,13 +325,14 @@ class LinearShapes(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("query_mode, width", [("linear", 96), ("residual", 96), ("res_gelu", 80), ("identity", 64)])
+@pytest.mark.parametrize("query_mode, width", [("linear", 96), ("residual", 96), ("res_gelu", 80), ("identity", 64),
+                                              ("anchored_res_gelu", 112)])
 def test_default_path_runs_one_input_matmul_per_layer(query_mode, width):
-    # d = 32: linear d -> 3d, res_gelu d -> 2.5d (r = d/2), identity d -> 2d; nothing else reads x
+    # d = 32: linear d -> 3d, res_gelu d -> 2.5d (r = d/2), identity d -> 2d, anchored d -> 3.5d; nothing else reads x
     model = GPT(GPTConfig(**SMALL, query_mode=query_mode))
     with LinearShapes() as rec:
         model(torch.randint(0, 97, (1, 8)))
-    w2 = [(32, 16)] if query_mode == "res_gelu" else []
+    w2 = [(32, 16)] if query_mode in ("res_gelu", "anchored_res_gelu") else []
     layer = [(width, 32), *w2, (32, 32), (128, 32), (32, 128)]  # input, [W2], c_proj, c_fc, mlp c_proj
     assert rec.shapes == layer * 2 + [(97, 32)]
 
@@ -358,3 +372,94 @@ def test_greedy_generation_is_identical_with_and_without_kv_cache(variant):
     plain = model.generate(prompt, 20, temperature=0, use_kv_cache=False)
     assert cached.shape == (3, 25) and torch.equal(cached, plain)
     assert len(set(cached[:, 5:].flatten().tolist())) > 3  # not a degenerate repetition
+
+
+# ---------------------------------------------------------------------------------------
+# issue 12: attn_scale, tie_weights, bias, mlp_activation, the official 1/2 of identity and
+# residual, and the anchored query
+
+
+@pytest.mark.parametrize(
+    "variant, expected",
+    [
+        (dict(attn_scale=0.1), 84_953_856),  # a scale, no parameters
+        (dict(tie_weights=False), 84_953_856),  # the untied LM head is left out like wte
+        (dict(mlp_activation="gelu_tanh"), 84_953_856),
+        # GPT-2 small's 124,439,808 parameters less its embeddings 50257 x 768 + 1024 x 768
+        (dict(bias=True), 85_056_000),
+        # res_gelu's biases: per layer those of the linear model less W_Q's d, plus W1's r = d/2, W2's d, LN's d
+        (dict(query_mode="res_gelu", bias=True), 84_972_288 + 12 * (11 - 1 + 0.5 + 1 + 1) * 768 + 768),
+        (dict(query_mode="anchored_res_gelu"), 84_953_856 + 12 * (2 * 768 * 384 + 2 * 768)),  # linear + res_gelu's f
+    ],
+    ids=str,
+)
+def test_option_param_counts(variant, expected):
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**variant))
+    assert model.get_num_params() == expected
+    lm_head = 0 if model.config.tie_weights else 50304 * 768
+    assert model.get_num_params(non_embedding=False) == expected + 50304 * 768 + 1024 * 768 + lm_head
+
+
+def test_untied_lm_head_has_its_own_weight_and_the_same_flops():
+    with torch.device("meta"):
+        tied, untied = GPT(GPTConfig()), GPT(GPTConfig(tie_weights=False))
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    # the untied embedding is a lookup: the LM head's matmul costs the same either way
+    assert untied.flops_per_token() == tied.flops_per_token()
+
+
+def test_biases_start_at_zero_and_anchored_f_at_zero():
+    torch.manual_seed(9)
+    model = GPT(GPTConfig(**SMALL, query_mode="anchored_res_gelu", bias=True, tie_weights=False))
+    biases = [p for n, p in model.named_parameters() if n.endswith(".bias")]
+    assert len(biases) == 2 * 10 + 1 and all(torch.count_nonzero(b) == 0 for b in biases)  # 10 per layer, ln_f
+    assert torch.count_nonzero(model.transformer.h[0].attn.query.ln.weight) == 0
+    assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    x = torch.randn(2, 5, 32)
+    attn = model.transformer.h[0].attn
+    torch.testing.assert_close(attn.query.f(x), torch.zeros(2, 5, 32))
+
+
+def attention_by_hand(attn, x, q, scale):
+    """Causal softmax(q k^T scale) v through c_proj, with k, v from c_kv: x, q (B, T, C) -> (B, T, C)."""
+    B, T, C = x.shape
+    k, v = F.linear(x, attn.c_kv.weight, attn.c_kv.bias).split(C, dim=2)
+    q, k, v = (t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k, v))
+    logits = (q @ k.transpose(-2, -1) * scale).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -1e9)
+    return attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, T, C))
+
+
+@pytest.mark.parametrize(
+    "variant, query, scale",
+    [
+        # the official identity and residual: Q = x / 2 and Q = (x + x W_Q) / 2 with the standard scale
+        (dict(query_mode="identity"), lambda qm, x: x / 2, 1 / math.sqrt(8)),
+        (dict(query_mode="residual"), lambda qm, x: (x + x @ qm.w_q.weight.T) / 2, 1 / math.sqrt(8)),
+        (dict(query_mode="residual", bias=True), lambda qm, x: (x + qm.w_q(x)) / 2, 1 / math.sqrt(8)),
+        # attn_scale overrides the query module's own scale
+        (dict(query_mode="linear", attn_scale=0.3), lambda qm, x: x @ qm.w_q.weight.T, 0.3),
+        # the anchored query as its docstring writes it: (x W_Q + f(x)) / 2 with the scale 2 / sqrt(head_dim)
+        (dict(query_mode="anchored_res_gelu"), lambda qm, x: (x @ qm.w_q.weight.T + reference_f(qm, x, lambda h: 0.5 * h
+         * (1 + torch.erf(h / math.sqrt(2))), True)) / 2, 2 / math.sqrt(8)),
+    ],
+    ids=str,
+)
+def test_query_modes_equal_direct_transcription_with_their_scale(variant, query, scale):
+    torch.manual_seed(10)
+    model = GPT(GPTConfig(**SMALL, **variant))
+    randomize(model, seed=10)
+    attn = model.transformer.h[1].attn
+    x = torch.randn(2, 16, 32)
+    torch.testing.assert_close(attn(x), attention_by_hand(attn, x, query(attn.query, x), scale), rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_activation_gelu_tanh_is_gpt2_gelu_new():
+    model = GPT(GPTConfig(**SMALL, mlp_activation="gelu_tanh"))
+    mlp = model.transformer.h[0].mlp
+    x = torch.randn(3, 32)
+    h = mlp.c_fc(x)
+    gelu_new = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    torch.testing.assert_close(mlp(x), mlp.c_proj(gelu_new), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="unknown mlp_activation 'swiglu'; valid: gelu, gelu_tanh"):
+        GPTConfig(mlp_activation="swiglu")

@@ -1,0 +1,48 @@
+"""
+Export a run's weights as safetensors, in Hugging Face's GPT-2 format where it can hold them.
+
+    python export.py --out_dir=out-baseline --to=hf-baseline
+    python -c "from transformers import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('hf-baseline')"
+
+Writes DIR/model.safetensors and DIR/config.json. A linear-query model (with learned
+positions, GPT-2's softmax scale, exact or tanh GELU) is written as Hugging Face's GPT-2:
+Conv1D weights (in, out), c_attn = [W_Q | W_K | W_V], zero biases where the model has none,
+which transformers.GPT2LMHeadModel.from_pretrained(DIR) loads with the same logits. Any
+other model (res_gelu, identity, residual, anchored_res_gelu, qk_norm, ...) has no
+architecture in transformers: it is written under this repo's weight names with config.json
+holding its model_args, which GPT.from_pretrained(DIR) loads, and the script says so and
+why. --out_dir may also name any source GPT.from_pretrained reads (pretrained.py).
+"""
+
+import sys
+from dataclasses import dataclass
+
+from configurator import config_from_argv
+from model import GPT
+from pretrained import PretrainedError, export
+
+
+@dataclass
+class ExportConfig:
+    """Export settings; every field can be set with --key=value."""
+
+    out_dir: str = "out"  # the run directory holding ckpt.pt
+    to: str = ""  # the directory to write model.safetensors and config.json into
+
+    def __post_init__(self):
+        if not self.to:
+            raise ValueError("say where to write with --to=DIR")
+
+
+cfg, _ = config_from_argv(ExportConfig)
+try:
+    model = GPT.from_pretrained(cfg.out_dir)
+except PretrainedError as e:
+    sys.exit(f"error: {e}")
+reason = export(model, cfg.to)
+if reason is None:
+    print(f"wrote {cfg.to}/model.safetensors and config.json in Hugging Face GPT-2 format; "
+          f"transformers.GPT2LMHeadModel.from_pretrained({cfg.to!r}) loads it")
+else:
+    print(f"{reason}. Hugging Face transformers has no such architecture, so {cfg.to}/model.safetensors holds this "
+          f"repo's weight names and config.json its model_args: GPT.from_pretrained({cfg.to!r}) loads it")
