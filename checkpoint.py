@@ -16,14 +16,17 @@ torch.load(weights_only=True), which never unpickles arbitrary objects:
     wandb_id                the wandb run to continue, '' if none
 """
 
+import math
 import os
 import pickle
 import re
 import shutil
+from dataclasses import fields
 
 import torch
 
 from batches import fingerprint_change
+from model import GPTConfig
 
 CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "step", "evaluated", "steps_above_threshold", "data", "wandb_id"}
 
@@ -74,39 +77,66 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     return path
 
 
-def read_checkpoint(path, map_location="cpu"):
-    """The checkpoint dict of a file written by save_checkpoint, read with
-    torch.load(weights_only=True). Raises CheckpointError if the file is missing, truncated,
-    corrupt or not a checkpoint of train.py; the message lists the other checkpoints in
-    the same directory to resume from instead."""
+def _unreadable(path, e):
+    """The CheckpointError for a file at `path` that torch.load or the key check refused with
+    `e`, naming the other checkpoints of its directory to resume from instead."""
+    out_dir = os.path.dirname(path) or "."
+    others = [p for _, p in step_checkpoints(out_dir) if not os.path.samefile(p, path)]
+    hint = (f"Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH"
+            if others else f"There is no other checkpoint in {out_dir}")
+    detail = str(e).splitlines()[0] if str(e) else ""
+    objects = (", or it holds Python objects other than tensors and plain containers, which are never unpickled"
+               if isinstance(e, pickle.UnpicklingError) else "")
+    return CheckpointError(f"cannot read checkpoint {path}: it is truncated or corrupt{objects} "
+                           f"({type(e).__name__}: {detail}). {hint}")
+
+
+def load_checkpoint_file(path, map_location="cpu"):
+    """What torch.load(path, weights_only=True) reads: tensors and plain containers only, never
+    arbitrary pickled objects. Raises CheckpointError if the file is missing, truncated, corrupt
+    or holds other objects; the message lists the other checkpoints in its directory."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        missing = CHECKPOINT_KEYS - set(ckpt if isinstance(ckpt, dict) else ())
-        if missing:
-            raise KeyError(f"no {', '.join(sorted(missing))}")
-    # a truncated file, a torn zip archive, a pickle that is not a checkpoint of train.py
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, pickle.UnpicklingError) as e:
-        out_dir = os.path.dirname(path) or "."
-        others = [p for _, p in step_checkpoints(out_dir) if not os.path.samefile(p, path)]
-        hint = (f"Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH"
-                if others else f"There is no other checkpoint in {out_dir}")
-        detail = str(e).splitlines()[0] if str(e) else ""
-        raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or corrupt "
-                              f"({type(e).__name__}: {detail}). {hint}") from None
+        return torch.load(path, map_location=map_location, weights_only=True)
+    # a truncated file, a torn zip archive, a pickle of objects that weights_only refuses
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
+        raise _unreadable(path, e) from None
+
+
+def upgrade_model_args(model_args):
+    """model_args of a checkpoint, with what an older version of this repo left implicit made
+    explicit: before `attn_scale` existed, identity and residual used 1/sqrt(head_dim), where
+    today's default is their official 1/2 of it (model.py), so such a run keeps its scale."""
+    args = dict(model_args)
+    if "attn_scale" not in args and args.get("query_mode") in ("identity", "residual") and not args.get("qk_norm"):
+        args["attn_scale"] = 1 / math.sqrt(args["n_embd"] // args["n_head"])
+    return args
+
+
+def read_checkpoint(path, map_location="cpu"):
+    """The checkpoint dict of a file written by save_checkpoint (load_checkpoint_file, then
+    upgrade_model_args). Raises CheckpointError if the file is missing, truncated, corrupt or
+    not a checkpoint of train.py; the message lists the other checkpoints in its directory."""
+    ckpt = load_checkpoint_file(path, map_location)
+    missing = CHECKPOINT_KEYS - set(ckpt if isinstance(ckpt, dict) else ())
+    if missing:
+        raise _unreadable(path, KeyError(f"no {', '.join(sorted(missing))}"))
+    ckpt["model_args"] = upgrade_model_args(ckpt["model_args"])
     return ckpt
 
 
-def check_resumable(ckpt, path, model_args, data_fingerprint, data_paths):
+def check_resumable(ckpt, path, model_settings, data_fingerprint, data_paths):
     """Raise CheckpointError unless the run in `ckpt` (read from `path`) can go on with this
-    config: the same model_args (the GPTConfig fields) and the same token files and index
-    streams, by the fingerprints of batches.py. data_paths {name: file} names the files in
-    the message."""
-    for key, value in ckpt["model_args"].items():
-        if model_args.get(key) != value:
-            raise CheckpointError(f"{path} was trained with {key}={value!r} but the config asks for "
-                                  f"{key}={model_args.get(key)!r}; use the run's own config to resume it")
+    config: every model setting the config gives (model_settings, {GPTConfig field: value},
+    e.g. TrainConfig.model_settings()) equal to the checkpoint's, and the same token files
+    and index streams, by the fingerprints of batches.py. data_paths {name: file} names the
+    files in the message."""
+    trained = {**{f.name: f.default for f in fields(GPTConfig)}, **ckpt["model_args"]}
+    for key, value in model_settings.items():
+        if trained[key] != value:
+            raise CheckpointError(f"{path} was trained with {key}={trained[key]!r} but the config asks for "
+                                  f"{key}={value!r}; use the run's own config to resume it")
     for name, saved in ckpt["data"].items():
         change = fingerprint_change(saved, data_fingerprint[name])
         if change:

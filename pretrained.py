@@ -38,6 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from checkpoint import CheckpointError, load_checkpoint_file, upgrade_model_args
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -153,10 +154,10 @@ def read_source(source):
     if source in GPT2_SIZES:
         return read_directory(hub_snapshot(source), kind="gpt2")
     if os.path.isdir(source):
+        if os.path.isfile(os.path.join(source, "ckpt.pt")):  # a run directory (its config.json is train.py's)
+            return read_checkpoint(os.path.join(source, "ckpt.pt"))
         if os.path.isfile(os.path.join(source, "config.json")):
             return read_directory(source)
-        if os.path.isfile(os.path.join(source, "ckpt.pt")):
-            return read_checkpoint(os.path.join(source, "ckpt.pt"))
         raise PretrainedError(f"{source} holds neither config.json (a Hugging Face GPT-2 directory or export.py's "
                               f"output) nor ckpt.pt (a run directory of train.py)")
     if os.path.isfile(source):
@@ -297,8 +298,12 @@ def state_dict_from_hf(hf, n_embd, tie_weights):
 
 
 def read_checkpoint(path):
-    """A checkpoint file of this repo's train.py or of the official code, told apart by model_args' names."""
-    ckpt = read_torch_file(path)
+    """A checkpoint file of this repo's train.py or of the official code, told apart by model_args' names.
+    Read by checkpoint.load_checkpoint_file, whose refusal of a damaged file names the run's other checkpoints."""
+    try:
+        ckpt = load_checkpoint_file(path)
+    except CheckpointError as e:
+        raise PretrainedError(str(e)) from None
     if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
         found = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise PretrainedError(f"{path} is not a checkpoint: expected a dict with 'model' (a state dict) and "
@@ -307,12 +312,7 @@ def read_checkpoint(path):
     if "num_heads" in args:
         return from_official(ckpt, path)
     if "n_head" in args:
-        args = dict(args)
-        # model_args without attn_scale predate identity and residual taking the official 1/2:
-        # such a run trained with 1/sqrt(head_dim), which this keeps
-        if "attn_scale" not in args and args.get("query_mode") in ("identity", "residual") and not args.get("qk_norm"):
-            args["attn_scale"] = 1 / math.sqrt(args["n_embd"] // args["n_head"])
-        return args, ckpt["model"], LoadedFrom("ckpt", path, ckpt.get("step"), ckpt.get("config"))
+        return upgrade_model_args(args), ckpt["model"], LoadedFrom("ckpt", path, ckpt.get("step"), ckpt.get("config"))
     raise PretrainedError(f"{path}: model_args has neither n_head (this repo's train.py) nor num_heads (the official "
                           f"code); its keys: {sorted(args)}")
 

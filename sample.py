@@ -1,14 +1,16 @@
 """
-Sample text from a checkpoint written by train.py.
+Sample text from a checkpoint written by train.py, or from any pretrained model.
 
     python sample.py --out_dir=out-res-gelu --start="To be, or not to be" --num_samples=3
     python sample.py --out_dir=out-quickstart --start=FILE:prompt.txt --device=cpu
+    python sample.py --init_from=gpt2 --start="Hello"           # GPT-2 from the local Hugging Face cache
 
 Prompts are encoded with GPT-2's BPE, or, for a run on a character-level dataset (its
 meta.json says "tokenizer": "char", e.g. data/shakespeare_char), with that dataset's
-characters. The checkpoint is read by checkpoint.read_checkpoint (torch.load(weights_only=True): only
-tensors and plain containers, never arbitrary pickled objects), which names the other
-checkpoints of the run if ckpt.pt is truncated or corrupt.
+characters. Models are loaded by GPT.from_pretrained (pretrained.py): checkpoints through
+checkpoint.load_checkpoint_file (torch.load(weights_only=True): only tensors and plain
+containers, never arbitrary pickled objects), which names the run's other checkpoints if
+ckpt.pt is truncated or corrupt.
 """
 
 import json
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from checkpoint import CheckpointError, read_checkpoint
 from configurator import config_from_argv
-from model import GPT, GPTConfig
+from model import GPT
+from pretrained import PretrainedError
 from runtime import SetupError, setup
 from tokenizer import get_gpt2_encoding
 
@@ -30,6 +32,7 @@ class SampleConfig:
     """Sampling settings; every field can be set with --key=value."""
 
     out_dir: str = "out"  # directory holding ckpt.pt
+    init_from: str = ""  # '' = out_dir's ckpt.pt; else any source GPT.from_pretrained reads (gpt2, a directory, ...)
     start: str = "\n"  # prompt text, or FILE:path to read it from a file
     num_samples: int = 1
     max_new_tokens: int = 200
@@ -42,21 +45,23 @@ class SampleConfig:
 
 
 cfg, _ = config_from_argv(SampleConfig)
-ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+source = cfg.init_from or cfg.out_dir
 try:
     rt = setup(cfg.device, cfg.dtype, join_process_group=False)
-    if not os.path.isfile(ckpt_path):
-        raise CheckpointError(f"no checkpoint at {ckpt_path}; train one with train.py or pass --out_dir=DIR")
-    ckpt = read_checkpoint(ckpt_path, map_location=rt.device)
-except (SetupError, CheckpointError) as e:
+    if not cfg.init_from and not os.path.isfile(os.path.join(cfg.out_dir, "ckpt.pt")):
+        raise PretrainedError(f"no checkpoint at {os.path.join(cfg.out_dir, 'ckpt.pt')}; train one with train.py, "
+                              f"pass --out_dir=DIR, or sample from a pretrained model with --init_from=gpt2")
+    model = GPT.from_pretrained(source)
+except (SetupError, PretrainedError) as e:
     sys.exit(f"error: {e}")
-model = GPT(GPTConfig(**ckpt["model_args"]))
-model.load_state_dict(ckpt["model"])
 model.eval().to(rt.device)
-print(f"loaded {ckpt_path}: step {ckpt['step']}, query_mode={ckpt['model_args']['query_mode']}")
+loaded = model.loaded_from
+print(f"loaded {loaded.path}" + (f": step {loaded.step}" if loaded.step is not None else "")
+      + f", query_mode={model.config.query_mode}")
 
-# the run's tokenizer: GPT-2 BPE, or the characters of a char-level dataset's meta.json
-run_cfg = ckpt["config"]
+# the tokenizer: the run's (GPT-2 BPE, or the characters of a char-level dataset's meta.json);
+# every source but this repo's checkpoints is a GPT-2
+run_cfg = loaded.run_config or {"data_dir": "", "dataset": "openwebtext"}
 meta_path = os.path.join(run_cfg["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                                                              run_cfg["dataset"]), "meta.json")
 meta = {}

@@ -37,7 +37,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
@@ -45,6 +45,7 @@ from batches import DataError, get_batch, open_run_data
 from checkpoint import CheckpointError, check_resumable, read_checkpoint, save_checkpoint, step_checkpoints
 from configurator import config_from_argv
 from model import GPT, GPTConfig, model_config_keys
+from pretrained import PretrainedError
 from runlog import open_run_log, run_header
 from runtime import SetupError, StopFlag, all_reduce_sum, mfu, parallelize, peak_flops, setup, teardown
 from train_config import TrainConfig
@@ -62,8 +63,8 @@ def resume_command(rt):
 def train(cfg, config_files, rt):
     """Train (or resume, or evaluate) the run that `cfg` describes on the processes of `rt`
     (runtime.setup). Returns the exit status: 0 finished or stopped by a signal with a
-    checkpoint written, 3 diverged. Raises SetupError, DataError or CheckpointError, before
-    anything in out_dir is written, for a run that cannot start."""
+    checkpoint written, 3 diverged. Raises SetupError, DataError, CheckpointError or
+    PretrainedError, before anything in out_dir is written, for a run that cannot start."""
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
     if cfg.gradient_accumulation_steps % rt.world_size:
@@ -73,18 +74,34 @@ def train(cfg, config_files, rt):
             f"step's micro-batches. Choose a multiple of {rt.world_size} (and adjust batch_size to keep the tokens "
             f"per step)")
     micro_steps = cfg.gradient_accumulation_steps // rt.world_size  # per process
-    B, T = cfg.batch_size, cfg.block_size
-    tokens_per_iter = cfg.gradient_accumulation_steps * B * T
 
-    # the run in out_dir: a scratch run never replaces one unasked
+    # the run in out_dir: a new run (from scratch or fine-tuning) never replaces one unasked
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    if cfg.init_from == "scratch" and (os.path.exists(ckpt_path) or step_checkpoints(cfg.out_dir)) \
-            and not cfg.overwrite:
+    new_run = cfg.init_from != "resume"
+    if new_run and (os.path.exists(ckpt_path) or step_checkpoints(cfg.out_dir)) and not cfg.overwrite:
         raise CheckpointError(f"{cfg.out_dir} already holds a run ({ckpt_path}). Continue it with "
                               f"--init_from=resume, choose another --out_dir, or pass --overwrite=True to replace it")
     resume_path = cfg.resume_from or ckpt_path
-    if cfg.init_from == "resume" and not os.path.isfile(resume_path):
+    if not new_run and not os.path.isfile(resume_path):
         raise CheckpointError(f"--init_from=resume but {resume_path} does not exist; start with --init_from=scratch")
+
+    # the model: new from the config, the checkpoint's to resume, or a pretrained one to fine-tune,
+    # whose settings then fill in the config's
+    model_settings = cfg.model_settings()
+    torch.manual_seed(cfg.seed)  # the init, and a fine-tuned model's new parameters (anchored_res_gelu's f)
+    if cfg.init_from == "resume":
+        ckpt = read_checkpoint(resume_path, map_location=rt.device)
+        cfg = replace(cfg, **ckpt["model_args"])
+        raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
+    elif cfg.init_from != "scratch":
+        raw_model = GPT.from_pretrained(cfg.init_from, **model_settings)
+        cfg = replace(cfg, **asdict(raw_model.config))
+    else:
+        raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
+    raw_model.to(rt.device)
+    model_args = {k: getattr(cfg, k) for k in model_config_keys()}
+    B, T = cfg.batch_size, cfg.block_size
+    tokens_per_iter = cfg.gradient_accumulation_steps * B * T
 
     # data: token memmaps and the fixed batch index streams (batches.py)
     data_dir = cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
@@ -92,16 +109,11 @@ def train(cfg, config_files, rt):
                          B * cfg.gradient_accumulation_steps, B, T, cfg.eval_iters, cfg.vocab_size)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
 
-    # model, optimizer, and the checkpoint to resume from
-    model_args = {k: getattr(cfg, k) for k in model_config_keys()}
-    torch.manual_seed(cfg.seed)
-    raw_model = GPT(GPTConfig(**model_args)).to(rt.device)
     optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                                rt.device_type)
     start_step, wandb_id, resumed_after_eval, streak = 0, None, False, 0
     if cfg.init_from == "resume":
-        ckpt = read_checkpoint(resume_path, map_location=rt.device)
-        check_resumable(ckpt, resume_path, model_args, data_fingerprint, data.files())
+        check_resumable(ckpt, resume_path, model_settings, data_fingerprint, data.files())
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_step, wandb_id = ckpt["step"], ckpt["wandb_id"] or None
@@ -116,7 +128,7 @@ def train(cfg, config_files, rt):
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
     # logging (runlog.py): a scratch run replaces the run in out_dir (allowed by --overwrite=True above)
-    if rt.master and cfg.init_from == "scratch":
+    if rt.master and new_run:
         for path in [os.path.join(cfg.out_dir, "metrics.jsonl"), ckpt_path, *(p for _, p in step_checkpoints(
                 cfg.out_dir))]:
             if os.path.exists(path):
@@ -138,6 +150,8 @@ def train(cfg, config_files, rt):
               + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else ""))
     if cfg.init_from == "resume":
         out.print(f"resuming from {resume_path} at step {start_step}")
+    elif cfg.init_from != "scratch":
+        out.print(f"fine-tuning from {raw_model.loaded_from.path} ({raw_model.loaded_from.kind})")
 
     stop = StopFlag().install()  # acted on after the step in flight, by every rank at the same step
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
@@ -227,7 +241,7 @@ if __name__ == "__main__":
     try:
         rt = setup(cfg.device, cfg.dtype, cfg.backend)
         code = train(cfg, config_files, rt)
-    except (SetupError, DataError, CheckpointError) as e:
+    except (SetupError, DataError, CheckpointError, PretrainedError) as e:
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # every rank runs the same checks: say it once per machine
             print(f"error: {e}", file=sys.stderr)
         if rt is not None:

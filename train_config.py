@@ -3,7 +3,7 @@ TrainConfig: every setting of train.py, with its default and its check. Its own 
 so that sweep.py can check a whole grid of configs before the first run starts.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from model import GPTConfig
 
@@ -20,7 +20,10 @@ class TrainConfig(GPTConfig):
     log_interval: int = 10
     eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
     eval_only: bool = False
-    init_from: str = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt.pt, or from resume_from)
+    # 'scratch'; 'resume' (from out_dir/ckpt.pt, or from resume_from); or a pretrained model to fine-tune,
+    # anything GPT.from_pretrained reads (pretrained.py): gpt2[-medium|-large|-xl], a Hugging Face GPT-2
+    # directory, a checkpoint of the official code or of this repo
+    init_from: str = "scratch"
     resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'
     keep_last_n: int = 2  # newest step checkpoints out_dir/ckpt_<step>.pt kept; the newest is also ckpt.pt
     save_checkpoint_steps: tuple = ()  # steps that also get a checkpoint, never pruned, e.g. (59000, 60000)
@@ -66,8 +69,8 @@ class TrainConfig(GPTConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.init_from not in ("scratch", "resume"):
-            raise ValueError(f"init_from must be 'scratch' or 'resume', got {self.init_from!r}")
+        if not self.init_from:
+            raise ValueError("init_from must be 'scratch', 'resume' or a pretrained model (see pretrained.py)")
         if self.resume_from:
             self.init_from = "resume"
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -84,3 +87,9 @@ class TrainConfig(GPTConfig):
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.save_checkpoint_steps):
             raise ValueError(f"save_checkpoint_steps must be steps >= 1, got {self.save_checkpoint_steps!r}")
+
+    def model_settings(self):
+        """{GPTConfig field: value} of the model settings this config gives, those that differ from
+        GPTConfig's defaults. A run that resumes or fine-tunes takes its model from the checkpoint or
+        the pretrained source, and these must agree with it (or be overrides the source allows)."""
+        return {f.name: getattr(self, f.name) for f in fields(GPTConfig) if getattr(self, f.name) != f.default}

@@ -3,17 +3,19 @@ logits of the model it holds, the anchored query starts at the linear model's lo
 learns f, export round-trips through transformers, and each bad source is a clear error."""
 
 import argparse
+import glob
 import json
 import math
 import os
 from dataclasses import asdict
 
 import huggingface_hub
+import numpy as np
 import pytest
 import torch
-from conftest import run_script
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from conftest import TINY, losses_by_step, read_metrics, run_script, train
 from model import GPT, GPTConfig
 from pretrained import PretrainedError, export
 
@@ -42,8 +44,8 @@ def logits(model, idx=IDX):
 
 def hf_gpt2(seed=0, biases=True, **config):
     """A small random GPT2LMHeadModel (vocab 97, 16 positions, 2 layers of width 32)."""
-    config = dict(n_layer=2, n_head=4, n_embd=32, n_positions=16, vocab_size=97, bos_token_id=96, eos_token_id=96,
-                  **config)
+    config = {**dict(n_layer=2, n_head=4, n_embd=32, n_positions=16, vocab_size=97, bos_token_id=96,
+                     eos_token_id=96), **config}
     return randomized(GPT2LMHeadModel(GPT2Config(**config)), seed, biases)
 
 
@@ -297,7 +299,7 @@ def test_corrupt_and_foreign_files(tmp_path):
     data = open(path, "rb").read()
     cases = [
         (data[: len(data) // 2], "truncated or corrupt"),
-        (b"not a checkpoint at all", "not a PyTorch file of tensors and plain containers"),
+        (b"not a checkpoint at all", "truncated or corrupt, or it holds Python objects other than tensors"),
     ]
     for content, message in cases:
         with open(tmp_path / "bad.pt", "wb") as f:
@@ -305,7 +307,8 @@ def test_corrupt_and_foreign_files(tmp_path):
         with pytest.raises(PretrainedError, match=message):
             GPT.from_pretrained(str(tmp_path / "bad.pt"))
     torch.save(argparse.Namespace(model={}), tmp_path / "object.pt")  # a pickled object of a class
-    with pytest.raises(PretrainedError, match="it holds other Python objects, which are never unpickled"):
+    with pytest.raises(PretrainedError, match="it holds Python objects other than tensors and plain containers, "
+                                              "which are never unpickled"):
         GPT.from_pretrained(str(tmp_path / "object.pt"))
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
     with pytest.raises(PretrainedError, match=r"not a checkpoint: expected a dict with 'model'.*found \['weights'\]"):
@@ -323,3 +326,54 @@ def test_corrupt_and_foreign_files(tmp_path):
         f.truncate(100)
     with pytest.raises(PretrainedError, match="not a safetensors file, or truncated or corrupt"):
         GPT.from_pretrained(str(tmp_path / "hf"))
+
+
+# ---------------------------------------------------------------------------------------
+# train.py and sample.py with --init_from=SOURCE
+
+
+def test_fine_tune_a_gpt2_directory_with_the_anchored_query_then_resume_and_sample(shakespeare_dir, tmp_path):
+    # a random GPT-2 with the real vocabulary (Shakespeare's BPE tokens), saved as Hugging Face saves it
+    hf = hf_gpt2(3, n_positions=32, vocab_size=50257, bos_token_id=50256, eos_token_id=50256)
+    hf.save_pretrained(tmp_path / "hf")
+    args = ["--init_from=" + str(tmp_path / "hf"), "--query_mode=anchored_res_gelu", "--max_iters=2",
+            "--eval_interval=2", "--n_layer=2", "--n_embd=32", "--n_head=4"]
+    proc = train(shakespeare_dir, tmp_path / "ft", *args)
+    assert f"fine-tuning from {tmp_path / 'hf'} (hf)" in proc.stdout
+    header = read_metrics(tmp_path / "ft", "config")[0]["config"]
+    # the model is the pretrained one: GPT-2's biases, gelu_new and vocabulary, and the anchored query
+    assert (header["bias"], header["mlp_activation"], header["vocab_size"], header["query_mode"]) == (
+        True, "gelu_tanh", 50257, "anchored_res_gelu")
+    # at step 0 the anchored model computes the pretrained logits: the same val loss as GPT2LMHeadModel's
+    tokens = np.memmap(os.path.join(shakespeare_dir, "val.bin"), dtype=np.uint16, mode="r")
+    index = np.load(glob.glob(os.path.join(shakespeare_dir, "indices", "val_eval_seed1337_2x4_T32_*.npy"))[0])
+    with torch.no_grad():
+        xy = [torch.from_numpy(np.stack([tokens[o : o + 33] for o in row]).astype(np.int64)) for row in index]
+        want = np.mean([torch.nn.functional.cross_entropy(hf(b[:, :-1]).logits.flatten(0, 1), b[:, 1:].flatten())
+                        .item() for b in xy])
+    assert read_metrics(tmp_path / "ft", "eval")[0]["val_loss"] == pytest.approx(want, rel=1e-5)
+    # the fine-tuned run resumes without naming the source again: its model is in its checkpoint
+    train(shakespeare_dir, tmp_path / "ft", "--max_iters=4", "--eval_interval=2", "--n_head=4", "--init_from=resume")
+    assert sorted(losses_by_step(tmp_path / "ft")) == [1, 2, 3, 4]
+    proc = run_script("sample.py", f"--init_from={tmp_path / 'hf'}", "--max_new_tokens=5", "--device=cpu",
+                      "--start=ROMEO.")
+    assert f"loaded {tmp_path / 'hf'}, query_mode=linear" in proc.stdout and "ROMEO." in proc.stdout
+
+
+@pytest.mark.parametrize("source, message", [
+    ("gpt2", "gpt2 is not in the local Hugging Face cache"),
+    ("not-gpt2", "describes model_type='llama': expected a Hugging Face GPT-2"),
+    ("corrupt.pt", "cannot read checkpoint {tmp}/corrupt.pt: it is truncated or corrupt"),
+])
+def test_bad_sources_are_clear_errors(shakespeare_dir, tmp_path, monkeypatch, source, message):
+    (tmp_path / "not-gpt2").mkdir()
+    (tmp_path / "not-gpt2" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "corrupt.pt").write_bytes(b"PK\x03\x04 half a zip archive")
+    path = source if source == "gpt2" else str(tmp_path / source)
+    env = {"HF_HUB_CACHE": str(tmp_path / "empty-cache")}  # no GPT-2 cached, whatever this machine has
+    for script, args in (("train.py", [*TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={tmp_path / 'out'}"]),
+                         ("sample.py", ["--device=cpu"])):
+        proc = run_script(script, *args, f"--init_from={path}", check=False, env=env)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert message.format(tmp=tmp_path) in proc.stderr, proc.stderr
+    assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
