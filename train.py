@@ -92,12 +92,11 @@ def train(cfg, config_files, rt):
     if cfg.init_from == "resume":
         ckpt = read_checkpoint(resume_path, map_location=rt.device)
         cfg = replace(cfg, **ckpt["model_args"])
+    if cfg.init_from in ("scratch", "resume"):
         raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
-    elif cfg.init_from != "scratch":
+    else:
         raw_model = GPT.from_pretrained(cfg.init_from, **model_settings)
         cfg = replace(cfg, **asdict(raw_model.config))
-    else:
-        raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
     raw_model.to(rt.device)
     model_args = {k: getattr(cfg, k) for k in model_config_keys()}
     B, T = cfg.batch_size, cfg.block_size
@@ -127,7 +126,7 @@ def train(cfg, config_files, rt):
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
-    # logging (runlog.py): a scratch run replaces the run in out_dir (allowed by --overwrite=True above)
+    # logging (runlog.py): a new run replaces the run in out_dir (allowed by --overwrite=True above)
     if rt.master and new_run:
         for path in [os.path.join(cfg.out_dir, "metrics.jsonl"), ckpt_path, *(p for _, p in step_checkpoints(
                 cfg.out_dir))]:

@@ -65,7 +65,7 @@ def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--query_mode=res_gelu", "--n_embd=64", "--block_size=64",
           "--max_iters=120", "--lr_decay_iters=120", "--eval_interval=60", "--eval_iters=8",
-          "--learning_rate=6e-3", "--warmup_iters=10", "--log_interval=20", env={})  # all threads: 120 steps
+          "--learning_rate=6e-3", "--warmup_iters=10", "--log_interval=20")
     evals = read_metrics(out, "eval")
     assert [e["step"] for e in evals] == [0, 60, 120]
     assert evals[0]["val_loss"] > 10.5  # ln(50304) = 10.83 at init
