@@ -1,15 +1,10 @@
 """bench/gpu.py, the one-command GPU check, run end to end on the CPU at a tiny size: its
 summary holds every step and the numbers read from the bench scripts' tables."""
 
-import os
 import re
-import sys
 
-from conftest import REPO, run_script
-
-sys.path.insert(0, os.path.join(REPO, "bench"))
-
-import gpu  # noqa: E402
+import gpu
+from conftest import run_script
 
 TINY = [
     "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512", "--rounds=2",
