@@ -104,7 +104,7 @@ def load_pretrained(source, **overrides):
     loaded = make_config(model_args, source)
     config = apply_overrides(loaded, overrides, source)
     model = GPT(config)
-    if config.block_size < loaded.block_size:
+    if config.block_size < loaded.block_size and config.pos_encoding == "learned":  # RoPE has no table to crop
         state_dict["transformer.wpe.weight"] = state_dict["transformer.wpe.weight"][: config.block_size]
     new = set()
     if config.query_mode != loaded.query_mode:  # a linear model turned anchored: f keeps its init, f = 0
