@@ -383,19 +383,21 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
-def rope_angles(head_dim, positions, theta):
-    """cos and sin of RoPE's rotation angles (Su et al. 2021, "RoFormer", eq. 34), float32 (T, head_dim / 2)
-    each: pair i of a head at position p turns by p * theta^(-2i / head_dim) radians. positions: (T,) int."""
-    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.float()[:, None] * inv_freq
-    return angles.cos(), angles.sin()
+def rope_angles(head_dim, positions, theta, dtype=torch.float32):
+    """cos and sin of RoPE's rotation angles (Su et al. 2021, "RoFormer", eq. 34), (T, head_dim / 2) each in
+    `dtype`: pair i of a head at position p turns by p * theta^(-2i / head_dim) radians. positions: (T,) int.
+    The angles are computed in float64: in float32, p * theta^(-2i / head_dim) is off by ~p * 1e-7 rad."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x, cos, sin):
     """Rotate x: (B, H, T, head_dim) by the angles of rope_angles, (T, head_dim / 2) each. Dimension i is
     paired with i + head_dim / 2 (the half-split layout), so that q.k of two rotated vectors depends on
-    their positions only through the difference."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    their positions only through the difference. Computed in cos's precision at least (float32 under
+    bfloat16 autocast), returned in x's dtype."""
+    x1, x2 = x.to(torch.promote_types(x.dtype, cos.dtype)).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
@@ -613,8 +615,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)
         x, rope = self.transformer.wte(idx), None
-        if self.config.pos_encoding == "rope":  # one (cos, sin) for every layer
-            rope = rope_angles(self.config.n_embd // self.config.n_head, pos, self.config.rope_theta)
+        if self.config.pos_encoding == "rope":  # one (cos, sin) for every layer, float32 at least
+            dtype = torch.promote_types(x.dtype, torch.float32)
+            rope = rope_angles(self.config.n_embd // self.config.n_head, pos, self.config.rope_theta, dtype)
         else:
             x = x + self.transformer.wpe(pos)
         x = self.transformer.drop(x)
