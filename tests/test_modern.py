@@ -15,6 +15,7 @@ from configurator import read_config_file
 from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, train, val_losses_by_step
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, model_config_keys, rope_angles
 from optimizers import build_optimizers, muon_parameters, set_learning_rates
+from pretrained import hf_incompatibility
 from train_config import TrainConfig
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
@@ -239,6 +240,13 @@ def test_impossible_combinations_are_config_errors(settings, message):
         TrainConfig(**settings)
 
 
+@pytest.mark.parametrize("settings", [dict(pos_encoding="rope"), dict(n_kv_head=4), dict(norm="rmsnorm"),
+                                      dict(mlp_activation="relu2"), dict(mlp_activation="swiglu")], ids=str)
+def test_export_to_gpt2_names_the_modern_option_it_cannot_hold(settings):
+    assert hf_incompatibility(GPTConfig()) is None
+    assert f"{next(iter(settings))}=" in hf_incompatibility(GPTConfig(**settings))
+
+
 # ---------------------------------------------------------------------------------------
 # Muon
 
@@ -307,22 +315,22 @@ def test_one_step_equals_torch_muon_and_adamw_applied_by_hand():
 
 
 def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tmp_path):
-    run = [*MODERN_ARGS, "--query_mode=res_gelu", "--lr_decay_iters=8", "--eval_interval=4"]
-    train(shakespeare_dir, tmp_path / "unbroken", *run, "--max_iters=8")
-    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=4")
+    run = [*MODERN_ARGS, "--query_mode=res_gelu", "--lr_decay_iters=6", "--eval_interval=3"]
+    train(shakespeare_dir, tmp_path / "unbroken", *run, "--max_iters=6")
+    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=3")
     ckpt = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
     adamw_state, muon_state = ckpt["optimizer"]  # both optimizers' states, Muon's momentum buffers included
     assert all("momentum_buffer" in s for s in muon_state["state"].values()) and muon_state["state"]
     assert all("exp_avg" in s for s in adamw_state["state"].values())
-    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=8", "--init_from=resume")
+    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=6", "--init_from=resume")
     want, got = losses_by_step(tmp_path / "unbroken"), losses_by_step(tmp_path / "resumed")
-    assert sorted(got) == sorted(want) == list(range(1, 9))
+    assert sorted(got) == sorted(want) == list(range(1, 7))
     for step in want:
         assert abs(got[step] - want[step]) <= 1e-6, (step, got[step], want[step])
-    assert val_losses_by_step(tmp_path / "resumed")[8] == pytest.approx(val_losses_by_step(tmp_path / "unbroken")[8],
+    assert val_losses_by_step(tmp_path / "resumed")[6] == pytest.approx(val_losses_by_step(tmp_path / "unbroken")[6],
                                                                         abs=1e-6)
     # the other optimizer cannot take these states: a config error that says so, nothing run
-    proc = train(shakespeare_dir, tmp_path / "resumed", *run, "--optimizer=adamw", "--max_iters=9",
+    proc = train(shakespeare_dir, tmp_path / "resumed", *run, "--optimizer=adamw", "--max_iters=7",
                  "--init_from=resume", check=False)
     assert proc.returncode == 1 and "holds 2 optimizer states but this config builds 1 (AdamW)" in proc.stderr
 
