@@ -37,7 +37,8 @@ Architecture (SPEC §1):
   `query_norm` (the two norms inside f, on by default), `qk_norm` (RMSNorm of each
   head's q and k, 2 head_dim params per layer)
 - MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d); `mlp_activation` picks the activation
-  from MLP_ACTIVATIONS: 'gelu' (exact, the paper's) or 'gelu_tanh' (GPT-2's gelu_new)
+  from MLP_ACTIVATIONS: 'gelu' (exact, the paper's), 'gelu_tanh' (GPT-2's gelu_new) or 'relu2', or
+  the gated 'swiglu' of GATED_MLP_ACTIVATIONS (three matrices, 2/3 of the width)
 - init N(0, 0.02) for every Linear and Embedding, zero biases; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
 - GPT.from_pretrained loads OpenAI's GPT-2, a Hugging Face GPT-2 directory, the official
