@@ -6,7 +6,9 @@ for the save_checkpoint_steps, and ckpt.pt, the newest of them (the same file un
 second name). A checkpoint is a dict of tensors and plain containers, read with
 torch.load(weights_only=True), which never unpickles arbitrary objects:
 
-    model, optimizer        state dicts
+    model                   the model's state dict
+    optimizer               a list of state dicts, one per optimizer of optimizers.py (a
+                            single state dict in checkpoints written before Muon was added)
     model_args              the GPTConfig fields the model was built with
     step                    optimizer updates done
     evaluated               whether the evaluation of `step` is in metrics.jsonl already

@@ -9,6 +9,12 @@ Architecture (SPEC §1):
   (`tie_weights=False` gives the LM head its own weight, as some official runs have)
 - pre-LayerNorm blocks (LayerNorm with weight, no bias, eps 1e-5), no biases anywhere
   (`bias=True` puts a bias in every Linear but the LM head and in every LayerNorm, as GPT-2 has)
+- the modern recipe, each one config value (README "The modern recipe"): `pos_encoding='rope'`
+  (rotary embeddings on each head's q and k after the query module and qk_norm, no wpe; Su et
+  al. 2021), `n_kv_head` (grouped-query attention, keys and values with fewer heads; Ainslie
+  et al. 2023), `norm='rmsnorm'` for the block and final norms (Zhang & Sennrich 2019),
+  `mlp_activation` 'relu2' (So et al. 2021) or 'swiglu' (Shazeer 2020); Muon is train.py's
+  (optimizers.py)
 - causal softmax attention through F.scaled_dot_product_attention with an explicit scale:
   scale_mult / sqrt(head_dim) from the query module, or `attn_scale` when set
 - keys and values are always linear in the block's ln_1 output x: K = x W_K, V = x W_V
@@ -31,7 +37,8 @@ Architecture (SPEC §1):
   `query_norm` (the two norms inside f, on by default), `qk_norm` (RMSNorm of each
   head's q and k, 2 head_dim params per layer)
 - MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d); `mlp_activation` picks the activation
-  from MLP_ACTIVATIONS: 'gelu' (exact, the paper's) or 'gelu_tanh' (GPT-2's gelu_new)
+  from MLP_ACTIVATIONS: 'gelu' (exact, the paper's), 'gelu_tanh' (GPT-2's gelu_new) or 'relu2', or
+  the gated 'swiglu' of GATED_MLP_ACTIVATIONS (three matrices, 2/3 of the width)
 - init N(0, 0.02) for every Linear and Embedding, zero biases; residual output projections
   (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
 - GPT.from_pretrained loads OpenAI's GPT-2, a Hugging Face GPT-2 directory, the official
@@ -73,7 +80,13 @@ class GPTConfig:
     attn_scale: float = 0.0  # softmax scale; 0 = the query module's own, scale_mult / sqrt(head_dim)
     tie_weights: bool = True  # the LM head shares the token embedding's weight; False gives it its own
     bias: bool = False  # a bias in every Linear but the LM head and in every LayerNorm (GPT-2 has them)
-    mlp_activation: str = "gelu"  # a key of MLP_ACTIVATIONS: 'gelu' (exact) or 'gelu_tanh' (GPT-2's gelu_new)
+    # a key of MLP_ACTIVATIONS ('gelu' exact, 'gelu_tanh' GPT-2's gelu_new, 'relu2') or of GATED_MLP_ACTIVATIONS
+    # ('swiglu': three matrices, hidden width 2/3 of int(mlp_ratio * n_embd) rounded to a multiple of 64)
+    mlp_activation: str = "gelu"
+    pos_encoding: str = "learned"  # 'learned' (GPT-2's wpe) or 'rope' (rotary q and k per head, no wpe)
+    rope_theta: float = 10000.0  # RoPE base: pair i of a head rotates by position * rope_theta^(-2i / head_dim)
+    n_kv_head: int = 0  # heads of K and V; 0 = n_head (multi-head), a divisor of n_head for GQA, 1 = multi-query
+    norm: str = "layernorm"  # block and final norms: 'layernorm' or 'rmsnorm' (the query module's own are its own)
 
     def __post_init__(self):
         if self.query_mode not in QUERY_MODULES:
@@ -94,12 +107,40 @@ class GPTConfig:
             raise ValueError(f"query_rank must be >= 0 (0 means n_embd // 2), got {self.query_rank}")
         if self.attn_scale < 0:
             raise ValueError(f"attn_scale must be >= 0 (0 = the query module's own scale), got {self.attn_scale}")
-        if self.mlp_activation not in MLP_ACTIVATIONS:
-            raise ValueError(f"unknown mlp_activation {self.mlp_activation!r}; valid: {', '.join(MLP_ACTIVATIONS)}")
+        if self.mlp_activation not in {**MLP_ACTIVATIONS, **GATED_MLP_ACTIVATIONS}:
+            raise ValueError(f"unknown mlp_activation {self.mlp_activation!r}; valid: "
+                             f"{', '.join([*MLP_ACTIVATIONS, *GATED_MLP_ACTIVATIONS])}")
+        if self.pos_encoding not in ("learned", "rope"):
+            raise ValueError(f"pos_encoding must be 'learned' or 'rope', got {self.pos_encoding!r}")
+        head_dim = self.n_embd // self.n_head
+        if self.pos_encoding == "rope" and head_dim % 2:
+            raise ValueError(f"pos_encoding='rope' rotates pairs of a head's dimensions, so head_dim = n_embd / "
+                             f"n_head must be even; n_embd={self.n_embd}, n_head={self.n_head} give {head_dim}")
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if self.n_kv_head < 0 or (self.n_kv_head and self.n_head % self.n_kv_head):
+            raise ValueError(f"n_kv_head must be 0 (= n_head) or a divisor of n_head={self.n_head}: each key/value "
+                             f"head serves n_head / n_kv_head query heads; got {self.n_kv_head}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if self.norm == "rmsnorm" and self.bias:
+            raise ValueError("norm='rmsnorm' has no bias, but bias=True asks for one in every norm; use "
+                             "norm='layernorm' with bias=True, or bias=False")
 
     @property
     def mlp_hidden(self):
-        return int(self.mlp_ratio * self.n_embd)
+        """Hidden width of the MLP: int(mlp_ratio * n_embd), or for a gated MLP (three matrices instead of
+        two) 2/3 of it rounded to the nearest multiple of 64 (at least 64), which keeps the parameter
+        count of the two-matrix MLP (exactly when 2/3 of it is a multiple of 64, as for GPT-2 small)."""
+        hidden = int(self.mlp_ratio * self.n_embd)
+        if self.mlp_activation in GATED_MLP_ACTIVATIONS:
+            return max(64, round(hidden * 2 / 3 / 64) * 64)
+        return hidden
+
+    @property
+    def kv_heads(self):
+        """Number of key/value heads: n_kv_head, or n_head when 0."""
+        return self.n_kv_head or self.n_head
 
     @property
     def query_bottleneck(self):
@@ -317,7 +358,7 @@ QUERY_MODULES = {
 class KVCache:
     """Keys and values of one attention layer for incremental decoding.
 
-    Buffers of shape (B, n_head, max_len, head_dim) are allocated on the first `append`,
+    Buffers of shape (B, kv_heads, max_len, head_dim) are allocated on the first `append`,
     in the dtype and on the device of the keys they receive. `length` counts the
     positions filled so far.
     """
@@ -328,8 +369,8 @@ class KVCache:
         self.k = self.v = None
 
     def append(self, k, v):
-        """Store k, v: (B, n_head, T, head_dim) at positions length .. length+T-1; return
-        the keys and values of all positions so far, (B, n_head, length+T, head_dim) each.
+        """Store k, v: (B, kv_heads, T, head_dim) at positions length .. length+T-1; return
+        the keys and values of all positions so far, (B, kv_heads, length+T, head_dim) each.
         Raises ValueError past max_len."""
         B, H, T, D = k.shape
         if self.length + T > self.max_len:
@@ -343,6 +384,24 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
 
+def rope_angles(head_dim, positions, theta, dtype=torch.float32):
+    """cos and sin of RoPE's rotation angles (Su et al. 2021, "RoFormer", eq. 34), (T, head_dim / 2) each in
+    `dtype`: pair i of a head at position p turns by p * theta^(-2i / head_dim) radians. positions: (T,) int.
+    The angles are computed in float64: in float32, p * theta^(-2i / head_dim) is off by ~p * 1e-7 rad."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate x: (B, H, T, head_dim) by the angles of rope_angles, (T, head_dim / 2) each. Dimension i is
+    paired with i + head_dim / 2 (the half-split layout), so that q.k of two rotated vectors depends on
+    their positions only through the difference. Computed in cos's precision at least (float32 under
+    bfloat16 autocast), returned in x's dtype."""
+    x1, x2 = x.to(torch.promote_types(x.dtype, cos.dtype)).chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with a pluggable query.
 
@@ -352,8 +411,15 @@ class CausalSelfAttention(nn.Module):
 
     Projections: with `fused_qkv` one matmul of x with [W_K | W_V | query.fused_weight()]
     gives K, V and the query module's first linear map (SPEC §4); otherwise, and always
-    when decoding with a KV cache, K and V come from c_kv (C -> 2C) and Q from the query
-    module applied to x. Same parameters either way.
+    when decoding with a KV cache, K and V come from c_kv (C -> 2 kv_heads head_dim) and Q
+    from the query module applied to x. Same parameters either way.
+
+    Grouped-query attention (`n_kv_head`, Ainslie et al. 2023): K and V have kv_heads heads
+    and query head h attends with key/value head h // (n_head / kv_heads); the query module
+    still gives all n_head heads. The KV cache holds kv_heads heads.
+
+    RoPE (`pos_encoding='rope'`): forward's `rope`, the (cos, sin) of rope_angles for the T
+    positions of x, rotates each head's q and k after qk_norm and before the cache.
 
     qk_norm: q and k are RMS-normalized per head over head_dim, each with its own learnable
     weight (head_dim,) shared by the heads, before the cache and the softmax, whose scale is
@@ -365,14 +431,15 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.fused_qkv = config.fused_qkv
         self.query = QUERY_MODULES[config.query_mode](config)
-        self.c_kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
+        head_dim = config.n_embd // config.n_head
+        self.c_kv = nn.Linear(config.n_embd, 2 * self.n_kv_head * head_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        head_dim = config.n_embd // config.n_head
         self.qk_norm = config.qk_norm
         if self.qk_norm:
             self.q_norm = nn.RMSNorm(head_dim, eps=1e-5)
@@ -382,25 +449,31 @@ class CausalSelfAttention(nn.Module):
         self.scale = config.attn_scale or own_scale
 
     def qkv(self, x, fused):
-        """q, k, v: (B, T, C) each, from x: (B, T, C); one input matmul if `fused`."""
-        C = self.n_embd
+        """q (B, T, C) and k, v (B, T, kv_heads head_dim) from x: (B, T, C); one input matmul if `fused`."""
+        kv = self.c_kv.out_features // 2
         w_query = self.query.fused_weight() if fused else None
         if w_query is None:
-            k, v = self.c_kv(x).split(C, dim=2)
+            k, v = self.c_kv(x).split(kv, dim=2)
             return self.query(x), k, v
-        k, v, h = F.linear(x, torch.cat([self.c_kv.weight, w_query])).split([C, C, w_query.size(0)], dim=2)
+        k, v, h = F.linear(x, torch.cat([self.c_kv.weight, w_query])).split([kv, kv, w_query.size(0)], dim=2)
         if self.c_kv.bias is not None:  # the stacked matmul has no bias; the query module adds its own
-            k, v = k + self.c_kv.bias[:C], v + self.c_kv.bias[C:]
+            k, v = k + self.c_kv.bias[:kv], v + self.c_kv.bias[kv:]
         return self.query.from_fused(x, h), k, v
 
-    def forward(self, x, kv_cache=None):
+    def forward(self, x, kv_cache=None, rope=None):
         B, T, C = x.size()
+        head_dim = C // self.n_head
         # Decoding with a cache moves a few tokens through each weight: the matmuls are
         # bound by reading the weights, and stacking them first would double that read.
         fused = self.fused_qkv and kv_cache is None
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in self.qkv(x, fused))
+        q, k, v = self.qkv(x, fused)
+        q = q.view(B, T, self.n_head, head_dim).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_kv_head, head_dim).transpose(1, 2) for t in (k, v))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # after qk_norm: its per-dimension weight then scales unrotated coordinates, so
+            # q.k stays a function of the relative position (a weight applied after rotating would break that)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         mask, is_causal = None, True
         if kv_cache is not None:
             past = kv_cache.length
@@ -412,7 +485,7 @@ class CausalSelfAttention(nn.Module):
                     mask = positions <= positions[past:, None]
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -423,37 +496,51 @@ def gelu_tanh(x):
     return F.gelu(x, approximate="tanh")
 
 
-# activations of the MLP, chosen by `mlp_activation`
-MLP_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": gelu_tanh}
+# activations of the MLP, chosen by `mlp_activation`: applied to c_fc(x) ...
+MLP_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": gelu_tanh, "relu2": relu2}
+# ... or gating it: act(c_gate(x)) * c_fc(x) (Shazeer 2020, "GLU Variants Improve Transformer")
+GATED_MLP_ACTIVATIONS = {"swiglu": F.silu}
 
 
 class MLP(nn.Module):
     """Position-wise MLP C -> mlp_hidden -> C with the activation `mlp_activation` (exact GELU by
-    default). x: (B, T, C) -> (B, T, C)."""
+    default): c_proj(act(c_fc(x))), or for a gated activation c_proj(act(c_gate(x)) * c_fc(x)), a
+    third matrix of C x mlp_hidden. x: (B, T, C) -> (B, T, C)."""
 
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
-        self.act = MLP_ACTIVATIONS[config.mlp_activation]
+        gated = config.mlp_activation in GATED_MLP_ACTIVATIONS
+        self.act = (GATED_MLP_ACTIVATIONS if gated else MLP_ACTIVATIONS)[config.mlp_activation]
+        self.c_gate = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias) if gated else None
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+        h = self.act(self.c_fc(x)) if self.c_gate is None else self.act(self.c_gate(x)) * self.c_fc(x)
+        return self.dropout(self.c_proj(h))
+
+
+def make_norm(config):
+    """The block and final norm chosen by `norm`: LayerNorm (bias with `bias`) or RMSNorm (Zhang &
+    Sennrich 2019), each with a learnable weight and eps 1e-5, over n_embd."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)
+    return nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+    """Pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). rope: see CausalSelfAttention."""
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, kv_cache=None):
-        x = x + self.attn(self.ln_1(x), kv_cache)
+    def forward(self, x, kv_cache=None, rope=None):
+        x = x + self.attn(self.ln_1(x), kv_cache, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -472,13 +559,16 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        # wpe in second place keeps GPT-2's parameter order, hence its init and its optimizer states;
+        # RoPE puts the positions into q and k instead
+        wpe = dict(wpe=nn.Embedding(config.block_size, config.n_embd)) if config.pos_encoding == "learned" else {}
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
+                **wpe,
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias),
+                ln_f=make_norm(config),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -510,10 +600,14 @@ class GPT(nn.Module):
         """
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+            n -= self.transformer.wte.weight.numel() + self.wpe_numel()
             if not self.config.tie_weights:
                 n -= self.lm_head.weight.numel()
         return n
+
+    def wpe_numel(self):
+        """Parameters of the positional embedding: 0 with RoPE, which has none."""
+        return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
 
     def forward(self, idx, targets=None, kv_cache=None):
         T = idx.size(1)
@@ -521,9 +615,15 @@ class GPT(nn.Module):
         if past + T > self.config.block_size:
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
         pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x, rope = self.transformer.wte(idx), None
+        if self.config.pos_encoding == "rope":  # one (cos, sin) for every layer, float32 at least
+            dtype = torch.promote_types(x.dtype, torch.float32)
+            rope = rope_angles(self.config.n_embd // self.config.n_head, pos, self.config.rope_theta, dtype)
+        else:
+            x = x + self.transformer.wpe(pos)
+        x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, kv_cache[i] if kv_cache is not None else None)
+            x = block(x, kv_cache[i] if kv_cache is not None else None, rope)
         x = self.transformer.ln_f(x)
         if targets is None:
             return self.lm_head(x[:, [-1], :]), None
@@ -549,10 +649,12 @@ class GPT(nn.Module):
 
         return load_pretrained(source, **overrides)
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, exclude=()):
         """AdamW with weight decay on parameters of dim >= 2 (matmul weights, embeddings)
-        and none on norm weights (paper §3.1, SPEC §3). Fused kernel on CUDA."""
-        params = [p for p in self.parameters() if p.requires_grad]
+        and none on norm weights (paper §3.1, SPEC §3). Fused kernel on CUDA. `exclude`:
+        parameters another optimizer updates (Muon's matrices, optimizers.py)."""
+        excluded = {id(p) for p in exclude}
+        params = [p for p in self.parameters() if p.requires_grad and id(p) not in excluded]
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         groups = [
@@ -568,7 +670,7 @@ class GPT(nn.Module):
         contributes only its own parameters) plus 12 n_layer n_embd block_size for the
         attention scores and weighted sum."""
         cfg = self.config
-        n = self.get_num_params(non_embedding=False) - self.transformer.wpe.weight.numel()
+        n = self.get_num_params(non_embedding=False) - self.wpe_numel()
         if not cfg.tie_weights:
             n -= self.transformer.wte.weight.numel()
         return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
@@ -587,9 +689,11 @@ class GPT(nn.Module):
 
         With use_kv_cache the prompt is run once and each later step runs only the newest
         token against the cached keys and values, which is exact because K and V are
-        linear in x for every query mode. Positions are learned and absolute, so once the
-        sequence outgrows block_size every step re-runs the last block_size tokens, as
-        without the cache. Raises ValueError for temperature < 0.
+        linear in x for every query mode. Once the sequence outgrows block_size every step
+        re-runs the last block_size tokens, as without the cache: learned positions are
+        absolute, and with RoPE the window's tokens then sit at positions 0 .. block_size-1
+        as in the uncached forward (the same scores, which depend on relative positions
+        only). Raises ValueError for temperature < 0.
         """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")

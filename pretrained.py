@@ -104,7 +104,7 @@ def load_pretrained(source, **overrides):
     loaded = make_config(model_args, source)
     config = apply_overrides(loaded, overrides, source)
     model = GPT(config)
-    if config.block_size < loaded.block_size:
+    if config.block_size < loaded.block_size and config.pos_encoding == "learned":  # RoPE has no table to crop
         state_dict["transformer.wpe.weight"] = state_dict["transformer.wpe.weight"][: config.block_size]
     new = set()
     if config.query_mode != loaded.query_mode:  # a linear model turned anchored: f keeps its init, f = 0
@@ -359,6 +359,12 @@ def hf_incompatibility(config):
         return f"query_mode={config.query_mode!r}: GPT-2's query is linear"
     if config.qk_norm:
         return "qk_norm=True: GPT-2 has no QK-norm"
+    if config.pos_encoding != "learned":
+        return f"pos_encoding={config.pos_encoding!r}: GPT-2's positions are learned"
+    if config.kv_heads != config.n_head:
+        return f"n_kv_head={config.n_kv_head}: GPT-2's keys and values have n_head={config.n_head} heads"
+    if config.norm != "layernorm":
+        return f"norm={config.norm!r}: GPT-2's norms are LayerNorms"
     if config.mlp_activation not in HF_ACTIVATION_OF:
         return f"mlp_activation={config.mlp_activation!r}: GPT-2 has no such activation"
     if config.attn_scale not in (0.0, 1.0) and not math.isclose(config.attn_scale, 1 / math.sqrt(head_dim)):

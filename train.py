@@ -45,6 +45,7 @@ from batches import DataError, get_batch, open_run_data
 from checkpoint import CheckpointError, check_resumable, read_checkpoint, save_checkpoint, step_checkpoints
 from configurator import config_from_argv
 from model import GPT, GPTConfig, model_config_keys
+from optimizers import build_optimizers, load_optimizer_states, set_learning_rates
 from pretrained import PretrainedError
 from runlog import open_run_log, run_header
 from runtime import SetupError, StopFlag, all_reduce_sum, mfu, parallelize, peak_flops, setup, teardown
@@ -108,13 +109,15 @@ def train(cfg, config_files, rt):
                          B * cfg.gradient_accumulation_steps, B, T, cfg.eval_iters, cfg.vocab_size)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
 
-    optimizer = raw_model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                               rt.device_type)
+    optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     start_step, wandb_id, resumed_after_eval, streak = 0, None, False, 0
     if cfg.init_from == "resume":
         check_resumable(ckpt, resume_path, model_settings, data_fingerprint, data.files())
         raw_model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            load_optimizer_states(optimizers, ckpt["optimizer"])
+        except ValueError as e:
+            raise CheckpointError(f"{resume_path}: {e}") from e
         start_step, wandb_id = ckpt["step"], ckpt["wandb_id"] or None
         resumed_after_eval, streak = ckpt["evaluated"], ckpt["steps_above_threshold"]
         del ckpt
@@ -167,9 +170,10 @@ def train(cfg, config_files, rt):
         if should_save(step, cfg, start_step, evaluated, stopping):
             if rt.master:
                 save_checkpoint(cfg.out_dir, {
-                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_args": model_args,
-                    "step": step, "evaluated": evaluated, "steps_above_threshold": streak, "config": asdict(cfg),
-                    "data": data_fingerprint, "wandb_id": wandb_id or ""}, cfg.keep_last_n, cfg.save_checkpoint_steps)
+                    "model": raw_model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
+                    "model_args": model_args, "step": step, "evaluated": evaluated, "steps_above_threshold": streak,
+                    "config": asdict(cfg), "data": data_fingerprint, "wandb_id": wandb_id or ""},
+                    cfg.keep_last_n, cfg.save_checkpoint_steps)
             out.print(f"saved checkpoint to {ckpt_path} (step {step})")
             last_ckpt_step, t_last = step, time.time()
         if stopping:
@@ -182,11 +186,10 @@ def train(cfg, config_files, rt):
 
         # one step: this rank's contiguous share of row `step` of the train index
         lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rates(optimizers, lr, cfg)
         row = data.train_idx[step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
         seeds = [dropout_seed(cfg.seed, step, rt.rank * micro_steps + k) for k in range(micro_steps)]
-        loss_sum, grad_norm = train_step(train_model, params, optimizer, scaler,
+        loss_sum, grad_norm = train_step(train_model, params, optimizers, scaler,
                                          lambda k: get_batch(data.train, row[k * B : (k + 1) * B], T, rt.device),
                                          micro_steps, rt.autocast, seeds, cfg.z_loss, cfg.grad_clip)
         # One all-reduce: the global batch's loss (the mean over all its micro-batches, so any
@@ -210,9 +213,10 @@ def train(cfg, config_files, rt):
             out.finish(3)
             return 3
 
-        scaler.step(optimizer)
+        for optimizer in optimizers:
+            scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
         steps_since_log += 1
 

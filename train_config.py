@@ -45,6 +45,14 @@ class TrainConfig(GPTConfig):
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
+    # 'adamw', or 'muon': Muon for the blocks' 2-D matrices, AdamW (the settings above) for the rest (optimizers.py)
+    optimizer: str = "adamw"
+    muon_learning_rate: float = 0.02  # Muon's peak rate; the schedule scales it as it scales learning_rate
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0  # decoupled: each step multiplies a matrix by 1 - lr * muon_weight_decay
+    # Muon's rate per matrix of shape (A, B): 'original' lr * sqrt(max(1, A / B)) (Jordan et al.),
+    # 'match_rms_adamw' lr * 0.2 * sqrt(max(A, B)), an update RMS like AdamW's (Liu et al. 2025, Moonlight)
+    muon_adjust_lr_fn: str = "original"
     z_loss: float = 0.0  # coefficient of the penalty z_loss * mean(log Z^2) on the log-partition log Z; 0 = off
     # learning-rate schedule: linear warmup over warmup_iters, then
     #   'cosine': cosine decay to min_lr at lr_decay_iters (the paper's), min_lr after
@@ -77,6 +85,14 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.lr_schedule not in ("cosine", "linear_to_zero"):
             raise ValueError(f"lr_schedule must be 'cosine' or 'linear_to_zero', got {self.lr_schedule!r}")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
+        if self.muon_adjust_lr_fn not in ("original", "match_rms_adamw"):
+            raise ValueError(f"muon_adjust_lr_fn must be 'original' or 'match_rms_adamw', "
+                             f"got {self.muon_adjust_lr_fn!r}")
+        if self.muon_learning_rate < 0 or self.muon_weight_decay < 0 or not 0 <= self.muon_momentum < 1:
+            raise ValueError(f"Muon needs muon_learning_rate >= 0, muon_weight_decay >= 0 and 0 <= muon_momentum < 1, "
+                             f"got {self.muon_learning_rate}, {self.muon_weight_decay}, {self.muon_momentum}")
         if self.z_loss < 0:
             raise ValueError(f"z_loss must be >= 0 (0 = off), got {self.z_loss}")
         if self.backend not in ("auto", "nccl", "gloo"):

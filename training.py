@@ -46,14 +46,15 @@ def dropout_seed(seed, step, micro):
     return int(np.random.SeedSequence([seed, step, micro]).generate_state(1, np.uint64)[0])
 
 
-def train_step(model, params, optimizer, scaler, micro_batch, micro_steps, autocast, seeds, z_loss=0.0,
+def train_step(model, params, optimizers, scaler, micro_batch, micro_steps, autocast, seeds, z_loss=0.0,
                grad_clip=0.0):
     """Forward and backward over this process's micro-batches of one step, then unscale and
-    clip the gradients. The optimizer step is left to the caller (after the divergence check).
+    clip the gradients. The optimizers' steps are left to the caller (after the divergence check).
 
     model: the module to call (the DDP wrapper under torchrun: gradients are all-reduced
     once, in the last micro-batch's backward); params: the model's parameters, whose
-    gradients are measured and clipped. micro_batch(k) -> (x, y), int64 (B, T) each,
+    gradients are measured and clipped; optimizers: the list of optimizers.build_optimizers,
+    each unscaled by the GradScaler `scaler`. micro_batch(k) -> (x, y), int64 (B, T) each,
     this process's k-th micro-batch; micro_steps: their number; seeds[k]: the dropout seed
     of micro-batch k. The objective is the mean cross-entropy over the micro-batches, plus
     z_loss * mean(logsumexp(logits)^2) if z_loss > 0 (PaLM's z-loss, which pulls the
@@ -80,7 +81,8 @@ def train_step(model, params, optimizer, scaler, micro_batch, micro_steps, autoc
                 x, y = micro_batch(k + 1)  # fetched while the device works on this micro-batch
             loss_sum += loss.detach().float()
             scaler.scale(objective / micro_steps).backward()
-    scaler.unscale_(optimizer)
+    for optimizer in optimizers:  # GradScaler unscales per optimizer: each holds its own found-inf record
+        scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     if grad_clip > 0:
         torch.nn.utils.clip_grads_with_norm_(params, grad_clip, grad_norm)

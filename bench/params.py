@@ -1,11 +1,13 @@
 """
-Print the parameter table (SPEC §1, the paper's Table 1 / Figure 2) for every config in config/.
+Print the parameter table (SPEC §1, the paper's Table 1 / Figure 2) for every config in config/
+and config/modern/ (the modern recipe, named modern/<config>).
 
     python bench/params.py
 
 Models are built on the meta device (shapes only), so this takes a second on any
 machine. "non-emb" is GPT.get_num_params(non_embedding=True): every parameter except
-the token embedding (tied to the LM head) and the positional embedding.
+the token embedding (tied to the LM head), the positional embedding and an untied LM head.
+"vs baseline" compares with the baseline of the same folder.
 """
 
 import glob
@@ -21,20 +23,22 @@ from configurator import read_config_file  # noqa: E402
 from model import GPT, GPTConfig, model_config_keys  # noqa: E402
 
 rows = []
-for path in sorted(glob.glob(os.path.join(REPO, "config", "*.py"))):
-    values = read_config_file(path)
-    with torch.device("meta"):
-        model = GPT(GPTConfig(**{k: v for k, v in values.items() if k in model_config_keys()}))
-    cfg = model.config
-    rows.append((os.path.basename(path)[:-3], cfg.query_mode, f"{cfg.n_layer}x{cfg.n_embd}", cfg.mlp_hidden,
-                 model.get_num_params(), model.get_num_params(non_embedding=False),
-                 values.get("learning_rate"), values.get("min_lr"), values.get("weight_decay")))
+for folder in ("", "modern/"):
+    for path in sorted(glob.glob(os.path.join(REPO, "config", folder, "*.py"))):
+        values = read_config_file(path)
+        with torch.device("meta"):
+            model = GPT(GPTConfig(**{k: v for k, v in values.items() if k in model_config_keys()}))
+        cfg = model.config
+        rows.append((folder + os.path.basename(path)[:-3], cfg.query_mode, f"{cfg.n_layer}x{cfg.n_embd}",
+                     cfg.mlp_hidden, model.get_num_params(), model.get_num_params(non_embedding=False),
+                     values.get("learning_rate"), values.get("min_lr"), values.get("weight_decay")))
 
-baseline = next((r[4] for r in rows if r[0] == "baseline"), None)
+baselines = {row[0][: -len("baseline")]: row[4] for row in rows if row[0].endswith("baseline")}  # {folder: non-emb}
 header = ("config", "query_mode", "L x d", "mlp_hidden", "non-emb", "vs baseline", "total", "max lr", "min lr", "wd")
 print("| " + " | ".join(header) + " |")
 print("|" + "|".join("---" for _ in header) + "|")
 for name, mode, shape, hidden, non_emb, total, lr, min_lr, wd in rows:
+    baseline = baselines.get(name[: name.rfind("/") + 1])
     ratio = f"{100 * (non_emb / baseline - 1):+.2f}%" if baseline and shape == "12x768" else "-"
     cells = (name, mode, shape, hidden, f"{non_emb:,}", ratio, f"{total:,}", f"{lr:g}", f"{min_lr:g}", f"{wd:g}")
     print("| " + " | ".join(map(str, cells)) + " |")

@@ -34,6 +34,9 @@ def test_paper_config_hyperparameters(name):
 def test_every_config_is_listed():
     names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
     assert names == set(TABLE1) | {"quickstart"}
+    # the modern recipe (tests/test_modern.py holds its settings)
+    assert {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "modern", "*.py"))} == {
+        "baseline", "res_gelu"}
 
 
 def test_params_table_shows_spec_counts():
@@ -43,3 +46,7 @@ def test_params_table_shows_spec_counts():
     assert rows["identity"]["non-emb"] == "77,875,968"
     assert rows["mlp475"]["non-emb"] == rows["mlp475_scaled"]["non-emb"] == "95,570,688"
     assert rows["mlp475"]["vs baseline"] == "+12.50%" and rows["baseline"]["vs baseline"] == "+0.00%"
+    # the modern recipe: + QK-norm's 12 x 2 x 64; its untied head doubles the embedding count, no wpe
+    assert rows["modern/baseline"]["non-emb"] == "84,955,392" and rows["modern/baseline"]["total"] == "162,222,336"
+    assert rows["modern/res_gelu"]["non-emb"] == "84,973,824"
+    assert rows["modern/res_gelu"]["vs baseline"] == "+0.02%"  # against modern/baseline

@@ -461,5 +461,5 @@ def test_mlp_activation_gelu_tanh_is_gpt2_gelu_new():
     h = mlp.c_fc(x)
     gelu_new = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
     torch.testing.assert_close(mlp(x), mlp.c_proj(gelu_new), rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="unknown mlp_activation 'swiglu'; valid: gelu, gelu_tanh"):
-        GPTConfig(mlp_activation="swiglu")
+    with pytest.raises(ValueError, match="unknown mlp_activation 'geglu'; valid: gelu, gelu_tanh, relu2, swiglu"):
+        GPTConfig(mlp_activation="geglu")

@@ -88,7 +88,7 @@ def test_train_step_equals_the_hand_written_step(tiny):
     optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     params = list(model.parameters())
-    loss_sum, norm = train_step(model, params, optimizer, scaler, lambda k: batches[k], 2, torch.autocast("cpu",
+    loss_sum, norm = train_step(model, params, [optimizer], scaler, lambda k: batches[k], 2, torch.autocast("cpu",
                                 enabled=False), seeds, z_loss=z, grad_clip=clip)
     got = [p.grad.clone() for p in params]
 

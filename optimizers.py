@@ -1,0 +1,59 @@
+"""
+The optimizers of train.py, chosen by `optimizer`, as a list the loop treats uniformly.
+
+- 'adamw' (the paper's, SPEC §3): one AdamW over every parameter, weight decay on those of
+  dim >= 2 (GPT.configure_optimizers).
+- 'muon' (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks";
+  PyTorch's torch.optim.Muon): Muon for the 2-D weight matrices inside the transformer
+  blocks, the query modules' included, whose updates it orthogonalizes by Newton-Schulz
+  iterations; AdamW, as above, for everything else: the embeddings, the LM head and every
+  1-D parameter (norm weights, biases), which Muon is not meant for.
+
+The learning-rate schedule (training.get_lr) drives both: each optimizer's rate is its
+base rate (learning_rate for AdamW, muon_learning_rate for Muon) times get_lr(step) /
+learning_rate. A checkpoint holds one state dict per optimizer, in this list's order.
+"""
+
+import torch
+
+
+def muon_parameters(model):
+    """The parameters Muon updates: the 2-D weight matrices inside model.transformer.h, in model order."""
+    return [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
+
+
+def build_optimizers(model, cfg, device_type):
+    """[AdamW] or, with cfg.optimizer='muon', [AdamW, Muon] for `model` (a GPT) from the training
+    config cfg (learning_rate, weight_decay, beta1, beta2; muon_learning_rate, muon_momentum,
+    muon_weight_decay, muon_adjust_lr_fn). Every trainable parameter is in exactly one of them."""
+    if cfg.optimizer == "adamw":
+        return [model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)]
+    matrices = muon_parameters(model)
+    adamw = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type,
+                                       exclude=matrices)
+    muon = torch.optim.Muon(matrices, lr=cfg.muon_learning_rate, momentum=cfg.muon_momentum,
+                            weight_decay=cfg.muon_weight_decay, adjust_lr_fn=cfg.muon_adjust_lr_fn)
+    return [adamw, muon]
+
+
+def set_learning_rates(optimizers, lr, cfg):
+    """Set every group's rate for an update at schedule rate `lr` (training.get_lr): the optimizer's
+    base rate scaled by lr / cfg.learning_rate, so Muon follows AdamW's warmup and decay."""
+    scale = lr / cfg.learning_rate if cfg.learning_rate else 0.0  # learning_rate 0 schedules 0 throughout
+    for opt in optimizers:
+        base = cfg.muon_learning_rate if isinstance(opt, torch.optim.Muon) else cfg.learning_rate
+        for group in opt.param_groups:
+            group["lr"] = base * scale
+
+
+def load_optimizer_states(optimizers, states):
+    """Load a checkpoint's optimizer states: a list of state dicts, one per optimizer, or one
+    state dict (an AdamW run's checkpoint before Muon was added). Raises ValueError when their
+    number differs from the optimizers', i.e. the run was trained with another `optimizer`."""
+    states = [states] if isinstance(states, dict) else states
+    if len(states) != len(optimizers):
+        raise ValueError(f"the checkpoint holds {len(states)} optimizer states but this config builds "
+                         f"{len(optimizers)} ({', '.join(type(o).__name__ for o in optimizers)}); resume with "
+                         f"the run's own `optimizer`")
+    for opt, state in zip(optimizers, states):
+        opt.load_state_dict(state)
