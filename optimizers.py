@@ -41,9 +41,10 @@ def set_learning_rates(optimizers, lr, cfg):
     base rate scaled by lr / cfg.learning_rate, so Muon follows AdamW's warmup and decay."""
     scale = lr / cfg.learning_rate if cfg.learning_rate else 0.0  # learning_rate 0 schedules 0 throughout
     for opt in optimizers:
-        base = cfg.muon_learning_rate if isinstance(opt, torch.optim.Muon) else cfg.learning_rate
+        # AdamW's rate is `lr` itself, not learning_rate * scale, which may differ in the last bit
+        rate = cfg.muon_learning_rate * scale if isinstance(opt, torch.optim.Muon) else lr
         for group in opt.param_groups:
-            group["lr"] = base * scale
+            group["lr"] = rate
 
 
 def load_optimizer_states(optimizers, states):

@@ -146,7 +146,7 @@ def test_full_size_res_gelu_config_trains(shakespeare_dir, tmp_path):
     [
         (["--query_mode=nonlinear"], "valid query modes: anchored_res_gelu, identity, linear, res_gelu, res_linear, "
                                      "residual"),
-        (["--learning_rte=1e-3"], "unknown config key 'learning_rte'; did you mean 'learning_rate'?"),
+        (["--learning_rte=1e-3"], "unknown config key 'learning_rte'; did you mean 'learning_rate'"),
         (["--max_iters=ten"], "max_iters must be int, got str 'ten'"),
         (["--compile=1"], "compile must be bool, got int 1"),
         (["--block_size=200000"], "block_size=200000 needs at least 200001 tokens"),
