@@ -41,9 +41,10 @@ def run_script(script, *args, check=True, env=None, cwd=REPO):
     return proc
 
 
-def train(data_dir, out_dir, *args, check=True, env=ONE_THREAD):
-    """train.py on the TINY model with data_dir's tokens into out_dir, then `args`, in one
-    thread unless env says otherwise; returns the CompletedProcess (see run_script)."""
+def train(data_dir, out_dir, *args, check=True, env=None):
+    """train.py on the TINY model with data_dir's tokens into out_dir, then `args`; env (e.g.
+    ONE_THREAD, for runs compared with other runs to 1e-6) is added to the environment.
+    Returns the CompletedProcess (see run_script)."""
     return run_script("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args, check=check,
                       env=env)
 

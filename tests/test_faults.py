@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from batches import index_file
 from conftest import ONE_THREAD, REPO, TINY, read_metrics, read_wandb_history, run_script
 from conftest import losses_by_step as losses
 from conftest import train as train_tiny
@@ -29,7 +30,7 @@ RUN = ["--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1"]
 
 
 def train(data_dir, out_dir, *args, check=True):
-    return train_tiny(data_dir, out_dir, *RUN, *args, check=check)
+    return train_tiny(data_dir, out_dir, *RUN, *args, check=check, env=ONE_THREAD)
 
 
 def start_training(data_dir, out_dir, *args):
@@ -228,7 +229,8 @@ def four_steps(shakespeare_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("four_steps")
     shutil.copytree(shakespeare_dir, root / "data")
     train(root / "data", root / "out", "--max_iters=4")
-    train(root / "data", root / "probe", "--max_iters=8", "--eval_interval=8")  # writes the 8-step index
+    n_tokens = len(np.memmap(root / "data" / "train.bin", dtype=np.uint16, mode="r"))
+    index_file(str(root / "data" / "indices"), "train", 1337, 8, 4, 32, n_tokens)  # the 8-step run's train index
     return root / "data", root / "out"
 
 
@@ -254,7 +256,6 @@ DAMAGE = {  # what is changed, and how
     ("val.bin", "(size {size:,} bytes, now {grown:,})"),
     ("train index", "(row 0 holds other offsets)"),
     ("batch size", "(4 sequences per row, now 8)"),
-    (None, None),
 ])
 def test_resume_refuses_changed_data_or_index(four_steps, tmp_path, damaged, change):
     data, out = tmp_path / "data", tmp_path / "out"
@@ -265,10 +266,6 @@ def test_resume_refuses_changed_data_or_index(four_steps, tmp_path, damaged, cha
     if damaged in DAMAGE:
         DAMAGE[damaged](data)
     proc = train(data, out, "--max_iters=8", "--init_from=resume", *args, check=False)
-    if damaged is None:  # the untouched copy resumes
-        assert proc.returncode == 0, proc.stderr
-        assert sorted(losses(out)) == list(range(1, 9))
-        return
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     size = os.path.getsize(four_steps[0] / "val.bin")
     if damaged == "batch size":  # another batch size is another token stream

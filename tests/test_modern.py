@@ -316,13 +316,13 @@ def test_one_step_equals_torch_muon_and_adamw_applied_by_hand():
 
 def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tmp_path):
     run = [*MODERN_ARGS, "--query_mode=res_gelu", "--lr_decay_iters=6", "--eval_interval=3"]
-    train(shakespeare_dir, tmp_path / "unbroken", *run, "--max_iters=6")
-    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=3")
+    train(shakespeare_dir, tmp_path / "unbroken", *run, "--max_iters=6", env=ONE_THREAD)
+    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=3", env=ONE_THREAD)
     ckpt = torch.load(tmp_path / "resumed" / "ckpt.pt", weights_only=True)
     adamw_state, muon_state = ckpt["optimizer"]  # both optimizers' states, Muon's momentum buffers included
     assert all("momentum_buffer" in s for s in muon_state["state"].values()) and muon_state["state"]
     assert all("exp_avg" in s for s in adamw_state["state"].values())
-    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=6", "--init_from=resume")
+    train(shakespeare_dir, tmp_path / "resumed", *run, "--max_iters=6", "--init_from=resume", env=ONE_THREAD)
     want, got = losses_by_step(tmp_path / "unbroken"), losses_by_step(tmp_path / "resumed")
     assert sorted(got) == sorted(want) == list(range(1, 7))
     for step in want:
@@ -338,7 +338,7 @@ def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tm
 def test_two_processes_train_like_one_with_muon(shakespeare_dir, tmp_path):
     run = [*MODERN_ARGS, "--query_mode=res_gelu", "--batch_size=2", "--gradient_accumulation_steps=4",
            "--max_iters=3", "--eval_interval=3"]
-    train(shakespeare_dir, tmp_path / "one", *run)
+    train(shakespeare_dir, tmp_path / "one", *run, env=ONE_THREAD)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            os.path.join(REPO, "train.py"), *TINY, *run, f"--data_dir={shakespeare_dir}",
                            f"--out_dir={tmp_path / 'two'}"],

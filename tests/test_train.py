@@ -11,7 +11,7 @@ import pytest
 
 from batches import index_file, row_offsets
 from configurator import parse_config
-from conftest import REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
+from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
 from train_config import TrainConfig
 from training import get_lr
 
@@ -76,9 +76,9 @@ def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
 
 def test_resumed_run_equals_unbroken_run(shakespeare_dir, tmp_path):
     common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4", "--dropout=0.1"]
-    train(shakespeare_dir, tmp_path / "full", *common)
-    train(shakespeare_dir, tmp_path / "broken", *common[1:], "--max_iters=4")
-    train(shakespeare_dir, tmp_path / "broken", *common, "--init_from=resume")
+    train(shakespeare_dir, tmp_path / "full", *common, env=ONE_THREAD)
+    train(shakespeare_dir, tmp_path / "broken", *common[1:], "--max_iters=4", env=ONE_THREAD)
+    train(shakespeare_dir, tmp_path / "broken", *common, "--init_from=resume", env=ONE_THREAD)
     full, broken = losses_by_step(tmp_path / "full"), losses_by_step(tmp_path / "broken")
     # the record of step s logs the learning rate of the update s-1 -> s, get_lr(s - 1)
     cfg, _ = parse_config(TrainConfig, [*TINY, *common])
