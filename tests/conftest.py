@@ -56,6 +56,17 @@ def read_metrics(out_dir, kind=None):
     return [r for r in records if kind is None or r["type"] == kind]
 
 
+def last_logged_step(out_dir):
+    """The last train step in out_dir/metrics.jsonl while a run is writing it (0 before the first);
+    a line not yet finished is left out."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.endswith("\n")]
+    return max([r["step"] for r in records if r["type"] == "train"], default=0)
+
+
 def losses_by_step(out_dir):
     """{step: logged training loss} of a run (a resumed run's later record of a step wins)."""
     return {r["step"]: r["loss"] for r in read_metrics(out_dir, "train")}

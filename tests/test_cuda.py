@@ -28,7 +28,6 @@ Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
   test_torchrun_stops_on_sigterm_and_resumes_on_track.
 """
 
-import json
 import math
 import os
 import re
@@ -41,7 +40,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, read_metrics, run_script
+from conftest import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
@@ -228,16 +227,6 @@ def torchrun(data_dir, out_dir, *args):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
-
-
-def last_logged_step(out_dir):
-    """The last train step in out_dir/metrics.jsonl while it is being written (0 before the first)."""
-    path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.endswith("\n")]
-    return max([r["step"] for r in records if r["type"] == "train"], default=0)
 
 
 def max_gap(run, reference, steps):

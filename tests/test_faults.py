@@ -6,7 +6,6 @@ CPU kernels may sum in another order when the machine is loaded (see the README)
 
 import glob
 import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -20,7 +19,7 @@ import pytest
 import torch
 
 from batches import index_file
-from conftest import ONE_THREAD, REPO, TINY, read_metrics, read_wandb_history, run_script
+from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
 from conftest import losses_by_step as losses
 from conftest import train as train_tiny
 from conftest import val_losses_by_step as evals
@@ -49,16 +48,6 @@ def wait_for(condition, proc, timeout=300):
             proc.kill()
             raise AssertionError(f"train.py ended ({proc.wait()}) or ran {timeout} s before the awaited moment")
         time.sleep(0.001)
-
-
-def last_train_step(out_dir):
-    """The last step in out_dir/metrics.jsonl while it is being written (0 before the first)."""
-    path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.endswith("\n")]
-    return max([r["step"] for r in records if r["type"] == "train"], default=0)
 
 
 def checkpoint_step(path):
@@ -138,10 +127,10 @@ def test_two_processes_train_on_the_same_tokens_as_one(shakespeare_dir, tmp_path
 def test_sigkill_between_checkpoints_loses_only_the_steps_since_the_last_one(shakespeare_dir, unbroken, tmp_path):
     out = tmp_path / "out"
     proc = start_training(shakespeare_dir, out, "--max_iters=1000")
-    wait_for(lambda: last_train_step(out) >= 6, proc)
+    wait_for(lambda: last_logged_step(out) >= 6, proc)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
-    saved, reached = checkpoint_step(out / "ckpt.pt"), last_train_step(out)
+    saved, reached = checkpoint_step(out / "ckpt.pt"), last_logged_step(out)
     # killed between two checkpoints: the steps after the last one are what the kill cost
     assert saved % 4 == 0 and saved < reached < 20
     train(shakespeare_dir, out, "--max_iters=24", "--init_from=resume")
@@ -151,14 +140,14 @@ def test_sigkill_between_checkpoints_loses_only_the_steps_since_the_last_one(sha
 def test_sigterm_writes_a_checkpoint_and_exits_zero(shakespeare_dir, unbroken, tmp_path):
     out = tmp_path / "out"
     proc = start_training(shakespeare_dir, out, "--max_iters=1000")
-    wait_for(lambda: last_train_step(out) >= 5, proc)
+    wait_for(lambda: last_logged_step(out) >= 5, proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0
     with open(f"{out}.log") as f:
         output = f.read()
     saved = checkpoint_step(out / "ckpt.pt")
     # the step in flight was finished and checkpointed: nothing is lost
-    assert saved == last_train_step(out) < 20
+    assert saved == last_logged_step(out) < 20
     assert f"stopped by SIGTERM after step {saved}" in output
     command = shlex.split(output.strip().splitlines()[-1])
     assert command[:2] == ["python", os.path.join(REPO, "train.py")] and command[-1] == "--init_from=resume"

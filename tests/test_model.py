@@ -26,6 +26,9 @@ OPTIONS = [
     dict(query_mode="anchored_res_gelu", bias=True),
 ]
 VARIANTS = [dict(query_mode=m) for m in sorted(QUERY_MODULES)] + ABLATIONS + OPTIONS
+# every query mode under the modern recipe (RoPE, GQA, RMSNorm, QK-norm, SwiGLU; issue 13)
+MODERN_VARIANTS = [dict(query_mode=m, pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True,
+                        mlp_activation="swiglu") for m in sorted(QUERY_MODULES)]
 
 
 # SPEC §1: non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
@@ -294,7 +297,7 @@ def test_generate_top_k_1_is_greedy():
 # fused input projection (SPEC §4) and the KV cache, each held against the plain computation
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS + MODERN_VARIANTS, ids=str)
 def test_fused_and_unfused_projections_agree_in_loss_and_gradients(variant):
     torch.manual_seed(6)
     fused = GPT(GPTConfig(**SMALL, **variant))
