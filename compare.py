@@ -28,15 +28,15 @@ import csv
 import json
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-# settings that say where, how or whether a run is stored, logged or compiled, not what it computes
+# settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
     "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "backend", "peak_flops", "device",
+    "backend", "peak_flops", "device", "diagnostics", "diagnostics_batches",
 }
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
           "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
@@ -44,13 +44,15 @@ FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Wel
 
 @dataclass
 class Run:
-    """One run directory: train.py's config header, its evals {step: (train_loss, val_loss)} (nats per token)
-    and the step at which it diverged (None if it did not)."""
+    """One run directory: train.py's config header, its evals {step: (train_loss, val_loss)} (nats per token),
+    the step at which it diverged (None if it did not) and its diagnostics {step: {name: [value per layer]}}
+    (the `diag` records, diagnostics.py; analyze.py reads them)."""
 
     out_dir: str
     header: dict
     evals: dict
     diverged: int | None
+    diags: dict = field(default_factory=dict)
 
     @property
     def config(self):
@@ -106,7 +108,9 @@ def load_run(path):
         die(f"{path} has neither config.json nor a config record in metrics.jsonl; pass runs written by train.py")
     evals = {r["step"]: (r["train_loss"], r["val_loss"]) for r in records if r["type"] == "eval"}
     diverged = [r["step"] for r in records if r["type"] == "diverged"]
-    return Run(path, headers[-1], evals, diverged[-1] if diverged else None)
+    diags = {r["step"]: {k: v for k, v in r.items() if k not in ("type", "step")}
+             for r in records if r["type"] == "diag"}
+    return Run(path, headers[-1], evals, diverged[-1] if diverged else None, diags)
 
 
 def fill_defaults(runs):

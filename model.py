@@ -50,6 +50,8 @@ Adding a query module: subclass QueryModule, write `forward(x) -> q` (both (B, T
 set `scale_mult` if the softmax scale 1/sqrt(head_dim) needs a factor, and add one entry
 to QUERY_MODULES. To join the fused input projection, also override `fused_weight` and
 `from_fused`; without them the module is simply applied to x beside the fused K/V matmul.
+A module of the form q = anchor + f overrides `decompose` to return both, for the
+diagnostics' query_cos and query_f_ratio (diagnostics.py).
 """
 
 import math
@@ -167,11 +169,18 @@ class QueryModule(nn.Module):
     stacks under W_K and W_V, and `from_fused(x, h)` finishes the query from x and
     h = x @ fused_weight().T, (B, T, n), adding the module's own biases (the stacked matmul
     has none). By default a module takes no part (None).
+
+    `decompose(x)` splits the query for the diagnostics (diagnostics.py) as q = a + f: the
+    anchor a and the learned part f, each (B, T, C), f None where the module learns nothing;
+    None for a module without an anchor (the linear query).
     """
 
     scale_mult = 1.0
 
     def fused_weight(self):
+        return None
+
+    def decompose(self, x):
         return None
 
 
@@ -209,6 +218,9 @@ class IdentityQuery(QueryModule):
     def forward(self, x):
         return x
 
+    def decompose(self, x):
+        return x, None
+
 
 class ResidualQuery(LinearQuery):
     """Linear residual query Q = (x + x W_Q) / 2 (the official code's `residual` mode). d^2 parameters.
@@ -221,6 +233,9 @@ class ResidualQuery(LinearQuery):
 
     def forward(self, x):
         return x + self.w_q(x)
+
+    def decompose(self, x):
+        return x, self.w_q(x)
 
     def from_fused(self, x, h):
         return x + super().from_fused(x, h)
@@ -276,6 +291,9 @@ class ResGELUQuery(QueryModule):
     def forward(self, x):
         return x + self.f(x)
 
+    def decompose(self, x):
+        return x, self.f(x)
+
     def fused_weight(self):
         # (r, C): column j of W1^T scaled by g_j
         return self.w1.weight * self.rms.weight if self.norm else self.w1.weight
@@ -330,6 +348,9 @@ class AnchoredResGELUQuery(ResGELUQuery):
 
     def forward(self, x):
         return self.w_q(x) + self.f(x)
+
+    def decompose(self, x):
+        return self.w_q(x), self.f(x)
 
     def fused_weight(self):
         return torch.cat([self.w_q.weight, super().fused_weight()])
@@ -460,13 +481,12 @@ class CausalSelfAttention(nn.Module):
             k, v = k + self.c_kv.bias[:kv], v + self.c_kv.bias[kv:]
         return self.query.from_fused(x, h), k, v
 
-    def forward(self, x, kv_cache=None, rope=None):
-        B, T, C = x.size()
+    def heads(self, q, k, v, rope=None):
+        """Split the output of qkv() into heads and prepare q and k as the softmax sees them: q (B, T, C) ->
+        (B, n_head, T, head_dim); k, v (B, T, kv_heads head_dim) -> (B, kv_heads, T, head_dim); q and k
+        RMS-normalized with qk_norm, then rotated with rope (the (cos, sin) of rope_angles)."""
+        B, T, C = q.size()
         head_dim = C // self.n_head
-        # Decoding with a cache moves a few tokens through each weight: the matmuls are
-        # bound by reading the weights, and stacking them first would double that read.
-        fused = self.fused_qkv and kv_cache is None
-        q, k, v = self.qkv(x, fused)
         q = q.view(B, T, self.n_head, head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_head, head_dim).transpose(1, 2) for t in (k, v))
         if self.qk_norm:
@@ -474,6 +494,14 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:  # after qk_norm: its per-dimension weight then scales unrotated coordinates, so
             # q.k stays a function of the relative position (a weight applied after rotating would break that)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def forward(self, x, kv_cache=None, rope=None):
+        B, T, C = x.size()
+        # Decoding with a cache moves a few tokens through each weight: the matmuls are
+        # bound by reading the weights, and stacking them first would double that read.
+        fused = self.fused_qkv and kv_cache is None
+        q, k, v = self.heads(*self.qkv(x, fused), rope)
         mask, is_causal = None, True
         if kv_cache is not None:
             past = kv_cache.length
@@ -609,19 +637,26 @@ class GPT(nn.Module):
         """Parameters of the positional embedding: 0 with RoPE, which has none."""
         return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
 
+    def embed(self, idx, past=0):
+        """The first block's input and the positions' rotation: idx int64 (B, T), the tokens at positions
+        past .. past + T - 1. Returns x (B, T, C), the token embedding plus, with learned positions, the
+        position embedding, after dropout; and rope, RoPE's (cos, sin) for those positions (rope_angles,
+        shared by every layer, float32 at least), or None with learned positions."""
+        pos = torch.arange(past, past + idx.size(1), dtype=torch.long, device=idx.device)
+        x, rope = self.transformer.wte(idx), None
+        if self.config.pos_encoding == "rope":
+            dtype = torch.promote_types(x.dtype, torch.float32)
+            rope = rope_angles(self.config.n_embd // self.config.n_head, pos, self.config.rope_theta, dtype)
+        else:
+            x = x + self.transformer.wpe(pos)
+        return self.transformer.drop(x), rope
+
     def forward(self, idx, targets=None, kv_cache=None):
         T = idx.size(1)
         past = kv_cache[0].length if kv_cache is not None else 0
         if past + T > self.config.block_size:
             raise ValueError(f"sequence length {past + T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(past, past + T, dtype=torch.long, device=idx.device)
-        x, rope = self.transformer.wte(idx), None
-        if self.config.pos_encoding == "rope":  # one (cos, sin) for every layer, float32 at least
-            dtype = torch.promote_types(x.dtype, torch.float32)
-            rope = rope_angles(self.config.n_embd // self.config.n_head, pos, self.config.rope_theta, dtype)
-        else:
-            x = x + self.transformer.wpe(pos)
-        x = self.transformer.drop(x)
+        x, rope = self.embed(idx, past)
         for i, block in enumerate(self.transformer.h):
             x = block(x, kv_cache[i] if kv_cache is not None else None, rope)
         x = self.transformer.ln_f(x)

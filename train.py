@@ -9,9 +9,11 @@ Train a GPT whose attention query is chosen by `query_mode` (see model.py).
 Config files in config/ are plain assignments and --key=value overrides them
 (configurator.py); every setting, its default and its check is in train_config.py.
 Every variant trains on the same pre-generated batches (batches.py), evaluates train and
-val loss on the same fixed sequences every eval_interval steps (training.py), appends
-every metric to out_dir/metrics.jsonl and to wandb when wandb_log (runlog.py), and
-writes a checkpoint atomically after each evaluation (checkpoint.py).
+val loss on the same fixed sequences every eval_interval steps (training.py) with, by
+default, per-layer attention and query diagnostics on the first val batches
+(diagnostics.py), appends every metric to out_dir/metrics.jsonl and to wandb when
+wandb_log (runlog.py), and writes a checkpoint atomically after each evaluation
+(checkpoint.py).
 
 Processes (runtime.py): under torchrun (PyTorch DDP) step i still trains on row i of the
 train index, batch_size x gradient_accumulation_steps sequences; rank r of W takes the
@@ -44,6 +46,7 @@ import torch
 from batches import DataError, get_batch, open_run_data
 from checkpoint import CheckpointError, check_resumable, read_checkpoint, save_checkpoint, step_checkpoints
 from configurator import config_from_argv
+from diagnostics import diagnose
 from model import GPT, GPTConfig, model_config_keys
 from optimizers import build_optimizers, load_optimizer_states, set_learning_rates
 from pretrained import PretrainedError
@@ -167,6 +170,13 @@ def train(cfg, config_files, rt):
             losses = evaluate(model, eval_splits, T, rt.device, rt.autocast, rt)
             out.print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             out.log({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"]})
+            if cfg.diagnostics:  # on the uncompiled model, in eval mode: no training number changes
+                diag = diagnose(raw_model, data.val, data.val_eval_idx[:cfg.diagnostics_batches], T, rt.device,
+                                rt.autocast)
+                out.log({"type": "diag", "step": step, **diag})
+                top = max(range(cfg.n_layer), key=diag["attn_logit_max"].__getitem__)
+                out.print(f"step {step}: max attention logit {diag['attn_logit_max'][top]:.2f} (layer {top}), "
+                          f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
         if should_save(step, cfg, start_step, evaluated, stopping):
             if rt.master:
                 save_checkpoint(cfg.out_dir, {

@@ -20,6 +20,10 @@ class TrainConfig(GPTConfig):
     log_interval: int = 10
     eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
     eval_only: bool = False
+    # per-layer attention and query diagnostics at every evaluation (diagnostics.py, README "Diagnostics") on
+    # the first diagnostics_batches of the eval_iters fixed val batches: a `diag` record in metrics.jsonl
+    diagnostics: bool = True
+    diagnostics_batches: int = 1
     # 'scratch'; 'resume' (from out_dir/ckpt.pt, or from resume_from); or a pretrained model to fine-tune,
     # anything GPT.from_pretrained reads (pretrained.py): gpt2[-medium|-large|-xl], a Hugging Face GPT-2
     # directory, a checkpoint of the official code or of this repo
@@ -98,9 +102,13 @@ class TrainConfig(GPTConfig):
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
         for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
-                    "keep_last_n", "divergence_patience"):
+                    "keep_last_n", "divergence_patience", "diagnostics_batches"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.diagnostics_batches > self.eval_iters:
+            raise ValueError(f"diagnostics_batches={self.diagnostics_batches} exceeds eval_iters={self.eval_iters}: "
+                             f"the diagnostics run on the first diagnostics_batches of the eval_iters fixed val "
+                             f"batches; lower diagnostics_batches or raise eval_iters")
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.save_checkpoint_steps):
             raise ValueError(f"save_checkpoint_steps must be steps >= 1, got {self.save_checkpoint_steps!r}")
 

@@ -1,0 +1,310 @@
+"""
+What the query learns: the per-layer diagnostics of diagnostics.py over training, from runs' metrics.jsonl,
+or for one model.
+
+    python analyze.py out-mini/baseline out-mini/res_gelu                     # a table at the last common step
+    python analyze.py out-diag/* --step=600 --format=markdown --plot=diag.png
+    python analyze.py --checkpoint=out-mini/res_gelu/learning_rate=3e-3,seed=1   # one model, per layer
+    python analyze.py --checkpoint=gpt2 --data_dir=data/openwebtext           # any source from_pretrained loads
+
+Runs: the `diag` records that train.py writes at every evaluation, read, grouped and pooled as compare.py
+does it (run directories or directories of runs; runs that differ only in --group_over, default seed, form a
+group; a run that diverged is left out of a group that has others, and a group whose runs all diverged keeps
+them up to where they stopped). Each diagnostic is averaged over the layers, then over a group's runs.
+
+- The table, at --step (default: the last diag step that every run that did not diverge has): one row per
+  diagnostic, the val loss first, one column per group: mean ± sample std (ddof=1) over its runs. csv gives
+  one line per group and diagnostic, in full precision.
+- --plot: one panel per diagnostic over the steps (the group's mean, a band from its lowest to its highest
+  run), then for each group a layers x steps heatmap of attn_logit_max (the mean over its runs), all on one
+  color scale.
+
+--checkpoint=SOURCE: the diagnostics of one model, anything GPT.from_pretrained loads (a run directory or
+checkpoint of this repo, the official code's checkpoints, a Hugging Face GPT-2 directory, gpt2), one row
+per layer. A run's checkpoint is measured on the first diagnostics_batches of its own val_eval batches (its
+dataset or data_dir, data_seed, batch_size and block_size), so the numbers are those its metrics.jsonl holds
+at that step; another source on the val.bin of --data_dir (default data/openwebtext) with train.py's
+defaults. --batches and --batch_size override the number and size of the batches.
+
+Exit status: 0 ok; 1 bad input; 2 bad command line.
+"""
+
+import argparse
+import csv
+import os
+import sys
+
+import numpy as np
+
+from compare import die, fill_defaults, find_run_dirs, load_run, make_groups, step_list
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
+               "query_f_ratio")  # diagnostics.ACTIVATIONS, here without importing torch
+
+
+def diagnostic_names(records):
+    """The diagnostics of some `diag` records ({name: [value per layer]}) in the order of the README: the
+    activations, then the weight norms as they first appear; names whose values are all None are left out."""
+    seen = dict.fromkeys(n for r in records for n in r if n not in ACTIVATIONS)
+    defined = {n for r in records for n, v in r.items() if any(x is not None for x in v)}
+    return [n for n in [*ACTIVATIONS, *seen] if n in defined]
+
+
+def layer_mean(values):
+    """The mean over the layers of one diagnostic; None where it is undefined (None) at every layer."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def pooled(group):
+    """The runs of a group that count: those that did not diverge, or all when every one did (as compare.py)."""
+    return [r for r in group.runs if r.diverged is None] or group.runs
+
+
+def default_step(runs):
+    """The largest diag step that every run that did not diverge has; an error if there is none."""
+    alive = [r for r in runs if r.diverged is None] or runs
+    common = set.intersection(*(set(r.diags) for r in alive))
+    if not common:
+        die("no diag step is common to all runs that did not diverge; pass --step=N")
+    return max(common)
+
+
+def stats(values):
+    """(mean, sample std or None, n) of the values that are not None; (None, None, 0) without any."""
+    values = np.array([v for v in values if v is not None], dtype=float)
+    n = len(values)
+    return (float(values.mean()) if n else None, float(values.std(ddof=1)) if n >= 2 else None, n)
+
+
+def table(groups, names, step):
+    """{group label: {row: (mean, std, n)}} at `step`: the val loss and each diagnostic's layer mean over the
+    group's pooled runs that have that step."""
+    out = {}
+    for group in groups:
+        runs = pooled(group)
+        cells = {"val_loss": stats([r.evals[step][1] for r in runs if step in r.evals])}
+        for name in names:
+            cells[name] = stats([layer_mean(r.diags[step].get(name, [])) for r in runs if step in r.diags])
+        out[group.label] = cells
+    return out
+
+
+def cell(mean, std, n):
+    """'mean ± std' with 4 significant digits, the mean alone for one run, '-' without a value."""
+    if mean is None:
+        return "-"
+    return f"{mean:.4g}" + (f" ± {std:.3g}" if std is not None else "")
+
+
+def print_rows(header, rows, fmt, left=1):
+    """Print a table (header: column names; rows: lists of cells) as aligned text or a markdown pipe table;
+    the first `left` columns align left, the others right."""
+    if fmt == "markdown":
+        print("| " + " | ".join(header) + " |")
+        print("| " + " | ".join("---" if i < left else "---:" for i in range(len(header))) + " |")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    widths = [max(len(c) for c in column) for column in zip(header, *rows)]
+    for line in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip())
+
+
+def print_runs_table(groups, names, step, values, fmt, group_over):
+    """The table of the runs at `step` (module docstring)."""
+    if fmt == "csv":
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(["run", "step", "diagnostic", "mean", "std", "n"])
+        for group in groups:
+            for name, (mean, std, n) in values[group.label].items():
+                out.writerow([group.label, step, name, mean, std, n])
+        return
+    print(f"diagnostics at step {step}: the mean over layers, then mean ± sample std over the group's runs; "
+          f"runs pooled over {', '.join(sorted(group_over))}\n")
+    header = ["diagnostic"] + [f"{g.label} (n={values[g.label]['attn_logit_max'][2]})" for g in groups]
+    rows = [[name] + [cell(*values[g.label][name]) for g in groups] for name in ["val_loss", *names]]
+    print_rows(header, rows, fmt)
+    notes = []
+    for group in groups:
+        diverged = [r.diverged for r in group.runs if r.diverged is not None]
+        if diverged:
+            kept = "kept up to where they stopped" if len(diverged) == len(group.runs) else "left out"
+            notes.append(f"{group.label}: {len(diverged)} of {len(group.runs)} diverged at "
+                         f"{step_list(diverged)}, {kept}")
+    if notes:
+        print("\n" + "\n".join(notes))
+
+
+def curves(group, name):
+    """(steps, values (runs, steps)) of a diagnostic's layer mean over a group's pooled runs, at the diag steps
+    they all have; values None where the diagnostic is undefined for the group."""
+    runs = pooled(group)
+    steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
+    values = [[layer_mean(r.diags[s].get(name, [])) for s in steps] for r in runs]
+    if all(v is None for row in values for v in row):
+        return steps, None
+    return steps, np.array(values, dtype=float)
+
+
+def plot(groups, names):
+    """The figure (a matplotlib Figure): one panel per diagnostic over the steps, each group a line (its mean
+    over runs, a band from its lowest to its highest run), then per group a layers x steps heatmap of
+    attn_logit_max, the mean over its runs, all heatmaps on one color scale."""
+    # imported here: only --plot needs matplotlib; Figure without pyplot needs no display and no global state
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    cols = 3
+    panel_rows, map_rows = -(-len(names) // cols), -(-len(groups) // cols)
+    fig = Figure(figsize=(4.2 * cols, 3.0 * (panel_rows + map_rows)), layout="constrained")
+    grid = fig.add_gridspec(panel_rows + map_rows, cols)
+    for k, name in enumerate(names):
+        ax = fig.add_subplot(grid[k // cols, k % cols])
+        for i, group in enumerate(groups):
+            steps, values = curves(group, name)
+            if values is None:
+                continue
+            ax.plot(steps, values.mean(axis=0), marker="o", markersize=2, color=f"C{i}", label=group.label)
+            if len(values) > 1:
+                ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=f"C{i}", alpha=0.15,
+                                linewidth=0)
+        ax.set_title(f"{name}, mean over layers", fontsize="medium")
+        ax.set_xlabel("step")
+        if k == 0:
+            ax.legend(fontsize="small")
+    maps = []
+    for group in groups:
+        runs = pooled(group)
+        steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
+        maps.append((steps, np.array([[r.diags[s]["attn_logit_max"] for s in steps] for r in runs],
+                                     dtype=float).mean(axis=0)))
+    low, high = min(m.min() for _, m in maps), max(m.max() for _, m in maps)
+    for i, (group, (steps, heat)) in enumerate(zip(groups, maps)):
+        ax = fig.add_subplot(grid[panel_rows + i // cols, i % cols])
+        image = ax.imshow(heat.T, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high,
+                          extent=(-0.5, len(steps) - 0.5, -0.5, heat.shape[1] - 0.5))
+        ticks = np.unique(np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int))
+        ax.set_xticks(ticks, [str(steps[t]) for t in ticks])
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{group.label}: attn_logit_max", fontsize="medium")
+        fig.colorbar(image, ax=ax)
+    return fig
+
+
+def analyze_runs(args):
+    """Read the runs named on the command line, print the table and, with --plot, write the figure."""
+    runs = [load_run(d) for d in find_run_dirs(args.runs)]
+    empty = [r.out_dir for r in runs if not r.diags]
+    if empty:
+        die(f"{', '.join(empty)}: no diag records in metrics.jsonl (trained with diagnostics=False, or before "
+            f"train.py had them); leave those runs out, or measure a checkpoint with --checkpoint")
+    fill_defaults(runs)
+    group_over = set(args.group_over.split(","))
+    unknown = group_over - set().union(*(r.config for r in runs))
+    if unknown:
+        die(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; "
+            f"pass config keys such as seed or data_seed")
+    groups = make_groups(runs, group_over)
+    if args.step is None:
+        step = default_step(runs)
+    else:
+        step = args.step
+        diag_steps = sorted(set().union(*(r.diags for r in runs)))
+        if step not in diag_steps:
+            die(f"--step={step} is not a diag step of any run; diag steps: {', '.join(map(str, diag_steps))}")
+    names = diagnostic_names([d for r in runs for d in r.diags.values()])
+    print_runs_table(groups, names, step, table(groups, names, step), args.format, group_over)
+    if args.plot:
+        plot(groups, names).savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+
+
+def analyze_checkpoint(args):
+    """Compute and print the diagnostics of the model at args.checkpoint, per layer."""
+    # imported here: torch takes seconds, and the runs' table needs none of it
+    from batches import open_tokens, row_offsets
+    from diagnostics import diagnose
+    from model import GPT
+    from pretrained import PretrainedError
+    from runtime import SetupError, setup
+    from train_config import TrainConfig
+
+    try:
+        rt = setup(args.device, args.dtype, join_process_group=False)
+        model = GPT.from_pretrained(args.checkpoint)
+    except (SetupError, PretrainedError) as e:
+        die(str(e))
+    model.to(rt.device)
+    loaded, defaults = model.loaded_from, TrainConfig()
+    run = loaded.run_config or {}
+    data_dir = args.data_dir or run.get("data_dir") or os.path.join(REPO, "data", run.get("dataset", "openwebtext"))
+    batch_size = args.batch_size or run.get("batch_size", defaults.batch_size)
+    batches = args.batches or run.get("diagnostics_batches", defaults.diagnostics_batches)
+    data_seed, block_size = run.get("data_seed", defaults.data_seed), model.config.block_size
+    try:
+        val = open_tokens(os.path.join(data_dir, "val.bin"), "the data set's prepare.py, or pass --data_dir")
+    except FileNotFoundError as e:
+        die(str(e))
+    if len(val) <= block_size:
+        die(f"{val.filename} holds {len(val)} tokens, fewer than block_size + 1 = {block_size + 1}")
+    if int(val.max()) >= model.config.vocab_size:
+        die(f"{val.filename} holds token ids up to {int(val.max())}, past the model's vocab_size "
+            f"{model.config.vocab_size}: it is another tokenizer's data; pass the model's own with --data_dir")
+    # the rows of the run's val_eval index file (batches.py), computed rather than read: nothing is written
+    index = np.stack([row_offsets(data_seed, "val_eval", r, batch_size, len(val) - block_size)
+                      for r in range(batches)])
+    diag = diagnose(model, val, index, block_size, rt.device, rt.autocast)
+    names = [n for n in diag if any(v is not None for v in diag[n])]
+    step = f", step {loaded.step}" if loaded.step is not None else ""
+    caption = (f"{loaded.path} ({loaded.kind}{step}), query_mode={model.config.query_mode}: diagnostics on "
+               f"{batches} x {batch_size} sequences of {block_size} tokens of {val.filename} (val_eval, "
+               f"data_seed {data_seed}), {rt.device}, {rt.dtype}")
+    if args.format == "csv":
+        out = csv.writer(sys.stdout, lineterminator="\n")
+        out.writerow(["layer", *names])
+        for i in range(model.config.n_layer):
+            out.writerow([i, *(diag[n][i] for n in names)])
+        return
+    print(caption + "\n")
+    rows = [[str(i), *("-" if diag[n][i] is None else f"{diag[n][i]:.4g}" for n in names)]
+            for i in range(model.config.n_layer)]
+    print_rows(["layer", *names], rows, args.format)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="run directories, or directories of runs")
+    parser.add_argument("--checkpoint", metavar="SOURCE",
+                        help="compute the diagnostics of one model instead: anything GPT.from_pretrained loads")
+    parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
+    runs = parser.add_argument_group("runs")
+    runs.add_argument("--group_over", default="seed",
+                      help="comma-separated config keys whose runs are pooled into one column (default: seed)")
+    runs.add_argument("--step", type=int, help="diag step of the table (default: the last one every run that "
+                                               "did not diverge has)")
+    runs.add_argument("--plot", metavar="PNG", help="also draw the diagnostics over steps and the heatmaps here")
+    one = parser.add_argument_group("--checkpoint")
+    one.add_argument("--data_dir", help="directory of the val.bin to measure on (default: the run's data, else "
+                                        "data/openwebtext)")
+    one.add_argument("--batches", type=int, default=0, help="val_eval batches (default: the run's "
+                                                            "diagnostics_batches, else 1)")
+    one.add_argument("--batch_size", type=int, default=0, help="sequences per batch (default: the run's, else 12)")
+    one.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, ...")
+    one.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, ...")
+    args = parser.parse_args()
+    if bool(args.runs) == bool(args.checkpoint):
+        parser.error("pass either run directories or --checkpoint=SOURCE")
+    if args.batches < 0 or args.batch_size < 0:
+        parser.error("--batches and --batch_size must be >= 1 (0: the run's own)")
+    if args.checkpoint:
+        analyze_checkpoint(args)
+    else:
+        analyze_runs(args)
+
+
+if __name__ == "__main__":
+    main()
