@@ -4,6 +4,8 @@ Speed itself is never asserted here: targets are measured by the scripts, side b
 in one run, and recorded in bench/RESULTS.md.
 """
 
+import pytest
+
 from conftest import markdown_table, run_script
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
@@ -41,3 +43,14 @@ def test_data_speed_tokenizes_the_same_tokens_with_any_number_of_workers():
                                    ("seconds", "peak RSS MiB (whole process)", "file MiB"))
     # measured in the fresh process that built the 220 MiB file: torch alone is >100 MiB resident
     assert seconds > 0 and peak_mib > 100 and file_mib == 220
+
+
+def test_diag_cost_gives_the_diagnostics_share_of_an_evaluation():
+    out = run_script("bench/diag_cost.py", *TINY_MODEL, "--block_size=16", "--batch_size=2", "--eval_iters=10",
+                     "--rounds=2").stdout
+    assert "evaluation 2 x 10 batches of 2 sequences" in out
+    rows = markdown_table(out, "query_mode")
+    assert list(rows) == ["linear", "res_gelu"]
+    for row in rows.values():  # the share of a whole evaluation: the ratio to one batch over its 20 batches
+        share = float(row["diag / evaluation"].rstrip("%"))
+        assert share == pytest.approx(100 * float(row["diag / eval batch"]) / 20, abs=0.01) and share > 0
