@@ -1,5 +1,6 @@
 """
-Downstream evaluation through EleutherAI's lm-evaluation-harness (lm-eval 0.4): any of its
+Downstream evaluation through EleutherAI's lm-evaluation-harness (lm-eval 0.4; Gao et al.,
+"A framework for few-shot language model evaluation", Zenodo 2023): any of its
 tasks, or tasks defined from local files, for any model GPT.from_pretrained loads (eval.py)
 or for the model being trained (train.py's eval_tasks). The tasks, their prompts and their
 metrics are lm-eval's; this module only scores text with our GPT.
@@ -53,8 +54,6 @@ LOCAL_TASK_HINT = (
     "To run a task without the hub, copy its data files over and define it as a local task: a YAML file with "
     "`dataset_path: json` and `dataset_kwargs: {data_files: {validation: FILE.jsonl}}` in a directory passed with "
     "--include_path (eval.py) or eval_tasks_include_path (train.py); README.md, \"Evaluation\", shows HellaSwag")
-
-
 unreachable_hub = None  # why prepare_hub put this process offline, if it did
 
 
@@ -81,8 +80,8 @@ class GPTLM(TemplateLM):
     - loglikelihood_rolling: the log-likelihood of a whole text after the end-of-text token,
       in lm-eval's windows (lm_eval.utils.get_rolling_token_windows with context_len=1 and
       make_disjoint_window): consecutive non-overlapping blocks of block_size predicted tokens,
-      each token scored once, with the context inside its own block only; the last block takes
-      a full block_size of context and scores only its new tokens.
+      each token scored once, with the context inside its own block only; the last block's
+      input is the block_size tokens before its end, of which it scores only the new ones.
     - generate_until: the KV-cache generate() (model.py) from the context's last block_size
       tokens, greedy unless the task asks for do_sample; the text up to the first stop sequence
       (`until`, and GPT-2's end-of-text), at most max_gen_toks tokens.
@@ -241,9 +240,9 @@ def prepare_hub(timeout=HUB_TIMEOUT):
         check_hub_reachable(timeout)
         return False
     except HubError as e:
-        unreachable_hub = f"at {hub_endpoint()} does not answer ({e.__cause__})"
-    print(f"the Hugging Face hub {unreachable_hub}: running offline, on local tasks and the local Hugging Face "
-          f"cache", file=sys.stderr)
+        unreachable_hub = f"{hub_endpoint()} ({e.__cause__})"
+    print(f"the Hugging Face hub does not answer at {unreachable_hub}: running offline, on local tasks and the local "
+          f"Hugging Face cache", file=sys.stderr)
     os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
     # both libraries read the variables once, at import; set their flags too where they are imported already
     for module, flag in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE")):
@@ -281,9 +280,9 @@ def task_errors():
     try:
         yield
     except ConnectionError as e:  # datasets' OfflineModeIsEnabled, or the hub going away
-        why = (f"cannot be reached: it {unreachable_hub}" if unreachable_hub else "is off (HF_HUB_OFFLINE or "
+        why = (f"does not answer at {unreachable_hub}" if unreachable_hub else "is off (HF_HUB_OFFLINE or "
                "HF_DATASETS_OFFLINE)" if hub_offline() else "cannot be reached")
-        raise EvalError(f"a task's data is on the Hugging Face hub, which {why}; nor is it in the local cache ({e}). "
+        raise EvalError(f"a task's data is on the Hugging Face hub, which {why}, and not in the local cache ({e}). "
                         f"{LOCAL_TASK_HINT}") from None
     except FileNotFoundError as e:  # a local data file, or a data set the hub does not have
         raise EvalError(f"a task's data was not found: {e}. Check dataset_path and data_files in the task's YAML "

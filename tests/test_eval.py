@@ -190,8 +190,9 @@ def test_task_errors(assets, tmp_path, case):
         message = f"a task's data was not found: Unable to find '{tmp_path / 'gone.jsonl'}'"
     else:  # a task on a hub data set, with the hub at a closed port and no offline mode asked for
         (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.replace("json", "someone/hub_only_data").format(path="x"))
-        env = {"HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": "", "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
-        message = "a task's data is on the Hugging Face hub, which cannot be reached"
+        hub = f"http://127.0.0.1:{closed_port()}"
+        env = {"HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": "", "HF_ENDPOINT": hub}
+        message = f"a task's data is on the Hugging Face hub, which does not answer at {hub}"
     t0 = time.time()
     proc = run_script("eval.py", f"--init_from={model_dir}", "--device=cpu", *args, check=False, env=env)
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
