@@ -5,7 +5,7 @@ The training loop calls RunLog.log and RunLog.print unconditionally: on every ra
 and for wandb when it is off, they do nothing (as nanochat's DummyWandb), so the loop
 has no `if master` or `if wandb` branches. metrics.jsonl holds one JSON object a line:
 first a `config` record (the header: resolved config, command line, git commit), then
-`train`, `eval` and `diverged` records, each with its `step`.
+`train`, `eval`, `downstream` (one per lm-eval task) and `diverged` records, each with its `step`.
 """
 
 import json
@@ -78,13 +78,15 @@ class RunLog:
 
     def log(self, record):
         """Append one record (a dict with 'type' and 'step') to metrics.jsonl and, but for the
-        header, to wandb as '<type>/<key>'."""
+        header, to wandb as '<type>/<key>', or '<type>/<task>/<key>' for a record with a 'task'."""
         if not self.master:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if record["type"] != "config":
-            self.wandb.log({f"{record['type']}/{k}": v for k, v in record.items() if k not in ("type", "step")},
+            # a task's record (downstream) goes under its own name: downstream/hellaswag/acc_norm
+            prefix = f"{record['type']}/" + (f"{record['task']}/" if "task" in record else "")
+            self.wandb.log({prefix + k: v for k, v in record.items() if k not in ("type", "step", "task")},
                            step=record["step"])
             if record["type"] == "diverged":
                 self.wandb.summary["diverged_step"] = record["step"]
