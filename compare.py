@@ -7,6 +7,7 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py sweeps/lr --group_over=seed,data_seed --format=csv > lr.csv
     python compare.py out-baseline out-res-gelu --plot=figure1.png
     python compare.py out-mini/* --best_over=learning_rate         # each arm at its own best learning rate
+    python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
@@ -14,7 +15,9 @@ the mean ± sample std of the validation loss over the group's n runs at one eva
 default the last step that every run that did not diverge has reached. rel. improvement is
 (L_base - L) / L_base of the group means in percent (SPEC §3; positive = lower loss than the
 baseline); p is Welch's t-test against the baseline group when both have n >= 2. A run that
-diverged is left out of its group's mean and n, and its row says so.
+diverged is left out of its group's mean and n, and its row says so. --metric=TASK/METRIC
+(train.py's eval_tasks: the `downstream` records) adds a column with that score at the same
+step, mean ± sample std over the group's runs like the loss.
 
 A run's history is its metrics.jsonl as it stands now: a `config` record at step s (a
 restart) replaces what an earlier session logged after step s, and of records logged twice
@@ -36,7 +39,8 @@ import numpy as np
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
     "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "backend", "peak_flops", "device", "diagnostics", "diagnostics_batches",
+    "backend", "peak_flops", "device", "diagnostics", "diagnostics_batches", "eval_tasks", "eval_tasks_interval",
+    "eval_tasks_limit", "eval_tasks_include_path",
 }
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
           "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
@@ -45,13 +49,14 @@ FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Wel
 @dataclass
 class Run:
     """One run directory: train.py's config header, its evals {step: (train_loss, val_loss)} (nats per token),
-    the step at which it diverged (None if it did not) and its diagnostics {step: {name: [value per layer]}}
-    (the `diag` records, diagnostics.py; analyze.py reads them)."""
+    the step at which it diverged (None if it did not), its downstream scores {step: {"task/metric": value}} and
+    its diagnostics {step: {name: [value per layer]}} (the `diag` records, diagnostics.py; analyze.py reads them)."""
 
     out_dir: str
     header: dict
     evals: dict
     diverged: int | None
+    downstream: dict
     diags: dict = field(default_factory=dict)
 
     @property
@@ -108,9 +113,14 @@ def load_run(path):
         die(f"{path} has neither config.json nor a config record in metrics.jsonl; pass runs written by train.py")
     evals = {r["step"]: (r["train_loss"], r["val_loss"]) for r in records if r["type"] == "eval"}
     diverged = [r["step"] for r in records if r["type"] == "diverged"]
+    downstream = {}
+    for r in records:
+        if r["type"] == "downstream":
+            downstream.setdefault(r["step"], {}).update(
+                {f"{r['task']}/{k}": v for k, v in r.items() if k not in ("type", "step", "task")})
     diags = {r["step"]: {k: v for k, v in r.items() if k not in ("type", "step")}
              for r in records if r["type"] == "diag"}
-    return Run(path, headers[-1], evals, diverged[-1] if diverged else None, diags)
+    return Run(path, headers[-1], evals, diverged[-1] if diverged else None, downstream, diags)
 
 
 def fill_defaults(runs):
@@ -191,14 +201,25 @@ def default_step(runs):
     return max(common)
 
 
-def summarize(group, step):
-    """One table row as numbers: the group's val losses at `step` (nats per token) over its runs that did not
-    diverge and have that eval, their mean and sample std (None without a value), and which runs are left out."""
+def val_loss(run, step):
+    """A run's val loss at `step` (nats per token), None if it has no eval there."""
+    return run.evals[step][1] if step in run.evals else None
+
+
+def downstream_score(metric):
+    """value(run, step) of a downstream score "task/metric", None where the run has none."""
+    return lambda run, step: run.downstream.get(step, {}).get(metric)
+
+
+def summarize(group, step, value=val_loss):
+    """One table row as numbers: value(run, step) (by default the val loss, nats per token) over the group's runs
+    that did not diverge and have one at `step`, their mean and sample std (None without a value), and which runs
+    are left out."""
     alive = [r for r in group.runs if r.diverged is None]
-    losses = np.array([r.evals[step][1] for r in alive if step in r.evals])
-    n = len(losses)
-    return {"losses": losses, "mean": float(losses.mean()) if n else None,
-            "std": float(losses.std(ddof=1)) if n >= 2 else None, "n": n,
+    values = np.array([v for v in (value(r, step) for r in alive) if v is not None])
+    n = len(values)
+    return {"values": values, "mean": float(values.mean()) if n else None,
+            "std": float(values.std(ddof=1)) if n >= 2 else None, "n": n,
             "diverged": sorted(r.diverged for r in group.runs if r.diverged is not None),
             "not_reached": len(alive) - n, "runs": len(group.runs)}
 
@@ -212,7 +233,7 @@ def versus(row, base):
     # imported here: scipy.stats is most of the start-up time, and only p needs it
     from scipy import stats
 
-    return rel, float(stats.ttest_ind(row["losses"], base["losses"], equal_var=False).pvalue)
+    return rel, float(stats.ttest_ind(row["values"], base["values"], equal_var=False).pvalue)
 
 
 def step_list(steps):
@@ -234,31 +255,45 @@ def loss_cell(row):
     return value + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def text_cells(group, row):
-    """The human-readable cells of one row of the text and markdown tables."""
+def metric_cell(row):
+    """A downstream score's column text: mean ± std over the runs that have it, and how many do not."""
+    if row["n"] == 0:
+        return "not evaluated"
+    value = f"{row['mean']:.4f}" + (f" ± {row['std']:.4f}" if row["n"] >= 2 else "")
+    return value + (f" ({row['not_reached']} of {row['runs']} not evaluated)" if row["not_reached"] else "")
+
+
+def text_cells(group, row, metric_rows):
+    """The human-readable cells of one row of the text and markdown tables; metric_rows: the row's summaries of
+    the --metric scores."""
     cfg = group.header["config"]
     return [group.label, cfg["query_mode"], f"{group.header['non_embedding_params']:,}", f"{cfg['learning_rate']:g}",
-            f"{cfg['min_lr']:g}", f"{cfg['weight_decay']:g}", loss_cell(row), str(row["n"]),
+            f"{cfg['min_lr']:g}", f"{cfg['weight_decay']:g}", loss_cell(row),
+            *(metric_cell(m) for m in metric_rows), str(row["n"]),
             "-" if row["rel"] is None else f"{row['rel']:.2f}", "-" if row["p"] is None else f"{row['p']:.2g}"]
 
 
-def print_table(groups, rows, step, caption, fmt):
-    """Print the table to stdout as aligned text, a markdown pipe table, or csv with full precision."""
+def print_table(groups, rows, step, caption, fmt, metrics=(), metric_rows=()):
+    """Print the table to stdout as aligned text, a markdown pipe table, or csv with full precision. metrics: the
+    --metric names; metric_rows[i]: group i's summaries of them, in that order."""
+    metric_rows = metric_rows or [[] for _ in groups]
     if fmt == "csv":
         out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(["run", "query_mode", "non_embedding_params", "learning_rate", "min_lr", "weight_decay", "step",
-                      "val_loss_mean", "val_loss_std", "n", "rel_improvement_pct", "p", "diverged", "not_reached"])
-        for group, row in zip(groups, rows):
+                      "val_loss_mean", "val_loss_std", "n", "rel_improvement_pct", "p", "diverged", "not_reached"]
+                     + [f"{m}_{k}" for m in metrics for k in ("mean", "std", "n")])
+        for group, row, scores in zip(groups, rows, metric_rows):
             cfg = group.header["config"]
             out.writerow([group.label, cfg["query_mode"], group.header["non_embedding_params"], cfg["learning_rate"],
                           cfg["min_lr"], cfg["weight_decay"], step] + [row[k] for k in ("mean", "std", "n", "rel", "p")]
-                         + [" ".join(map(str, row["diverged"])), row["not_reached"]])
+                         + [" ".join(map(str, row["diverged"])), row["not_reached"]]
+                         + [m[k] for m in scores for k in ("mean", "std", "n")])
         return
-    # text columns and the val loss (which may carry a note) align left, numbers right
-    columns = ["run", "query", "non-emb params", "max lr", "min lr", "weight decay", f"val loss @ {step}", "n",
-               "rel. improvement (%)", "p"]
-    left = [True, True, False, False, False, False, True, False, False, False]
-    cells = [text_cells(g, r) for g, r in zip(groups, rows)]
+    # text columns and the val loss and scores (which may carry a note) align left, numbers right
+    columns = ["run", "query", "non-emb params", "max lr", "min lr", "weight decay", f"val loss @ {step}",
+               *(f"{m} @ {step}" for m in metrics), "n", "rel. improvement (%)", "p"]
+    left = [True, True, False, False, False, False, True, *(True for _ in metrics), False, False, False]
+    cells = [text_cells(g, r, m) for g, r, m in zip(groups, rows, metric_rows)]
     print(caption + "\n")
     if fmt == "markdown":
         for line in [columns, ["---" if lft else "---:" for lft in left], *cells]:
@@ -267,7 +302,8 @@ def print_table(groups, rows, step, caption, fmt):
         widths = [max(len(c) for c in column) for column in zip(columns, *cells)]
         for line in [columns, ["-" * w for w in widths], *cells]:
             print("  ".join(c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(line, widths, left)).rstrip())
-    print("\n" + FOOTER)
+    print("\n" + FOOTER + ("; downstream scores (train.py's eval_tasks): mean ± sample std over the runs that have "
+                            "them at this step" if metrics else ""))
 
 
 def curve(group):
@@ -348,6 +384,9 @@ def main():
                              "show the one with the lowest mean val loss (a tuned-vs-tuned comparison)")
     parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     parser.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
+    parser.add_argument("--metric", default="", metavar="TASK/METRIC",
+                        help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
+                             "column each, at the same step, mean ± std over each row's runs")
     args = parser.parse_args()
 
     runs = [load_run(d) for d in find_run_dirs(args.out_dirs)]
@@ -357,6 +396,12 @@ def main():
     if unknown:
         die(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; "
             f"pass config keys such as seed or data_seed")
+    metrics = [m for m in args.metric.split(",") if m]
+    known = sorted(set().union(*(scores for r in runs for scores in r.downstream.values())))
+    for metric in metrics:
+        if metric not in known:
+            die(f"--metric={metric}: no run has that downstream score; they have "
+                + (", ".join(known) if known else "none (train with eval_tasks to get them)"))
     groups = make_groups(runs, group_over)
     baseline = find_baseline(groups, args.baseline)
     if args.step is None:
@@ -379,7 +424,8 @@ def main():
     for row in rows:
         row["rel"], row["p"] = versus(row, base_row)
     caption += f"; baseline: {baseline.label}; runs pooled over {', '.join(sorted(group_over))}"
-    print_table(groups, rows, step, caption, args.format)
+    metric_rows = [[summarize(g, step, downstream_score(m)) for m in metrics] for g in groups]
+    print_table(groups, rows, step, caption, args.format, metrics, metric_rows)
     if args.plot:
         plot(groups, baseline).savefig(args.plot, dpi=150)
         # the csv on stdout stays machine-readable

@@ -580,6 +580,9 @@ class GPT(nn.Module):
     when targets are given; otherwise logits (B, 1, vocab_size) for the last position
     and loss None. kv_cache, a list of n_layer KVCache (new_kv_cache()), holds the
     positions before idx; their count plus T must not exceed block_size (ValueError).
+    hidden_states(idx, kv_cache=None): the final norm's output (B, T, n_embd), which
+    lm_head maps to the logits, for a caller that needs the logits of some positions only
+    (downstream.py).
 
     Raises ValueError (from GPTConfig) for an unknown query_mode.
     """
@@ -652,6 +655,14 @@ class GPT(nn.Module):
         return self.transformer.drop(x), rope
 
     def forward(self, idx, targets=None, kv_cache=None):
+        x = self.hidden_states(idx, kv_cache)
+        if targets is None:
+            return self.lm_head(x[:, [-1], :]), None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    def hidden_states(self, idx, kv_cache=None):
         T = idx.size(1)
         past = kv_cache[0].length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -659,12 +670,7 @@ class GPT(nn.Module):
         x, rope = self.embed(idx, past)
         for i, block in enumerate(self.transformer.h):
             x = block(x, kv_cache[i] if kv_cache is not None else None, rope)
-        x = self.transformer.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
+        return self.transformer.ln_f(x)
 
     @classmethod
     def from_pretrained(cls, source, **overrides):

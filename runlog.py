@@ -5,8 +5,8 @@ The training loop calls RunLog.log and RunLog.print unconditionally: on every ra
 and for wandb when it is off, they do nothing (as nanochat's DummyWandb), so the loop
 has no `if master` or `if wandb` branches. metrics.jsonl holds one JSON object a line:
 first a `config` record (the header: resolved config, command line, git commit), then
-`train`, `eval`, `diag` (per-layer diagnostics, diagnostics.py) and `diverged` records,
-each with its `step`.
+`train`, `eval`, `diag` (per-layer diagnostics, diagnostics.py), `downstream` (one per
+lm-eval task) and `diverged` records, each with its `step`.
 """
 
 import json
@@ -79,19 +79,21 @@ class RunLog:
 
     def log(self, record):
         """Append one record (a dict with 'type' and 'step') to metrics.jsonl and, but for the
-        header, to wandb as '<type>/<key>'; a list value holds one number per layer (a `diag`
-        record) and goes to wandb as '<type>/layer<i>/<key>', its None entries left out."""
+        header, to wandb as '<type>/<key>', or '<type>/<task>/<key>' for a record with a 'task'; a
+        list value holds one number per layer (a `diag` record) and goes to wandb as
+        '<type>/layer<i>/<key>', its None entries left out."""
         if not self.master:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if record["type"] != "config":
-            kind, items = record["type"], {}
+            # a task's record (downstream) goes under its own name: downstream/hellaswag/acc_norm
+            prefix, items = f"{record['type']}/" + (f"{record['task']}/" if "task" in record else ""), {}
             for key, value in record.items():
                 if isinstance(value, list):
-                    items.update({f"{kind}/layer{i}/{key}": v for i, v in enumerate(value) if v is not None})
-                elif key not in ("type", "step"):
-                    items[f"{kind}/{key}"] = value
+                    items.update({f"{prefix}layer{i}/{key}": v for i, v in enumerate(value) if v is not None})
+                elif key not in ("type", "step", "task"):
+                    items[prefix + key] = value
             self.wandb.log(items, step=record["step"])
             if record["type"] == "diverged":
                 self.wandb.summary["diverged_step"] = record["step"]

@@ -13,7 +13,6 @@ containers, never arbitrary pickled objects), which names the run's other checkp
 ckpt.pt is truncated or corrupt.
 """
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from configurator import config_from_argv
 from model import GPT
 from pretrained import PretrainedError
 from runtime import SetupError, setup
-from tokenizer import get_gpt2_encoding
+from tokenizer import run_tokenizer
 
 
 @dataclass
@@ -59,31 +58,16 @@ loaded = model.loaded_from
 print(f"loaded {loaded.path}" + (f": step {loaded.step}" if loaded.step is not None else "")
       + f", query_mode={model.config.query_mode}")
 
-# the tokenizer: the run's (GPT-2 BPE, or the characters of a char-level dataset's meta.json);
-# every source but this repo's checkpoints is a GPT-2
-run_cfg = loaded.run_config or {"data_dir": "", "dataset": "openwebtext"}
-meta_path = os.path.join(run_cfg["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                                                             run_cfg["dataset"]), "meta.json")
-meta = {}
-if os.path.isfile(meta_path):
-    with open(meta_path) as f:
-        meta = json.load(f)
+# the tokenizer: the run's (GPT-2 BPE, or the characters of a char-level dataset's meta.json)
+enc = run_tokenizer(loaded.run_config)
 start = cfg.start
 if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
         start = f.read()
-if meta.get("tokenizer") == "char":
-    chars = meta["chars"]
-    unknown = sorted(set(start) - set(chars))
-    if unknown:
-        sys.exit(f"error: the prompt has characters this model never saw: {unknown!r}; it knows {chars!r}")
-    start_ids = [chars.index(c) for c in start]
-
-    def decode(ids):
-        return "".join(chars[i] if i < len(chars) else "\ufffd" for i in ids)  # ids past the data's, from padding
-else:
-    enc = get_gpt2_encoding()
-    start_ids, decode = enc.encode_ordinary(start), enc.decode
+try:
+    start_ids = enc.encode(start)
+except ValueError as e:
+    sys.exit(f"error: the prompt has {e}")
 if not start_ids:
     sys.exit("error: the prompt encodes to no tokens; pass a non-empty --start")
 x = torch.tensor(start_ids, dtype=torch.long, device=rt.device)[None, ...].repeat(cfg.num_samples, 1)
@@ -93,5 +77,5 @@ with torch.no_grad(), rt.autocast:
     y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
                        use_kv_cache=cfg.kv_cache)
 for i in range(cfg.num_samples):
-    print(decode(y[i].tolist()))
+    print(enc.decode(y[i].tolist()))
     print("---------------")

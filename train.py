@@ -13,7 +13,8 @@ val loss on the same fixed sequences every eval_interval steps (training.py) wit
 default, per-layer attention and query diagnostics on the first val batches
 (diagnostics.py), appends every metric to out_dir/metrics.jsonl and to wandb when
 wandb_log (runlog.py), and writes a checkpoint atomically after each evaluation
-(checkpoint.py).
+(checkpoint.py). With eval_tasks it also runs lm-evaluation-harness tasks on rank 0
+every eval_tasks_interval steps (downstream.py).
 
 Processes (runtime.py): under torchrun (PyTorch DDP) step i still trains on row i of the
 train index, batch_size x gradient_accumulation_steps sequences; rank r of W takes the
@@ -111,6 +112,11 @@ def train(cfg, config_files, rt):
     data = open_run_data(data_dir, f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
                          B * cfg.gradient_accumulation_steps, B, T, cfg.eval_iters, cfg.vocab_size)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
+    downstream = None  # lm-eval's tasks (downstream.py), imported only when asked for; checked here, before the run
+    if cfg.eval_tasks:
+        from downstream import DownstreamEval
+
+        downstream = DownstreamEval(cfg, rt)
 
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     start_step, wandb_id, resumed_after_eval, streak = 0, None, False, 0
@@ -177,6 +183,10 @@ def train(cfg, config_files, rt):
                 top = max(range(cfg.n_layer), key=diag["attn_logit_max"].__getitem__)
                 out.print(f"step {step}: max attention logit {diag['attn_logit_max'][top]:.2f} (layer {top}), "
                           f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
+        if rt.master and downstream and downstream.due(step, start_step, resumed_after_eval, stopping):
+            for record in downstream.evaluate(raw_model, step):
+                out.print(downstream.describe(record))
+                out.log(record)
         if should_save(step, cfg, start_step, evaluated, stopping):
             if rt.master:
                 save_checkpoint(cfg.out_dir, {

@@ -31,6 +31,11 @@ class TrainConfig(GPTConfig):
     resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'
     keep_last_n: int = 2  # newest step checkpoints out_dir/ckpt_<step>.pt kept; the newest is also ckpt.pt
     save_checkpoint_steps: tuple = ()  # steps that also get a checkpoint, never pruned, e.g. (59000, 60000)
+    # downstream evaluation with lm-eval (downstream.py) on the master rank, e.g. eval_tasks = "hellaswag,arc_easy"
+    eval_tasks: str = ""  # comma-separated lm-eval task names; '' = none (and lm-eval is not imported)
+    eval_tasks_interval: int = 0  # steps between task runs (also after the last update); 0 = eval_interval
+    eval_tasks_limit: int = 0  # examples per task, the first ones; 0 = all
+    eval_tasks_include_path: str = ""  # a directory of task YAMLs, e.g. over local data (README: Evaluation)
     # wandb
     wandb_log: bool = False
     wandb_project: str = "nonlinear-queries"
@@ -109,6 +114,13 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"diagnostics_batches={self.diagnostics_batches} exceeds eval_iters={self.eval_iters}: "
                              f"the diagnostics run on the first diagnostics_batches of the eval_iters fixed val "
                              f"batches; lower diagnostics_batches or raise eval_iters")
+        if self.eval_tasks_interval < 0 or self.eval_tasks_limit < 0:
+            raise ValueError(f"eval_tasks_interval and eval_tasks_limit must be >= 0 (0 = eval_interval, 0 = all "
+                             f"examples), got {self.eval_tasks_interval} and {self.eval_tasks_limit}")
+        unused = [k for k in ("eval_tasks_interval", "eval_tasks_limit", "eval_tasks_include_path") if getattr(self, k)]
+        if unused and not self.eval_tasks.strip():
+            raise ValueError(f"{', '.join(unused)} set but eval_tasks is empty: name the tasks to run, e.g. "
+                             f"eval_tasks='hellaswag'")
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in self.save_checkpoint_steps):
             raise ValueError(f"save_checkpoint_steps must be steps >= 1, got {self.save_checkpoint_steps!r}")
 

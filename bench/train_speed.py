@@ -3,10 +3,14 @@ Training speed of every query mode (and the MLP4.75 control), measured side by s
 
     python bench/train_speed.py                                      # CPU: 6 x 384, block 256
     python bench/train_speed.py --size=gpt2 --compile --device=cuda  # GPT-2 small, bf16
+    python bench/train_speed.py --recipe=modern                      # RoPE, RMSNorm, ReLU^2, QK-norm, Muon
 
 One full training step per variant and round: forward and backward over batch_size
-sequences of random tokens, gradient clipping, an AdamW step (train.py's own optimizer
-setup). The variants take turns within each round (A B C ... C B A), so a shared
+sequences of random tokens, gradient clipping, and the optimizer step of train.py's own
+optimizer setup (optimizers.build_optimizers). --recipe picks the model options and the
+optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
+config/modern/baseline.py (README "The modern recipe": Muon for the blocks' matrices); the
+size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
 machine's drift falls on all of them alike. Columns:
 
 - ms/step: median over rounds (min in brackets); tokens/s = batch_size * block_size / median
@@ -22,12 +26,14 @@ machine's drift falls on all of them alike. Columns:
 """
 
 import multiprocessing
+import os
 import statistics
 
 import torch
 
 from common import (
     DEFAULT_MODES,
+    REPO,
     command_line,
     header,
     interleaved,
@@ -37,13 +43,27 @@ from common import (
     query_modes,
     resolve_device,
 )
+from configurator import parse_config
 from model import GPT, GPTConfig
+from optimizers import build_optimizers
 from runtime import mfu, peak_flops
+from train_config import TrainConfig
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
     "cpu": (6, 6, 384, 256, 4),
     "gpt2": (12, 12, 768, 1024, 12),  # the paper's model and micro-batch
 }
+RECIPES = {"gpt2": "config/baseline.py", "modern": "config/modern/baseline.py"}
+SIZE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
+def recipe(name):
+    """(model options, training config) of a recipe: the GPTConfig settings its config file
+    gives, the size and the query left out (the bench sets them), and its TrainConfig, whose
+    optimizer settings build_optimizers reads."""
+    cfg, _ = parse_config(TrainConfig, [os.path.join(REPO, RECIPES[name])])
+    options = {k: v for k, v in cfg.model_settings().items() if k not in (*SIZE_KEYS, "query_mode")}
+    return options, cfg
 
 
 def variants(args):
@@ -60,18 +80,20 @@ def variants(args):
 
 
 def build(args, overrides, device):
-    """(model, compiled model, optimizer) of one variant; every variant starts from seed 0."""
+    """(model, compiled model, optimizers) of one variant under args.recipe; every variant
+    starts from seed 0."""
+    options, cfg = recipe(args.recipe)
     n_layer, n_head, n_embd, block_size, _ = SIZES[args.size]
-    config = GPTConfig(n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head, n_embd=args.n_embd or n_embd,
-                       block_size=args.block_size or block_size, vocab_size=args.vocab_size or 50304, **overrides)
+    config = GPTConfig(**{**options, **overrides}, n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head,
+                       n_embd=args.n_embd or n_embd, block_size=args.block_size or block_size,
+                       vocab_size=args.vocab_size or 50304)
     torch.manual_seed(0)
     model = GPT(config).to(device)
-    device_type = "cuda" if device.startswith("cuda") else "cpu"
-    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type)
-    return model, torch.compile(model) if args.compile else model, optimizer
+    optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
+    return model, torch.compile(model) if args.compile else model, optimizers
 
 
-def make_step(model, compiled, optimizer, x, y, autocast):
+def make_step(model, compiled, optimizers, x, y, autocast):
     """One training step, as in train.py (without gradient accumulation)."""
 
     def step():
@@ -79,8 +101,9 @@ def make_step(model, compiled, optimizer, x, y, autocast):
             _, loss = compiled(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
     return step
 
@@ -96,9 +119,9 @@ def cpu_peak_mib(args, overrides):
     """Peak RSS growth (MiB) of building one variant and running two steps, in this (fresh) process."""
     torch.set_num_threads(1)  # memory, not speed, is measured here
     before = proc_status_kib("VmRSS")
-    model, compiled, optimizer = build(args, overrides, "cpu")
+    model, compiled, optimizers = build(args, overrides, "cpu")
     _, _, autocast = resolve_device(args)
-    step = make_step(model, compiled, optimizer, *batch(args, model.config, "cpu"), autocast)
+    step = make_step(model, compiled, optimizers, *batch(args, model.config, "cpu"), autocast)
     step()
     step()
     # VmHWM, not ru_maxrss: a spawned process inherits its parent's ru_maxrss across exec
@@ -107,6 +130,8 @@ def cpu_peak_mib(args, overrides):
 
 def main():
     p = parser(__doc__.split("\n\n")[1].strip())
+    p.add_argument("--recipe", choices=RECIPES, default="gpt2",
+                   help="model options and optimizers: the paper's (gpt2) or the modern recipe's")
     p.add_argument("--size", choices=SIZES, default=None, help="model and batch size; default cpu or gpt2 by device")
     for key in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "vocab_size"):
         p.add_argument(f"--{key}", type=int, default=0, help="override the size preset")
@@ -129,14 +154,15 @@ def main():
     specs = variants(args)
     models, steps, persistent = {}, {}, {}
     for name, overrides in specs.items():
-        model, compiled, optimizer = build(args, overrides, device)
-        step = make_step(model, compiled, optimizer, *batch(args, model.config, device), autocast)
+        model, compiled, optimizers = build(args, overrides, device)
+        step = make_step(model, compiled, optimizers, *batch(args, model.config, device), autocast)
         for _ in range(args.warmup):
             step()
         models[name], steps[name] = model, step
-        if cuda:  # parameters + AdamW's two moments (fp32), which the step's own peak does not show
+        if cuda:  # parameters + the optimizers' states, which the step's own peak does not show
             persistent[name] = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
-                t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values())
+                t.numel() * t.element_size() for opt in optimizers for s in opt.state.values() for t in s.values()
+                if torch.is_tensor(t))
     times = interleaved(steps, rounds, device)
 
     peak_mib = {}
@@ -152,7 +178,7 @@ def main():
 
     cfg = models["linear"].config
     tokens = (args.batch_size or SIZES[args.size][4]) * cfg.block_size
-    print(header(f"Training step: {cfg.n_layer} layers, d={cfg.n_embd}, block {cfg.block_size}, "
+    print(header(f"Training step, {args.recipe} recipe: {cfg.n_layer} layers, d={cfg.n_embd}, block {cfg.block_size}, "
                  f"{tokens // cfg.block_size} sequences, {rounds} rounds", device, dtype, args.compile, command_line()))
     print("| variant | non-emb params | ms/step (min) | tokens/s | MFU | peak MiB | vs linear |")
     print("|---|---|---|---|---|---|---|")

@@ -5,6 +5,8 @@ in one run, and recorded in bench/RESULTS.md.
 """
 
 import pytest
+import torch
+import train_speed
 
 from conftest import markdown_table, run_script
 
@@ -21,6 +23,21 @@ def test_train_speed_table_has_every_variant_against_linear():
     assert params["res_gelu unfused"] == params["res_gelu"] and params["linear unfused"] == params["linear"]
     assert rows["linear"]["vs linear"] == "1.000" and all(row["MFU"] == "-" for row in rows.values())  # CPU
     assert "command: python bench/train_speed.py --device=cpu" in out
+
+
+def test_train_speed_modern_recipe_is_config_modern_with_its_optimizers():
+    options, _ = train_speed.recipe("modern")
+    assert options == {"pos_encoding": "rope", "norm": "rmsnorm", "mlp_activation": "relu2", "qk_norm": True,
+                       "tie_weights": False}
+    assert train_speed.recipe("gpt2")[0] == {}  # the paper's model is GPTConfig's defaults
+    args = type("Args", (), dict(
+        recipe="modern", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=512, compile=False))
+    model, _, optimizers = train_speed.build(args, {"query_mode": "res_gelu"}, "cpu")
+    assert model.config.pos_encoding == "rope" and model.config.query_mode == "res_gelu"
+    assert [type(o) for o in optimizers] == [torch.optim.AdamW, torch.optim.Muon]
+    out = run_script("bench/train_speed.py", "--recipe=modern", *TINY_MODEL, "--block_size=16", "--batch_size=2",
+                     "--rounds=1", "--warmup=1", "--modes=linear,res_gelu", "--no_mlp475").stdout
+    assert list(markdown_table(out, "variant")) == ["linear", "res_gelu"] and "modern recipe" in out
 
 
 def test_sample_speed_cached_generation_gives_the_same_tokens():

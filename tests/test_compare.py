@@ -363,3 +363,24 @@ def test_best_over_compares_each_arm_at_its_best_learning_rate(tmp_path):
                                                                                             abs=1e-9)
     assert float(best["res_gelu learning_rate=0.003"]["p"]) == pytest.approx(welch_p([2.85, 2.95], [2.95, 3.05]),
                                                                            abs=1e-9)
+
+
+def test_metric_column_pools_downstream_scores_over_seeds(seeds):
+    # train.py's eval_tasks records at step 2000: baseline acc_norm 0.30, 0.32, 0.34; res_gelu 0.35, 0.39 and one
+    # run without the task
+    scores = {0: 0.30, 1: 0.32, 2: 0.34, 3: 0.35, 4: 0.39}
+    for i, out_dir in enumerate(seeds):
+        if i in scores:
+            with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"type": "downstream", "step": 2000, "task": "hellaswag", "acc": 0.25,
+                                    "acc_norm": scores[i], "examples": 100}) + "\n")
+    out = run_compare(*seeds, "--metric=hellaswag/acc_norm").stdout
+    assert "hellaswag/acc_norm @ 2000" in out
+    assert "0.3200 ± 0.0200" in out and "0.3700 ± 0.0283 (1 of 3 not evaluated)" in out
+    table = csv_rows(run_compare(*seeds, "--metric=hellaswag/acc_norm", "--format=csv").stdout)
+    assert [(float(r["hellaswag/acc_norm_mean"]), float(r["hellaswag/acc_norm_std"]), int(r["hellaswag/acc_norm_n"]))
+            for r in table.values()] == [(pytest.approx(0.32), pytest.approx(0.02), 3),
+                                         (pytest.approx(0.37), pytest.approx(math.sqrt(0.0008)), 2)]
+    assert table["baseline"]["val_loss_mean"] == "3.1"  # the loss columns as without --metric
+    bad = run_compare(*seeds, "--metric=hellaswag/accuracy", check=False)
+    assert bad.returncode == 1 and "hellaswag/acc, hellaswag/acc_norm, hellaswag/examples" in bad.stderr

@@ -1,0 +1,221 @@
+"""Downstream evaluation (downstream.py, eval.py, train.py's eval_tasks) on tasks this file writes as local jsonl +
+YAML, with a tiny model: the adapter's scores against the model's log-probabilities computed token by token, batch
+sizes, stop strings, the errors a user meets, and tasks run during training. No network: HF_*_OFFLINE is set
+(conftest.py), and the unreachable hub is a closed local port."""
+
+import json
+import os
+import socket
+import time
+
+import lm_eval
+import numpy as np
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.tasks import TaskManager
+
+from conftest import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
+from downstream import GPTLM
+from model import GPT, GPTConfig
+from pretrained import export
+from tokenizer import GPT2Tokenizer
+
+BLOCK = 16  # the test model's block_size: the long contexts and texts below need several windows of it
+# invented examples, none from a real data set; the third context is longer than BLOCK tokens
+MULTIPLE_CHOICE = [
+    {"query": "The baker opened the oven and took out", "choices": ["a loaf of bread.", "a violin.", "the moon."],
+     "label": 0},
+    {"query": "When the river froze, the children went", "choices": ["skating.", "swimming."], "label": 0},
+    {"query": "After three weeks at sea, with the water barrels nearly empty and the crew restless, the captain "
+              "finally saw", "choices": ["land on the horizon.", "a bicycle shop.", "his own reflection.",
+                                         "nothing at all."], "label": 0},
+    {"query": "She planted the seeds in spring and in autumn she", "choices": ["harvested pumpkins.",
+                                                                              "sold the tractor."], "label": 0},
+    {"query": "The library was quiet except for", "choices": ["the turning of pages.", "a marching band."],
+     "label": 1},
+]
+TEXTS = [
+    {"text": "A short line."},
+    {"text": "The lighthouse keeper counted the gulls every morning, wrote their number in a blue ledger, and never "
+             "once told anyone in the village why the ledger mattered so much to him or to his father before him."},
+]
+MC_YAML = """task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {path}
+output_type: multiple_choice
+validation_split: validation
+doc_to_text: "{{{{query}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+  - {{metric: acc_norm, aggregation: mean, higher_is_better: true}}
+"""
+TEXT_YAML = """task: tiny_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {path}
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - {{metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}}
+"""
+
+
+def write_task(directory, name, yaml_template, rows, data_path=None):
+    """Write rows as <name>.jsonl and the task's YAML (pointing at data_path, default that file) into directory."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{name}.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    with open(os.path.join(directory, f"{name}.yaml"), "w") as f:
+        f.write(yaml_template.format(path=data_path or path))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A tiny res_gelu GPT (GPT-2 vocabulary, block_size BLOCK) exported to a directory, and a directory of the two
+    local tasks. Returns (model, model_dir, tasks_dir)."""
+    root = tmp_path_factory.mktemp("eval")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, query_mode="res_gelu")).eval()
+    export(model, str(root / "model"))
+    write_task(root / "tasks", "tiny_mc", MC_YAML, MULTIPLE_CHOICE)
+    write_task(root / "tasks", "tiny_text", TEXT_YAML, TEXTS)
+    return model, str(root / "model"), str(root / "tasks")
+
+
+@torch.no_grad()
+def logprob(model, tokens, start, j):
+    """log P(tokens[j] | tokens[start:j]), from one forward pass over tokens[start:j]."""
+    logits, _ = model(torch.tensor([tokens[start:j]]))
+    return torch.log_softmax(logits[0, -1], dim=-1)[tokens[j]].item()
+
+
+def direct_loglikelihood(model, enc, context, continuation):
+    """log P(continuation | context) token by token: the continuation's tokens are those of context + continuation
+    after context's, and the input is cut from the left to the last BLOCK tokens before the final one."""
+    tokens, n_context = enc.encode(context + continuation), len(enc.encode(context))
+    start = max(0, len(tokens) - 1 - BLOCK)
+    return sum(logprob(model, tokens, start, j) for j in range(n_context, len(tokens)))
+
+
+def direct_rolling(model, enc, text):
+    """log P(text | end-of-text) token by token in lm-eval's windows: the text's tokens in consecutive blocks of
+    BLOCK, each token conditioned on its block's earlier tokens only, the last block on the BLOCK tokens before
+    its end."""
+    tokens = [enc.eot_token] + enc.encode(text)  # tokens[i + 1] is the text's token i
+    n, total = len(tokens) - 1, 0.0
+    for first in range(0, n, BLOCK):
+        last = min(first + BLOCK, n)  # this block predicts the text's tokens first .. last - 1
+        total += sum(logprob(model, tokens, max(0, last - BLOCK), i + 1) for i in range(first, last))
+    return total
+
+
+def test_scores_equal_direct_computation(assets):
+    model, model_dir, tasks_dir = assets
+    enc = GPT2Tokenizer()
+    results = lm_eval.simple_evaluate(
+        model="nonlinear-queries", model_args={"pretrained": model_dir, "batch_size": 3, "device": "cpu"},
+        tasks=["tiny_mc", "tiny_text"], task_manager=TaskManager(include_path=tasks_dir, include_defaults=False),
+        log_samples=True, bootstrap_iters=0)
+
+    # multiple choice: each choice's loglikelihood, then the argmax accuracies by hand
+    direct = [[direct_loglikelihood(model, enc, doc["query"], " " + choice) for choice in doc["choices"]]
+              for doc in MULTIPLE_CHOICE]
+    samples = sorted(results["samples"]["tiny_mc"], key=lambda s: s["doc_id"])
+    assert [[ll for ll, _ in s["filtered_resps"]] for s in samples] == [pytest.approx(d, abs=1e-4) for d in direct]
+    gold = [doc["label"] for doc in MULTIPLE_CHOICE]
+    acc = np.mean([np.argmax(d) == g for d, g in zip(direct, gold)])
+    acc_norm = np.mean([np.argmax(np.array(d) / [len(c) for c in doc["choices"]]) == g
+                        for d, g, doc in zip(direct, gold, MULTIPLE_CHOICE)])
+    assert results["results"]["tiny_mc"]["acc,none"] == acc
+    assert results["results"]["tiny_mc"]["acc_norm,none"] == acc_norm
+    assert 0 < acc < 1 or 0 < acc_norm < 1  # the untrained model is right on some and wrong on others
+
+    # rolling loglikelihood of a short text and of one several blocks long
+    assert len(enc.encode(TEXTS[1]["text"])) > 2 * BLOCK
+    samples = sorted(results["samples"]["tiny_text"], key=lambda s: s["doc_id"])
+    assert [s["filtered_resps"][0] for s in samples] == [pytest.approx(direct_rolling(model, enc, t["text"]), abs=1e-4)
+                                                      for t in TEXTS]
+
+
+def test_batch_sizes_agree(assets):
+    _, model_dir, _ = assets
+    pairs = [(doc["query"], " " + choice) for doc in MULTIPLE_CHOICE for choice in doc["choices"]]
+    choices = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    texts = [Instance("loglikelihood_rolling", {}, (t["text"],), i) for i, t in enumerate(TEXTS)]
+    one, eight = (GPTLM(model_dir, batch_size=b, device="cpu", progress=False) for b in (1, 8))
+    assert [ll for ll, _ in one.loglikelihood(choices)] == pytest.approx([ll for ll, _ in eight.loglikelihood(choices)],
+                                                                         abs=1e-4)
+    assert one.loglikelihood_rolling(texts) == pytest.approx(eight.loglikelihood_rolling(texts), abs=1e-4)
+
+
+def test_generate_until_stops_at_stop_string(assets):
+    model, model_dir, _ = assets
+    lm, enc = GPTLM(model_dir, device="cpu", progress=False), GPT2Tokenizer()
+    context = "The baker opened the oven and"
+    prompt = enc.encode(context)
+    with torch.no_grad():
+        greedy = enc.decode(model.generate(torch.tensor([prompt]), 40, temperature=0)[0, len(prompt):].tolist())
+    stop = greedy[len(greedy) // 2 : len(greedy) // 2 + 2]
+    expected = greedy[: greedy.index(stop)]
+    assert 0 < len(expected) < len(greedy)
+    requests = [Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": 40}), 0),
+                Instance("generate_until", {}, (context, {"until": ["no such text"], "max_gen_toks": 40}), 1)]
+    assert lm.generate_until(requests) == [expected, greedy]
+
+
+def closed_port():
+    """A local port that nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["unknown task", "missing file", "unreachable hub"])
+def test_task_errors(assets, tmp_path, case):
+    _, model_dir, _ = assets
+    env, args = {}, ["--tasks=tiny_mc", f"--include_path={tmp_path}"]
+    if case == "unknown task":
+        args, message = ["--tasks=hellaswg"], "unknown task 'hellaswg' (did you mean hellaswag"
+    elif case == "missing file":
+        write_task(tmp_path, "tiny_mc", MC_YAML, [], data_path=tmp_path / "gone.jsonl")
+        message = f"a task's data was not found: Unable to find '{tmp_path / 'gone.jsonl'}'"
+    else:  # a task on a hub data set, with the hub at a closed port and no offline mode asked for
+        (tmp_path / "tiny_mc.yaml").write_text(MC_YAML.replace("json", "someone/hub_only_data").format(path="x"))
+        hub = f"http://127.0.0.1:{closed_port()}"
+        env = {"HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": "", "HF_ENDPOINT": hub}
+        message = f"a task's data is on the Hugging Face hub, which does not answer at {hub}"
+    t0 = time.time()
+    proc = run_script("eval.py", f"--init_from={model_dir}", "--device=cpu", *args, check=False, env=env)
+    assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    if case == "unreachable hub":
+        assert "dataset_path: json" in proc.stderr  # how to use a local copy instead
+        assert time.time() - t0 < 30  # no retries against the hub (datasets retries for ~25 s)
+
+
+def test_eval_tasks_during_training(shakespeare_dir, assets, tmp_path):
+    _, _, tasks_dir = assets
+    args = ["--max_iters=3", "--eval_interval=2"]
+    train(shakespeare_dir, tmp_path / "plain", *args, env=ONE_THREAD)
+    out = train(shakespeare_dir, tmp_path / "tasks", *args, "--eval_tasks=tiny_mc", "--eval_tasks_interval=2",
+                f"--eval_tasks_include_path={tasks_dir}", env=ONE_THREAD).stdout
+    records = read_metrics(tmp_path / "tasks", "downstream")
+    assert [(r["step"], r["task"]) for r in records] == [(0, "tiny_mc"), (2, "tiny_mc"), (3, "tiny_mc")]
+    assert all(set(r) == {"type", "step", "task", "acc", "acc_norm", "examples"} for r in records)
+    assert all(r["examples"] == len(MULTIPLE_CHOICE) for r in records)
+    assert "step 3: tiny_mc: acc " in out
+    # the tasks leave training alone: the same losses, bit for bit
+    assert losses_by_step(tmp_path / "tasks") == losses_by_step(tmp_path / "plain")
+    assert val_losses_by_step(tmp_path / "tasks") == val_losses_by_step(tmp_path / "plain")
+    # and compare.py puts the score beside val loss
+    table = run_script("compare.py", str(tmp_path / "tasks"), "--metric=tiny_mc/acc", "--format=csv").stdout
+    header, row = [line.split(",") for line in table.splitlines()[:2]]
+    assert float(dict(zip(header, row))["tiny_mc/acc_mean"]) == records[-1]["acc"]
