@@ -180,8 +180,8 @@ def train(cfg, config_files, rt):
                 diag = diagnose(raw_model, data.val, data.val_eval_idx[:cfg.diagnostics_batches], T, rt.device,
                                 rt.autocast)
                 out.log({"type": "diag", "step": step, **diag})
-                top = max(range(cfg.n_layer), key=diag["attn_logit_max"].__getitem__)
-                out.print(f"step {step}: max attention logit {diag['attn_logit_max'][top]:.2f} (layer {top}), "
+                top = max(diag["attn_logit_max"])
+                out.print(f"step {step}: max attention logit {top:.2f} (layer {diag['attn_logit_max'].index(top)}), "
                           f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
         if rt.master and downstream and downstream.due(step, start_step, resumed_after_eval, stopping):
             for record in downstream.evaluate(raw_model, step):
