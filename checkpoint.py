@@ -1,10 +1,11 @@
 """
 Checkpoints of train.py: listed, written atomically, and read back with every check.
 
-Files in a run's out_dir: ckpt_<step>.pt (6 digits) for the newest keep_last_n steps and
-for the save_checkpoint_steps, and ckpt.pt, the newest of them (the same file under a
-second name). A checkpoint is a dict of tensors and plain containers, read with
-torch.load(weights_only=True), which never unpickles arbitrary objects:
+Under parallelism='ddp' a checkpoint is one file. Files in a run's out_dir: ckpt_<step>.pt
+(6 digits) for the newest keep_last_n steps and for the save_checkpoint_steps, and ckpt.pt,
+the newest of them (the same file under a second name). A checkpoint is a dict of tensors
+and plain containers, read with torch.load(weights_only=True), which never unpickles
+arbitrary objects:
 
     model                   the model's state dict
     optimizer               a list of state dicts, one per optimizer of optimizers.py (a
@@ -16,6 +17,20 @@ torch.load(weights_only=True), which never unpickles arbitrary objects:
     config                  the whole resolved training config
     data                    fingerprints of the token files and index streams (batches.py)
     wandb_id                the wandb run to continue, '' if none
+
+Under parallelism='fsdp' a checkpoint is a directory, ckpt_<step>.dcp, written by every
+process at once through torch.distributed.checkpoint (DCP): each process writes its shards
+of the weights and optimizer states (get_state_dict: names as in the model's state dict,
+tensors as FSDP's DTensor shards), DCP adds its index (.metadata), and rank 0 adds meta.pt,
+the dict above without model and optimizer but with the optimizers' names and param_groups
+(their hyperparameters, which DCP would otherwise store as pickles). ckpt.dcp is a symbolic
+link to the newest. DCP reads the shards on any number of processes (set_state_dict), and
+without any (consolidate(), which makes a ckpt.pt for sample.py and export.py):
+
+    python checkpoint.py --out_dir=out-gpt3-xl      # out-gpt3-xl/ckpt.dcp -> out-gpt3-xl/ckpt.pt
+
+The shards and meta.pt are read with torch.load(weights_only=True); DCP reads its own
+.metadata index with pickle, so load sharded checkpoints only from directories you trust.
 """
 
 import math
@@ -23,25 +38,87 @@ import os
 import pickle
 import re
 import shutil
-from dataclasses import fields
+import sys
+import warnings
+from dataclasses import dataclass, fields
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from batches import fingerprint_change
-from model import GPTConfig
+from model import GPT, GPTConfig
+from optimizers import build_optimizers, load_optimizer_states
 
 CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "step", "evaluated", "steps_above_threshold", "data", "wandb_id"}
+# what meta.pt of a sharded checkpoint holds: the keys above but the weights and states, which are shards
+SHARDED_KEYS = CHECKPOINT_KEYS - {"model", "optimizer"} | {"optimizers", "param_groups"}
 
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be read, or that does not belong to the run being resumed."""
 
 
-def step_checkpoints(out_dir):
-    """[(step, path)] of the ckpt_<step>.pt files in out_dir, newest first ([] if no out_dir)."""
+def step_checkpoints(out_dir, kinds=(".pt",)):
+    """[(step, path)] of the step checkpoints in out_dir, newest first ([] if no out_dir): the
+    ckpt_<step>.pt files, and with kinds=(".pt", ".dcp") the ckpt_<step>.dcp directories too."""
     names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    found = [(int(m[1]), os.path.join(out_dir, n)) for n in names if (m := re.fullmatch(r"ckpt_(\d+)\.pt", n))]
+    pattern = rf"ckpt_(\d+)({'|'.join(re.escape(k) for k in kinds)})"
+    found = [(int(m[1]), os.path.join(out_dir, n)) for n in names if (m := re.fullmatch(pattern, n))]
     return sorted(found, reverse=True)
+
+
+def checkpoint_paths(out_dir):
+    """Every checkpoint of the run in out_dir, of either kind: ckpt.pt, ckpt.dcp and the step checkpoints."""
+    latest = [os.path.join(out_dir, n) for n in ("ckpt.pt", "ckpt.dcp")]
+    return [p for p in latest if os.path.lexists(p)] + [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))]
+
+
+def remove_checkpoints(out_dir):
+    """Delete every checkpoint of the run in out_dir (checkpoint_paths) and what a crash left of one
+    being written (ckpt*.tmp, ckpt*.old), for a new run that replaces it."""
+    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+    leftovers = [os.path.join(out_dir, n) for n in names if n.startswith("ckpt") and n.endswith((".tmp", ".old"))]
+    for path in checkpoint_paths(out_dir) + leftovers:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def latest_checkpoint(out_dir, parallelism):
+    """The checkpoint that --init_from=resume continues: out_dir/ckpt.pt (written under ddp) or
+    out_dir/ckpt.dcp (under fsdp), whichever holds the later step; the one `parallelism` writes when
+    both hold the same step (a ckpt.pt made from ckpt.dcp by consolidate) or neither exists."""
+    paths = {"ddp": os.path.join(out_dir, "ckpt.pt"), "fsdp": os.path.join(out_dir, "ckpt.dcp")}
+    found = [k for k, p in paths.items() if os.path.exists(p)]
+    if len(found) < 2:
+        return paths[found[0] if found else parallelism]
+
+    def step(path):
+        try:
+            return read_checkpoint(path, mmap=True)["step"]
+        except CheckpointError:  # said when it is resumed from
+            return -1
+
+    steps = {k: step(p) for k, p in paths.items()}
+    other = "ddp" if parallelism == "fsdp" else "fsdp"
+    return paths[other if steps[other] > steps[parallelism] else parallelism]
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def _save_file(obj, path):
+    """torch.save to path.tmp, fsync, rename over path (atomic: path is the old or the new file)."""
+    torch.save(obj, path + ".tmp")
+    _fsync(path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
@@ -54,11 +131,7 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     a run that was resumed from an older checkpoint. Returns the path of ckpt.pt."""
     step = ckpt["step"]
     path = os.path.join(out_dir, "ckpt.pt")
-    tmp = path + ".tmp"
-    torch.save(ckpt, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _save_file(ckpt, path)
     link = path + ".link.tmp"
     if os.path.lexists(link):  # left by a crash in the next three lines
         os.remove(link)
@@ -66,12 +139,9 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
         os.link(path, link)
     except OSError:  # a file system without hard links: a second copy
         shutil.copyfile(path, link)
-        with open(link, "rb") as f:
-            os.fsync(f.fileno())
+        _fsync(link)
     os.replace(link, os.path.join(out_dir, f"ckpt_{step:06d}.pt"))
-    fd = os.open(out_dir, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
+    _fsync(out_dir)
     older = [(s, p) for s, p in step_checkpoints(out_dir) if s <= step]
     for s, old in older[keep_last_n:]:
         if s not in keep_steps:
@@ -79,11 +149,67 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     return path
 
 
+def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_steps=()):
+    """Write the sharded checkpoint of step meta['step'] from every process of the group, so that a
+    crash at any moment leaves the previous one loadable: all processes write their shards of the
+    model and the optimizers (DCP, get_state_dict) into ckpt_<step>.dcp.tmp, rank 0 adds meta.pt
+    (`meta`: the keys of a checkpoint file but model and optimizer, plus the optimizers' names and
+    param_groups), fsyncs it and the directory, renames the directory to ckpt_<step>.dcp (atomic),
+    points the symbolic link ckpt.dcp at it (a new link renamed over the old: atomic too), fsyncs
+    out_dir, and only then deletes the step checkpoints beyond the newest keep_last_n not in
+    keep_steps. Call it on every process. Returns the path of ckpt.dcp."""
+    master = dist.get_rank() == 0
+    final = os.path.join(out_dir, f"ckpt_{meta['step']:06d}.dcp")
+    tmp, old = final + ".tmp", final + ".old"
+    if master:
+        for left in (tmp, old):  # by a crash during an earlier write
+            if os.path.exists(left):
+                shutil.rmtree(left)
+    dist.barrier()
+    model_state, optim_state = get_state_dict(model, optimizers)
+    dcp.save({"model": model_state, "optimizer": optim_state["state"]}, checkpoint_id=tmp)
+    path = os.path.join(out_dir, "ckpt.dcp")
+    if master:
+        _save_file({**meta, "optimizers": [type(o).__name__ for o in optimizers],
+                    "param_groups": optim_state["param_groups"]}, os.path.join(tmp, "meta.pt"))
+        _fsync(tmp)
+        if os.path.exists(final):  # this step again, by a run resumed from an older checkpoint
+            os.replace(final, old)
+        os.replace(tmp, final)
+        link = path + ".link.tmp"
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(os.path.basename(final), link)
+        os.replace(link, path)
+        _fsync(out_dir)
+        if os.path.exists(old):
+            shutil.rmtree(old)
+        older = [(s, p) for s, p in step_checkpoints(out_dir, (".dcp",)) if s <= meta["step"]]
+        for s, stale in older[keep_last_n:]:
+            if s not in keep_steps:
+                shutil.rmtree(stale)
+    return path
+
+
+def save_training_state(out_dir, model, optimizers, meta, keep_last_n, keep_steps, sharded):
+    """Checkpoint `model` and `optimizers` with `meta` (model_args, step, evaluated,
+    steps_above_threshold, config, data, wandb_id): sharded, a directory written by every process
+    (save_sharded_checkpoint); otherwise one file written by rank 0 (save_checkpoint; other
+    processes write nothing). Call it on every process. Returns the path of ckpt.dcp or ckpt.pt."""
+    if sharded:
+        return save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_steps)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        save_checkpoint(out_dir, {"model": model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
+                                  **meta}, keep_last_n, keep_steps)
+    return os.path.join(out_dir, "ckpt.pt")
+
+
 def _unreadable(path, e):
     """The CheckpointError for a file at `path` that torch.load or the key check refused with
     `e`, naming the other checkpoints of its directory to resume from instead."""
     out_dir = os.path.dirname(path) or "."
-    others = [p for _, p in step_checkpoints(out_dir) if not os.path.samefile(p, path)]
+    others = [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))
+              if not (os.path.exists(path) and os.path.samefile(p, path))]
     hint = (f"Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH"
             if others else f"There is no other checkpoint in {out_dir}")
     detail = str(e).splitlines()[0] if str(e) else ""
@@ -93,14 +219,15 @@ def _unreadable(path, e):
                            f"({type(e).__name__}: {detail}). {hint}")
 
 
-def load_checkpoint_file(path, map_location="cpu"):
+def load_checkpoint_file(path, map_location="cpu", mmap=False):
     """What torch.load(path, weights_only=True) reads: tensors and plain containers only, never
-    arbitrary pickled objects. Raises CheckpointError if the file is missing, truncated, corrupt
-    or holds other objects; the message lists the other checkpoints in its directory."""
+    arbitrary pickled objects; mmap=True maps the tensors instead of reading them. Raises
+    CheckpointError if the file is missing, truncated, corrupt or holds other objects; the
+    message lists the other checkpoints in its directory."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     # a truncated file, a torn zip archive, a pickle of objects that weights_only refuses
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
         raise _unreadable(path, e) from None
@@ -116,16 +243,82 @@ def upgrade_model_args(model_args):
     return args
 
 
-def read_checkpoint(path, map_location="cpu"):
+def read_checkpoint(path, map_location="cpu", mmap=False):
     """The checkpoint dict of a file written by save_checkpoint (load_checkpoint_file, then
-    upgrade_model_args). Raises CheckpointError if the file is missing, truncated, corrupt or
-    not a checkpoint of train.py; the message lists the other checkpoints in its directory."""
-    ckpt = load_checkpoint_file(path, map_location)
-    missing = CHECKPOINT_KEYS - set(ckpt if isinstance(ckpt, dict) else ())
+    upgrade_model_args), or of a sharded checkpoint directory its meta.pt, without the weights
+    and optimizer states (load_training_state reads those). Raises CheckpointError if the file
+    or directory is missing, truncated, corrupt or not a checkpoint of train.py; the message
+    lists the other checkpoints in its directory."""
+    sharded = os.path.isdir(path)
+    if sharded and not os.path.isfile(os.path.join(path, ".metadata")):
+        raise _unreadable(path, FileNotFoundError("no .metadata, the index DCP writes last"))
+    ckpt = load_checkpoint_file(os.path.join(path, "meta.pt") if sharded else path, map_location, mmap)
+    missing = (SHARDED_KEYS if sharded else CHECKPOINT_KEYS) - set(ckpt if isinstance(ckpt, dict) else ())
     if missing:
         raise _unreadable(path, KeyError(f"no {', '.join(sorted(missing))}"))
     ckpt["model_args"] = upgrade_model_args(ckpt["model_args"])
     return ckpt
+
+
+def load_training_state(ckpt, path, model, optimizers):
+    """Load the weights and optimizer states of the checkpoint at `path` (ckpt: what
+    read_checkpoint(path) returned) into `model`, a GPT (plain, or sharded by FSDP), and
+    `optimizers` (optimizers.build_optimizers on it). A sharded checkpoint loads on any number of
+    processes, or without a process group at all: DCP reads each process's part of every tensor
+    (get_state_dict / set_state_dict reshard it). Call it on every process. Raises CheckpointError
+    when the checkpoint holds other optimizers than the config builds, or when a checkpoint file
+    (written under ddp) meets a sharded model."""
+    names = [type(o).__name__ for o in optimizers]
+    if os.path.isdir(path):
+        if ckpt["optimizers"] != names:
+            raise CheckpointError(f"{path} holds the states of {', '.join(ckpt['optimizers'])} but this config "
+                                  f"builds {', '.join(names)}; resume with the run's own `optimizer`")
+        model_state, optim_state = get_state_dict(model, optimizers)
+        state = {"model": model_state, "optimizer": optim_state["state"]}
+        with warnings.catch_warnings():  # without a process group DCP warns that one process reads it all: the intent
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizers, model_state_dict=state["model"],
+                       optim_state_dict={"state": state["optimizer"], "param_groups": ckpt["param_groups"]})
+        return
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise CheckpointError(f"{path} is a checkpoint file, written under parallelism=ddp: continue that run with "
+                              f"--parallelism=ddp (FSDP resumes from the sharded checkpoints it writes, ckpt.dcp)")
+    model.load_state_dict(ckpt["model"])
+    try:
+        load_optimizer_states(optimizers, ckpt["optimizer"])
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from e
+
+
+def sharded_hint(directory):
+    """A sentence saying how to make ckpt.pt when `directory` is a run holding only a sharded
+    checkpoint (ckpt.dcp), or is a sharded checkpoint itself; '' otherwise."""
+    if os.path.exists(os.path.join(directory, "ckpt.dcp")):
+        command = f"python checkpoint.py --out_dir={directory}"
+    elif os.path.isfile(os.path.join(directory, ".metadata")):
+        command = f"python checkpoint.py --checkpoint={directory} --to=PATH.pt"
+    else:
+        return ""
+    return (f"{directory} holds a sharded checkpoint (written under parallelism=fsdp); make one file of it with: "
+            f"{command}")
+
+
+def consolidate(path, to):
+    """Write the sharded checkpoint directory `path` as one checkpoint file `to` (atomically), in
+    save_checkpoint's format, weights and optimizer states included, so that sample.py, export.py
+    and a ddp run read it. Runs in one process without a process group: the whole model and its
+    optimizer states are built on the CPU (16 bytes a parameter with AdamW). Raises CheckpointError."""
+    from train_config import TrainConfig  # here: train_config is needed by this command only
+
+    meta = read_checkpoint(path)
+    cfg = TrainConfig(**{f.name: meta["config"][f.name] for f in fields(TrainConfig) if f.name in meta["config"]})
+    model = GPT(GPTConfig(**meta["model_args"]))
+    optimizers = build_optimizers(model, cfg, "cpu")
+    load_training_state(meta, path, model, optimizers)
+    ckpt = {k: v for k, v in meta.items() if k not in ("optimizers", "param_groups")}
+    _save_file({**ckpt, "model": model.state_dict(), "optimizer": [o.state_dict() for o in optimizers]}, to)
+    return meta["step"]
 
 
 def check_resumable(ckpt, path, model_settings, data_fingerprint, data_paths):
@@ -146,3 +339,26 @@ def check_resumable(ckpt, path, model_settings, data_fingerprint, data_paths):
                 f"{data_paths[name]} changed since {path} was written ({change}), so the run would go on with "
                 f"other tokens than it started with. Restore the run's data, or start a new run "
                 f"(--init_from=scratch and another --out_dir)")
+
+
+@dataclass
+class ConsolidateConfig:
+    """`python checkpoint.py`: settings, each --key=value."""
+
+    out_dir: str = "out"  # the run whose ckpt.dcp becomes ckpt.pt
+    checkpoint: str = ""  # a sharded checkpoint to convert instead of out_dir/ckpt.dcp, e.g. out/ckpt_059000.dcp
+    to: str = ""  # the file to write instead of out_dir/ckpt.pt
+
+
+if __name__ == "__main__":
+    from configurator import config_from_argv
+
+    args, _ = config_from_argv(ConsolidateConfig)
+    source, target = args.checkpoint or os.path.join(args.out_dir, "ckpt.dcp"), args.to or os.path.join(
+        args.out_dir, "ckpt.pt")
+    try:
+        step = consolidate(source, target)
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {target}: the checkpoint of step {step} from {source}, as one file (sample.py, export.py and "
+          f"--parallelism=ddp read it)")

@@ -35,12 +35,14 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from runlog import read_metrics
+
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
     "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "backend", "peak_flops", "device", "diagnostics", "diagnostics_batches", "eval_tasks", "eval_tasks_interval",
-    "eval_tasks_limit", "eval_tasks_include_path",
+    "backend", "peak_flops", "device", "eval_tasks", "eval_tasks_interval", "eval_tasks_limit",
+    "eval_tasks_include_path", "parallelism", "activation_checkpointing", "diagnostics", "diagnostics_batches",
 }
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
           "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
@@ -83,19 +85,10 @@ def die(message):
 
 def read_records(path):
     """The records of a metrics.jsonl as the run stands now. A `config` record at step s, written at a restart,
-    drops the records of earlier sessions past step s (the resumed run logs those steps again). A last line
-    cut short by a crash is skipped with a warning; any other line that is not JSON is an error."""
-    with open(path) as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
+    drops the records of earlier sessions past step s (the resumed run logs those steps again). A line that is
+    not a JSON record (cut short by a crash, or damaged) is skipped with a warning naming it (runlog.read_metrics)."""
     records = []
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                die(f"{path} line {i + 1} is not JSON; metrics.jsonl holds one JSON record per line")
-            print(f"warning: skipping the incomplete last line of {path}", file=sys.stderr)
-            continue
+    for record in read_metrics(path):
         if record["type"] == "config":
             records = [r for r in records if r["step"] <= record["step"]]
         records.append(record)

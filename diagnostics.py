@@ -37,10 +37,11 @@ input), for identity (q = x, no f), residual (f = x W_Q), res_gelu and res_linea
 softmax's factor (the 1/2 of eq. 2) is in the scale, not in q, a or f.
 """
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn import functional as F
 
 from batches import get_batch
@@ -62,6 +63,21 @@ def weight_norms(attn):
         out[f"{name}_fro"] = torch.linalg.matrix_norm(w).item()
         out[f"{name}_spec"] = torch.linalg.matrix_norm(w, ord=2).item()
     return out
+
+
+@contextmanager
+def unsharded(module):
+    """Within the block, `module`'s own full weights under FSDP2 (runtime.parallelize shards the root and each
+    Block): all-gathered by every process on entry (a collective), sharded again on exit. Without FSDP,
+    nothing."""
+    if not isinstance(module, FSDPModule):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
 
 
 def per_head(t, heads):
@@ -105,7 +121,8 @@ def attention_stats(attn, x, rope, autocast):
 @torch.no_grad()
 def diagnose(model, tokens, index, block_size, device, autocast=nullcontext()):
     """The per-layer diagnostics (module docstring) of `model` (a GPT, not a torch.compile or DDP
-    wrapper) on the sequences of `index`.
+    wrapper; sharded by FSDP2, it is called by every process, which all-gather one Block at a time) on
+    the sequences of `index`.
 
     tokens: a uint16 token memmap; index: int64 (n, B), n batches of B start offsets (train.py: the
     first diagnostics_batches rows of the fixed val_eval stream); block_size: tokens per sequence.
@@ -117,24 +134,26 @@ def diagnose(model, tokens, index, block_size, device, autocast=nullcontext()):
     was_training = model.training
     model.eval()
     layers = model.transformer.h
-    tops, sums = [-float("inf")] * len(layers), [{} for _ in layers]
-    for row in index:
-        idx, _ = get_batch(tokens, row, block_size, device)
-        with autocast:
-            x, rope = model.embed(idx)
-        for i, block in enumerate(layers):
+    tops, sums, norms = [-float("inf")] * len(layers), [{} for _ in layers], [None] * len(layers)
+    with unsharded(model):  # the embeddings
+        for row in index:
+            idx, _ = get_batch(tokens, row, block_size, device)
             with autocast:
-                h = block.ln_1(x)
-            top, layer_sums = attention_stats(block.attn, h, rope, autocast)
-            tops[i] = max(tops[i], top)
-            for name, (value, count) in layer_sums.items():
-                total, n = sums[i].get(name, (0.0, 0))
-                sums[i][name] = (total + value, n + count)
-            with autocast:
-                x = block(x, rope=rope)
+                x, rope = model.embed(idx)
+            for i, block in enumerate(layers):
+                with unsharded(block):
+                    with autocast:
+                        h = block.ln_1(x)
+                    top, layer_sums = attention_stats(block.attn, h, rope, autocast)
+                    norms[i] = norms[i] or weight_norms(block.attn)
+                    with autocast:
+                        x = block(x, rope=rope)
+                tops[i] = max(tops[i], top)
+                for name, (value, count) in layer_sums.items():
+                    total, n = sums[i].get(name, (0.0, 0))
+                    sums[i][name] = (total + value, n + count)
     model.train(was_training)
     out = {"attn_logit_max": tops}
     out.update({name: [s[name][0] / s[name][1] if name in s else None for s in sums] for name in ACTIVATIONS[1:]})
-    norms = [weight_norms(block.attn) for block in layers]
     out.update({name: [n[name] for n in norms] for name in norms[0]})
     return out

@@ -38,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from checkpoint import CheckpointError, load_checkpoint_file, upgrade_model_args
+from checkpoint import CheckpointError, load_checkpoint_file, sharded_hint, upgrade_model_args
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -156,6 +156,8 @@ def read_source(source):
     if os.path.isdir(source):
         if os.path.isfile(os.path.join(source, "ckpt.pt")):  # a run directory (its config.json is train.py's)
             return read_checkpoint(os.path.join(source, "ckpt.pt"))
+        if sharded_hint(source):
+            raise PretrainedError(sharded_hint(source))
         if os.path.isfile(os.path.join(source, "config.json")):
             return read_directory(source)
         raise PretrainedError(f"{source} holds neither config.json (a Hugging Face GPT-2 directory or export.py's "

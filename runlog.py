@@ -109,17 +109,62 @@ class RunLog:
             self.wandb.finish(exit_code=exit_code)
 
 
+def cut_torn_line(path):
+    """Cut a last line that a crash left unfinished (no newline: the process died while writing
+    it; disk full, power loss) from the file at `path`, so that the next record starts a line of
+    its own. Returns the text cut ('' if none, or no file). The records it held come again: a
+    resumed run repeats every step after its checkpoint, which was written before that line."""
+    if not os.path.isfile(path):
+        return ""
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep == len(data):
+            return ""
+        f.truncate(keep)
+    return data[keep:].decode("utf-8", errors="replace")
+
+
+def read_metrics(path, warn=True):
+    """The records of a metrics.jsonl, in order. A line that is not a JSON record (torn by a crash,
+    or damaged) is skipped, with one warning on stderr naming the file and the line, not fatal:
+    the rest of the run is still good."""
+    records = []
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or "type" not in record or "step" not in record:
+                    raise ValueError("not a record with 'type' and 'step'")
+            except ValueError as e:
+                if warn:
+                    print(f"warning: skipping line {number} of {path}, which is not a JSON record ({e}): "
+                          f"{line.strip()[:80]!r}", file=sys.stderr)
+                continue
+            records.append(record)
+    return records
+
+
 def open_run_log(out_dir, master, wandb_log=False, wandb_id=None, **wandb_init):
-    """The RunLog of a run in out_dir (created if missing). wandb_log starts or, with
-    wandb_id, continues a wandb run on rank 0 (wandb_init: project, group, name, config),
-    in the mode wandb_mode() chooses; otherwise the run logs to NullWandb."""
+    """The RunLog of a run in out_dir (created if missing). On rank 0 a torn last line of an
+    existing metrics.jsonl (a crash in the middle of a write) is cut first, and said so
+    (cut_torn_line). wandb_log starts or, with wandb_id, continues a wandb run on rank 0
+    (wandb_init: project, group, name, config), in the mode wandb_mode() chooses; otherwise
+    the run logs to NullWandb."""
     os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "metrics.jsonl")
+    torn = cut_torn_line(path) if master else ""
+    if torn:
+        print(f"{path}: cut its last line, left unfinished by a crash while it was written "
+              f"({len(torn.encode())} bytes: {torn[:60]!r}); the steps it logged are logged again")
     run = NullWandb()
     if wandb_log and master:
         import wandb
 
         run = wandb.init(dir=out_dir, mode=wandb_mode(), id=wandb_id, resume="allow", **wandb_init)
-    return RunLog(os.path.join(out_dir, "metrics.jsonl"), run, master)
+    return RunLog(path, run, master)
 
 
 def run_header(step, script, **facts):

@@ -1,6 +1,7 @@
 """
 Process setup and teardown for every entry point (train.py, sample.py, bench/): which
-process this is, the device, the dtype and its autocast context, the process group, and
+process this is, the device, the dtype and its autocast context, the process group, how
+the model is spread over the processes (DDP or FSDP2, with activation checkpointing), and
 the device's peak FLOP/s for MFU. One pair of functions, as nanochat's compute_init /
 compute_cleanup:
 
@@ -11,9 +12,11 @@ compute_cleanup:
 
 Under torchrun (RANK, LOCAL_RANK and WORLD_SIZE in the environment) process r of W uses
 cuda:LOCAL_RANK on a GPU machine and joins a process group (NCCL on CUDA, gloo on the
-CPU); `python script.py` is process 0 of 1 and joins none.
+CPU); `python script.py` is process 0 of 1 and joins none, unless it shards with FSDP,
+which then runs as a process group of one.
 """
 
+import functools
 import os
 import signal
 from contextlib import nullcontext
@@ -21,7 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,7 +43,8 @@ class Runtime:
     rank, local_rank, world_size: the torchrun process layout (0, 0, 1 without torchrun).
     device: 'cpu', 'cuda', 'cuda:1', ...; device_type: 'cpu' or 'cuda'.
     dtype: the autocast dtype's name; float32 means no autocast.
-    backend: the process group's backend ('nccl' or 'gloo'), None without torchrun.
+    backend: the process group's backend ('nccl' or 'gloo'), None without one (a single
+    process that does not shard).
     """
 
     rank: int
@@ -59,7 +66,7 @@ class Runtime:
 
     @property
     def distributed(self):
-        """Whether this process was started by torchrun (and so is in a process group)."""
+        """Whether this process is in a process group: started by torchrun, or sharding with FSDP."""
         return self.backend is not None
 
     @property
@@ -68,7 +75,7 @@ class Runtime:
         return self.rank == 0
 
 
-def setup(device="auto", dtype="auto", backend="auto", join_process_group=True):
+def setup(device="auto", dtype="auto", backend="auto", join_process_group=True, parallelism="ddp"):
     """Resolve the device and dtype, and under torchrun join the process group.
 
     device: 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...; under
@@ -76,10 +83,13 @@ def setup(device="auto", dtype="auto", backend="auto", join_process_group=True):
     float32 on the CPU), 'float32', 'bfloat16', 'float16' (CUDA only). backend: 'auto'
     (nccl on CUDA, gloo on the CPU), 'nccl', 'gloo'. join_process_group=False resolves
     everything but leaves the group to the caller (tests, tools that never communicate).
+    parallelism='fsdp' without torchrun joins a process group of one process (FSDP shards
+    over a process group, and its checkpoints are the same on any number of processes).
     Enables TF32 matmuls on CUDA. Returns a Runtime. Raises SetupError for a CUDA device
-    without CUDA, float16 on the CPU, or NCCL without CUDA.
+    without CUDA, float16 on the CPU, NCCL without CUDA, or FSDP on CUDA over gloo.
     """
     launched = "RANK" in os.environ
+    grouped = launched or parallelism == "fsdp"
     rank, local_rank, world_size = ((int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
                                     if launched else (0, 0, 1))
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -93,18 +103,26 @@ def setup(device="auto", dtype="auto", backend="auto", join_process_group=True):
         raise SetupError(f"dtype must be auto, {', '.join(DTYPES)}; got {dtype!r}")
     if device_type == "cpu" and dtype == "float16":
         raise SetupError("dtype=float16 is for CUDA; use --dtype=float32 or bfloat16 on the CPU")
-    if launched:
+    if grouped:
         backend = backend if backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
         if backend == "nccl" and device_type != "cuda":
             raise SetupError("backend=nccl needs CUDA devices; use --backend=gloo on the CPU")
+        if backend == "gloo" and device_type == "cuda" and parallelism == "fsdp":
+            raise SetupError("parallelism=fsdp on CUDA needs backend=nccl: gloo has no reduce-scatter of CUDA "
+                             "tensors, which FSDP runs for every gradient")
     else:
         backend = None
     if device_type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if launched and join_process_group and not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=torch.device(device) if device_type == "cuda" else None)
+    if grouped and join_process_group and not dist.is_initialized():
+        device_id = torch.device(device) if device_type == "cuda" else None
+        if launched:
+            dist.init_process_group(backend=backend, device_id=device_id)
+        else:  # FSDP in one process: a group of one, whose store lives in this process
+            dist.init_process_group(backend=backend, device_id=device_id, store=dist.HashStore(), rank=0,
+                                    world_size=1)
     return Runtime(rank, local_rank, world_size, device, dtype, backend)
 
 
@@ -117,12 +135,53 @@ def teardown(rt, clean=True):
         dist.destroy_process_group()
 
 
-def parallelize(model, rt):
-    """The module the training step calls: `model` itself in one process, under torchrun
-    PyTorch's DistributedDataParallel, which averages the gradients over the processes."""
+def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False):
+    """Spread `model` (a GPT, on rt.device) over the processes of rt. Returns (model, train_model):
+    the module that evaluates, and the module the training step calls.
+
+    parallelism='ddp': train_model is PyTorch's DistributedDataParallel around the (compiled)
+    model under torchrun, which averages the gradients over the processes once per step; in one
+    process, the model itself.
+    parallelism='fsdp': FSDP2 (torch.distributed.fsdp.fully_shard) on a 1-D device mesh of the
+    W processes (an explicit CPU mesh on the CPU), one unit per transformer Block and one at the
+    root (embeddings, final norm, LM head): each process keeps 1/W of every weight, gradient and
+    optimizer state, all-gathers a unit's weights just before its forward and backward, and
+    reduce-scatters its gradients (averaged over the processes) after its backward, as in Zhao et
+    al. 2023, "PyTorch FSDP". On CUDA with bfloat16 the gathered weights are bfloat16 and the
+    gradients are reduced in float32 (MixedPrecisionPolicy); on the CPU everything stays float32.
+    The model is changed in place (its parameters become DTensor shards, its state-dict names stay)
+    and is returned twice. compile=True compiles each Block before sharding (as torchtitan does);
+    under ddp the whole model is compiled.
+
+    activation_checkpointing=True: each Block's forward runs under torch.utils.checkpoint
+    (non-reentrant, Chen et al. 2016), so the backward pass recomputes a Block's activations from
+    its input instead of keeping them; the dropout masks are replayed (the RNG state is restored),
+    so the gradients are the same.
+    """
+    if activation_checkpointing:
+        for block in model.transformer.h:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    if parallelism == "fsdp":
+        mesh = init_device_mesh(rt.device_type, (rt.world_size,))
+        low = rt.device_type == "cuda" and rt.dtype == "bfloat16"
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if low else None, reduce_dtype=torch.float32)
+        units = [*model.transformer.h, model]
+        for unit in units:
+            if compile and unit is not model:
+                unit.compile()
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
+        if rt.backend == "gloo":
+            # Reduce-scatter with SUM, then let FSDP divide by W itself, instead of gloo's AVG: gloo's AVG
+            # summed without dividing in some PyTorch releases (pytorch issue #162338), which would double
+            # every gradient on 2 processes without an error. On the CPU the extra division costs nothing.
+            for unit in units:
+                unit.set_force_sum_reduction_for_comms(True)
+        return model, model
+    if compile:
+        model = torch.compile(model)
     if not rt.distributed:
-        return model
-    return DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+        return model, model
+    return model, DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
 
 
 def all_reduce_sum(tensor, rt):

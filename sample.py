@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from checkpoint import sharded_hint
 from configurator import config_from_argv
 from model import GPT
 from pretrained import PretrainedError
@@ -48,8 +49,9 @@ source = cfg.init_from or cfg.out_dir
 try:
     rt = setup(cfg.device, cfg.dtype, join_process_group=False)
     if not cfg.init_from and not os.path.isfile(os.path.join(cfg.out_dir, "ckpt.pt")):
-        raise PretrainedError(f"no checkpoint at {os.path.join(cfg.out_dir, 'ckpt.pt')}; train one with train.py, "
-                              f"pass --out_dir=DIR, or sample from a pretrained model with --init_from=gpt2")
+        raise PretrainedError(sharded_hint(cfg.out_dir) or (
+            f"no checkpoint at {os.path.join(cfg.out_dir, 'ckpt.pt')}; train one with train.py, pass --out_dir=DIR, "
+            f"or sample from a pretrained model with --init_from=gpt2"))
     model = GPT.from_pretrained(source)
 except (SetupError, PretrainedError) as e:
     sys.exit(f"error: {e}")

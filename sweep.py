@@ -29,6 +29,7 @@ import sys
 from dataclasses import fields
 
 from configurator import ConfigError, parse_config
+from runlog import read_metrics
 from train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -66,14 +67,13 @@ def point_status(out_dir, max_iters):
     """'done', 'diverged at step k', 'resume' (a checkpoint to continue from), or 'new'."""
     metrics = os.path.join(out_dir, "metrics.jsonl")
     if os.path.isfile(metrics):
-        with open(metrics) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = read_metrics(metrics, warn=False)  # a damaged line is compare.py's to report, not a status
         diverged = [r["step"] for r in records if r["type"] == "diverged"]
         if diverged:
             return f"diverged at step {diverged[-1]}"
         if any(r["type"] == "eval" and r["step"] == max_iters for r in records):
             return "done"
-    return "resume" if os.path.isfile(os.path.join(out_dir, "ckpt.pt")) else "new"
+    return "resume" if any(os.path.exists(os.path.join(out_dir, n)) for n in ("ckpt.pt", "ckpt.dcp")) else "new"
 
 
 def write_record(sweep_dir, argv, statuses):

@@ -22,6 +22,9 @@ r-th contiguous W-th of the row as gradient_accumulation_steps / W micro-batches
 Gradients are averaged over the ranks once per step, the logged loss is the mean over
 the whole row, the evaluation batches are shared out over the ranks, and only rank 0
 writes. So 1, 2 or 8 processes train on the same tokens and log the same losses.
+--parallelism=fsdp shards the weights, gradients and optimizer states over the ranks
+(FSDP2) on the same batches, and every rank writes its shards of a checkpoint directory;
+--activation_checkpointing=True recomputes each block's activations in the backward pass.
 
 Faults: SIGTERM or SIGINT finishes the current step, writes a checkpoint and exits 0. A
 non-finite loss or gradient norm, or a loss above divergence_threshold for
@@ -45,11 +48,20 @@ from dataclasses import asdict, replace
 import torch
 
 from batches import DataError, get_batch, open_run_data
-from checkpoint import CheckpointError, check_resumable, read_checkpoint, save_checkpoint, step_checkpoints
+from checkpoint import (
+    CheckpointError,
+    check_resumable,
+    checkpoint_paths,
+    latest_checkpoint,
+    load_training_state,
+    read_checkpoint,
+    remove_checkpoints,
+    save_training_state,
+)
 from configurator import config_from_argv
 from diagnostics import diagnose
 from model import GPT, GPTConfig, model_config_keys
-from optimizers import build_optimizers, load_optimizer_states, set_learning_rates
+from optimizers import build_optimizers, set_learning_rates
 from pretrained import PretrainedError
 from runlog import open_run_log, run_header
 from runtime import SetupError, StopFlag, all_reduce_sum, mfu, parallelize, peak_flops, setup, teardown
@@ -61,7 +73,7 @@ def resume_command(rt):
     """The command line that continues this run from its checkpoint."""
     args = [a for a in sys.argv[1:] if not a.startswith(("--init_from=", "--resume_from=", "--overwrite="))]
     launcher = (f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', rt.world_size)} "
-                "[your other torchrun options] " if rt.distributed else "python ")
+                "[your other torchrun options] " if "RANK" in os.environ else "python ")
     return launcher + shlex.join([sys.argv[0], *args, "--init_from=resume"])
 
 
@@ -81,13 +93,13 @@ def train(cfg, config_files, rt):
     micro_steps = cfg.gradient_accumulation_steps // rt.world_size  # per process
 
     # the run in out_dir: a new run (from scratch or fine-tuning) never replaces one unasked
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     new_run = cfg.init_from != "resume"
-    if new_run and (os.path.exists(ckpt_path) or step_checkpoints(cfg.out_dir)) and not cfg.overwrite:
-        raise CheckpointError(f"{cfg.out_dir} already holds a run ({ckpt_path}). Continue it with "
-                              f"--init_from=resume, choose another --out_dir, or pass --overwrite=True to replace it")
-    resume_path = cfg.resume_from or ckpt_path
-    if not new_run and not os.path.isfile(resume_path):
+    if new_run and checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
+        raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). Continue "
+                              f"it with --init_from=resume, choose another --out_dir, or pass --overwrite=True to "
+                              f"replace it")
+    resume_path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
+    if not new_run and not os.path.exists(resume_path):
         raise CheckpointError(f"--init_from=resume but {resume_path} does not exist; start with --init_from=scratch")
 
     # the model: new from the config, the checkpoint's to resume, or a pretrained one to fine-tune,
@@ -118,32 +130,29 @@ def train(cfg, config_files, rt):
 
         downstream = DownstreamEval(cfg, rt)
 
+    if cfg.init_from == "resume":
+        check_resumable(ckpt, resume_path, model_settings, data_fingerprint, data.files())
+    # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
+    # the optimizers are built on what the processes hold (under FSDP, the shards)
+    model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing)
+    params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     start_step, wandb_id, resumed_after_eval, streak = 0, None, False, 0
     if cfg.init_from == "resume":
-        check_resumable(ckpt, resume_path, model_settings, data_fingerprint, data.files())
-        raw_model.load_state_dict(ckpt["model"])
-        try:
-            load_optimizer_states(optimizers, ckpt["optimizer"])
-        except ValueError as e:
-            raise CheckpointError(f"{resume_path}: {e}") from e
+        load_training_state(ckpt, resume_path, raw_model, optimizers)
         start_step, wandb_id = ckpt["step"], ckpt["wandb_id"] or None
         resumed_after_eval, streak = ckpt["evaluated"], ckpt["steps_above_threshold"]
         del ckpt
     if start_step > cfg.max_iters:
         raise CheckpointError(f"the checkpoint is at step {start_step}, past max_iters={cfg.max_iters}")
-    model = torch.compile(raw_model) if cfg.compile else raw_model
-    train_model = parallelize(model, rt)  # what the training step calls: under torchrun, the DDP wrapper
-    params = list(raw_model.parameters())
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
     # logging (runlog.py): a new run replaces the run in out_dir (allowed by --overwrite=True above)
     if rt.master and new_run:
-        for path in [os.path.join(cfg.out_dir, "metrics.jsonl"), ckpt_path, *(p for _, p in step_checkpoints(
-                cfg.out_dir))]:
-            if os.path.exists(path):
-                os.remove(path)
+        remove_checkpoints(cfg.out_dir)
+        if os.path.exists(os.path.join(cfg.out_dir, "metrics.jsonl")):
+            os.remove(os.path.join(cfg.out_dir, "metrics.jsonl"))
     out = open_run_log(cfg.out_dir, rt.master, cfg.wandb_log, wandb_id, project=cfg.wandb_project,
                        group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
     wandb_id = out.wandb.id
@@ -167,6 +176,7 @@ def train(cfg, config_files, rt):
     stop = StopFlag().install()  # acted on after the step in flight, by every rank at the same step
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     step, last_ckpt_step = start_step, (start_step if cfg.init_from == "resume" else None)
+    ckpt_path = resume_path  # the newest checkpoint, once this run has written one its own
     t_start = t_last = time.time()
     steps_since_log, stopping = 0, False
     while True:
@@ -188,12 +198,10 @@ def train(cfg, config_files, rt):
                 out.print(downstream.describe(record))
                 out.log(record)
         if should_save(step, cfg, start_step, evaluated, stopping):
-            if rt.master:
-                save_checkpoint(cfg.out_dir, {
-                    "model": raw_model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
-                    "model_args": model_args, "step": step, "evaluated": evaluated, "steps_above_threshold": streak,
-                    "config": asdict(cfg), "data": data_fingerprint, "wandb_id": wandb_id or ""},
-                    cfg.keep_last_n, cfg.save_checkpoint_steps)
+            ckpt_path = save_training_state(cfg.out_dir, raw_model, optimizers, {
+                "model_args": model_args, "step": step, "evaluated": evaluated, "steps_above_threshold": streak,
+                "config": asdict(cfg), "data": data_fingerprint, "wandb_id": wandb_id or ""},
+                cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
             out.print(f"saved checkpoint to {ckpt_path} (step {step})")
             last_ckpt_step, t_last = step, time.time()
         if stopping:
@@ -262,7 +270,7 @@ if __name__ == "__main__":
     cfg, config_files = config_from_argv(TrainConfig)
     rt = None
     try:
-        rt = setup(cfg.device, cfg.dtype, cfg.backend)
+        rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
         code = train(cfg, config_files, rt)
     except (SetupError, DataError, CheckpointError, PretrainedError) as e:
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # every rank runs the same checks: say it once per machine

@@ -79,6 +79,13 @@ class TrainConfig(GPTConfig):
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
     # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
     backend: str = "auto"
+    # how the processes under torchrun share the model: 'ddp' (every process holds all of it, PyTorch DDP)
+    # or 'fsdp' (each holds 1/W of the weights, gradients and optimizer states, FSDP2; runtime.py);
+    # checkpoints follow: one file under ddp, a sharded directory under fsdp (checkpoint.py)
+    parallelism: str = "ddp"
+    # recompute each block's activations in the backward pass instead of keeping them: less memory,
+    # about one more forward pass of compute, the same gradients (torch.utils.checkpoint, non-reentrant)
+    activation_checkpointing: bool = False
     # divergence guard; a non-finite loss or gradient norm always stops the run
     # uniform guessing scores ln(50304) = 10.83, an untrained GPT-2 about 11.0; 0 disables
     divergence_threshold: float = 12.0
@@ -106,6 +113,13 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"z_loss must be >= 0 (0 = off), got {self.z_loss}")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
+        if self.parallelism not in ("ddp", "fsdp"):
+            raise ValueError(f"parallelism must be 'ddp' or 'fsdp', got {self.parallelism!r}")
+        if self.parallelism == "fsdp" and self.dtype == "float16":
+            raise ValueError("parallelism='fsdp' with dtype='float16' cannot work here: float16 needs loss scaling, "
+                             "and the GradScaler checks for overflow in the gradients it sees, which under FSDP are "
+                             "this process's shard only, so the processes could skip different steps. Use "
+                             "dtype='bfloat16' (no loss scaling) or parallelism='ddp'")
         for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
                     "keep_last_n", "divergence_patience", "diagnostics_batches"):
             if getattr(self, key) < 1:

@@ -12,6 +12,8 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from batches import get_batch
@@ -52,14 +54,17 @@ def train_step(model, params, optimizers, scaler, micro_batch, micro_steps, auto
     clip the gradients. The optimizers' steps are left to the caller (after the divergence check).
 
     model: the module to call (the DDP wrapper under torchrun: gradients are all-reduced
-    once, in the last micro-batch's backward); params: the model's parameters, whose
-    gradients are measured and clipped; optimizers: the list of optimizers.build_optimizers,
-    each unscaled by the GradScaler `scaler`. micro_batch(k) -> (x, y), int64 (B, T) each,
-    this process's k-th micro-batch; micro_steps: their number; seeds[k]: the dropout seed
-    of micro-batch k. The objective is the mean cross-entropy over the micro-batches, plus
-    z_loss * mean(logsumexp(logits)^2) if z_loss > 0 (PaLM's z-loss, which pulls the
-    log-partition towards 0; it joins the gradient, not the returned loss). grad_clip > 0
-    clips the global gradient norm to it.
+    once, in the last micro-batch's backward; under FSDP the sharded model, which
+    reduce-scatters every micro-batch's gradients so that only shards accumulate);
+    params: the model's parameters, whose gradients are measured and clipped (under FSDP
+    DTensor shards: the norm is the global one, over every process's shard); optimizers:
+    the list of optimizers.build_optimizers, each unscaled by the GradScaler `scaler`.
+    micro_batch(k) -> (x, y), int64 (B, T) each, this process's k-th micro-batch;
+    micro_steps: their number; seeds[k]: the dropout seed of micro-batch k. The objective
+    is the mean cross-entropy over the micro-batches, plus z_loss *
+    mean(logsumexp(logits)^2) if z_loss > 0 (PaLM's z-loss, which pulls the log-partition
+    towards 0; it joins the gradient, not the returned loss). grad_clip > 0 clips the
+    global gradient norm to it.
 
     Returns (loss_sum, grad_norm), 0-dim float32 tensors on the device: the sum of the
     micro-batches' cross-entropies (divide by the global number of micro-batches after
@@ -83,10 +88,26 @@ def train_step(model, params, optimizers, scaler, micro_batch, micro_steps, auto
             scaler.scale(objective / micro_steps).backward()
     for optimizer in optimizers:  # GradScaler unscales per optimizer: each holds its own found-inf record
         scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    grad_norm = global_grad_norm([p.grad for p in params if p.grad is not None])
     if grad_clip > 0:
         torch.nn.utils.clip_grads_with_norm_(params, grad_clip, grad_norm)
     return loss_sum, grad_norm
+
+
+def global_grad_norm(grads):
+    """The 2-norm of all of `grads` together, the norm that gradient clipping scales (Pascanu et
+    al. 2013), as a 0-dim float32 tensor (inf or nan if a gradient holds one). Summed in float64:
+    float32 sums lose about 1e-5 of it over a million elements on the CPU (measured on the
+    50304 x 32 embedding), and differently for a tensor than for its halves, so the norm would
+    depend on the number of processes FSDP shards it over. Under FSDP the gradients are DTensor
+    shards (Shard(0) on one mesh): their sums of squares are all-reduced over the mesh, so every
+    process gets the norm of the whole gradient."""
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    total = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in local]).sum()
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    if sharded:
+        dist.all_reduce(total, group=sharded[0].device_mesh.get_group())
+    return total.sqrt().float()
 
 
 def divergence_reason(loss, grad_norm, streak, threshold, patience, check_grad_norm=True):
@@ -115,18 +136,21 @@ def evaluate(model, splits, block_size, device, autocast, rt):
 
     splits: {name: (tokens, index)}, tokens a uint16 memmap and index an int64 (eval_iters, B)
     stream of start offsets (the same at every evaluation). Process r of W evaluates rows
-    r, r + W, ... and the sums are all-reduced over the processes of rt. Returns
-    {name: mean cross-entropy in nats}. Leaves the model in training mode.
+    r, r + W, ... and the sums are all-reduced over the processes of rt. Every process runs
+    the same number of forward passes (one that has run out of rows repeats row 0 and drops
+    its loss), because under FSDP each forward pass gathers weights from all of them.
+    Returns {name: mean cross-entropy in nats}. Leaves the model in training mode.
     """
     model.eval()
     out = {}
     for name, (tokens, index) in splits.items():
         total = torch.zeros((), device=device)
-        for k in range(rt.rank, len(index), rt.world_size):
-            x, y = get_batch(tokens, index[k], block_size, device)
+        for k in range(rt.rank, -(-len(index) // rt.world_size) * rt.world_size, rt.world_size):
+            x, y = get_batch(tokens, index[k if k < len(index) else 0], block_size, device)
             with autocast:
                 _, loss = model(x, y)
-            total += loss.float()
+            if k < len(index):
+                total += loss.float()
         out[name] = all_reduce_sum(total, rt).item() / len(index)
     model.train()
     return out

@@ -1,13 +1,14 @@
 """
-Print the parameter table (SPEC §1, the paper's Table 1 / Figure 2) for every config in config/
-and config/modern/ (the modern recipe, named modern/<config>).
+Print the parameter table (SPEC §1, the paper's Table 1 / Figure 2) for every config in config/,
+config/modern/ (the modern recipe, named modern/<config>) and config/gpt3/ (the GPT-3 sizes,
+named gpt3/<config>).
 
     python bench/params.py
 
 Models are built on the meta device (shapes only), so this takes a second on any
 machine. "non-emb" is GPT.get_num_params(non_embedding=True): every parameter except
 the token embedding (tied to the LM head), the positional embedding and an untied LM head.
-"vs baseline" compares with the baseline of the same folder.
+"vs baseline" compares with the baseline of the same folder and the same L x d.
 """
 
 import glob
@@ -23,8 +24,11 @@ from configurator import read_config_file  # noqa: E402
 from model import GPT, GPTConfig, model_config_keys  # noqa: E402
 
 rows = []
-for folder in ("", "modern/"):
-    for path in sorted(glob.glob(os.path.join(REPO, "config", folder, "*.py"))):
+for folder in ("", "modern/", "gpt3/"):
+    paths = sorted(glob.glob(os.path.join(REPO, "config", folder, "*.py")))
+    if folder == "gpt3/":  # by size, as the GPT-3 paper's table
+        paths.sort(key=lambda p: ["medium", "large", "xl", "2p7b"].index(os.path.basename(p).split("_")[0]))
+    for path in paths:
         values = read_config_file(path)
         with torch.device("meta"):
             model = GPT(GPTConfig(**{k: v for k, v in values.items() if k in model_config_keys()}))
@@ -33,12 +37,13 @@ for folder in ("", "modern/"):
                      cfg.mlp_hidden, model.get_num_params(), model.get_num_params(non_embedding=False),
                      values.get("learning_rate"), values.get("min_lr"), values.get("weight_decay")))
 
-baselines = {row[0][: -len("baseline")]: row[4] for row in rows if row[0].endswith("baseline")}  # {folder: non-emb}
+# {(folder, L x d): non-emb} of the baselines
+baselines = {(row[0][: row[0].rfind("/") + 1], row[2]): row[4] for row in rows if row[0].endswith("baseline")}
 header = ("config", "query_mode", "L x d", "mlp_hidden", "non-emb", "vs baseline", "total", "max lr", "min lr", "wd")
 print("| " + " | ".join(header) + " |")
 print("|" + "|".join("---" for _ in header) + "|")
 for name, mode, shape, hidden, non_emb, total, lr, min_lr, wd in rows:
-    baseline = baselines.get(name[: name.rfind("/") + 1])
-    ratio = f"{100 * (non_emb / baseline - 1):+.2f}%" if baseline and shape == "12x768" else "-"
+    baseline = baselines.get((name[: name.rfind("/") + 1], shape))
+    ratio = f"{100 * (non_emb / baseline - 1):+.2f}%" if baseline else "-"
     cells = (name, mode, shape, hidden, f"{non_emb:,}", ratio, f"{total:,}", f"{lr:g}", f"{min_lr:g}", f"{wd:g}")
     print("| " + " | ".join(map(str, cells)) + " |")

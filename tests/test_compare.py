@@ -230,10 +230,23 @@ def test_resumed_run_counts_the_later_records(tmp_path):
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"type": "train", "step": 2010, "lo')
     other = make_run(tmp_path / "other", "baseline", {1000: 3.6, 2000: 3.3, 3000: 3.1}, seed=7)
+    # and in the other run a line in the middle is damaged (the first bytes of its train record at step 1000
+    # lost): the rest of that run still counts
+    metrics = os.path.join(other, "metrics.jsonl")
+    with open(metrics) as f:
+        lines = f.readlines()
+    assert json.loads(lines[1])["type"] == "train"
+    lines[1] = lines[1][20:]
+    with open(metrics, "w") as f:
+        f.writelines(lines)
     proc = run_compare(run, other)
     assert "val loss at step 2000" in proc.stdout
     assert cells(rows(proc.stdout)["baseline"], "val", "n") == ["3.2500 ± 0.0707", "2"]
-    assert "incomplete last line" in proc.stderr
+    # one warning for each damaged line, naming it
+    torn_line = len((run / "metrics.jsonl").read_text().splitlines())
+    assert proc.stderr.count("warning: skipping line") == 2, proc.stderr
+    assert f"warning: skipping line {torn_line} of {run / 'metrics.jsonl'}, which is not a JSON record" in proc.stderr
+    assert f"warning: skipping line 2 of {metrics}, which is not a JSON record" in proc.stderr
 
     # duplicates within one session (no restart record between them): the later one counts too
     write_records(run, [head, *evals({1000: 3.5, 2000: 3.4}), *evals({2000: 3.0})])

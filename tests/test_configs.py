@@ -37,10 +37,18 @@ def test_every_config_is_listed():
     # the modern recipe (tests/test_modern.py holds its settings)
     assert {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "modern", "*.py"))} == {
         "baseline", "res_gelu"}
+    assert {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "gpt3", "*.py"))} == {
+        f"{size}_{arm}" for size in GPT3 for arm in ("baseline", "res_gelu")}
 
 
-def test_params_table_shows_spec_counts():
-    rows = markdown_table(run_script("bench/params.py").stdout, "config")
+@pytest.fixture(scope="module")
+def params_table():
+    """bench/params.py's table, {config: {column: cell}}."""
+    return markdown_table(run_script("bench/params.py").stdout, "config")
+
+
+def test_params_table_shows_spec_counts(params_table):
+    rows = params_table
     assert rows["baseline"]["non-emb"] == "84,953,856"
     assert rows["res_gelu"]["non-emb"] == rows["res_gelu_lr2p6"]["non-emb"] == "84,972,288"
     assert rows["identity"]["non-emb"] == "77,875,968"
@@ -50,3 +58,28 @@ def test_params_table_shows_spec_counts():
     assert rows["modern/baseline"]["non-emb"] == "84,955,392" and rows["modern/baseline"]["total"] == "162,222,336"
     assert rows["modern/res_gelu"]["non-emb"] == "84,973,824"
     assert rows["modern/res_gelu"]["vs baseline"] == "+0.02%"  # against modern/baseline
+
+
+GPT3 = {  # Brown et al. 2020, Table 2.1: (n_layer, n_embd, n_head, lr); XL's 24 heads of 128 do not divide its
+    # d = 2048, so it has 16 of 128 here (config/gpt3/xl_baseline.py)
+    "medium": (24, 1024, 16, 3e-4), "large": (24, 1536, 16, 2.5e-4), "xl": (24, 2048, 16, 2e-4),
+    "2p7b": (32, 2560, 32, 1.6e-4),
+}
+
+
+@pytest.mark.parametrize("size", GPT3)
+def test_gpt3_configs_and_their_parameter_counts(params_table, size):
+    layers, d, heads, lr = GPT3[size]
+    base = read_config_file(os.path.join(REPO, "config", "gpt3", f"{size}_baseline.py"))
+    res = read_config_file(os.path.join(REPO, "config", "gpt3", f"{size}_res_gelu.py"))
+    assert (base["n_layer"], base["n_embd"], base["n_head"], base["learning_rate"]) == (layers, d, heads, lr)
+    assert (base["block_size"], base["query_mode"], res["query_mode"]) == (1024, "linear", "res_gelu")
+    # res_gelu's rate: the paper's GPT-2 small ratio, 3e-3 / 6e-4, and min lr at 1/100 of it
+    assert res["learning_rate"] == pytest.approx(5 * lr) and res["min_lr"] == pytest.approx(res["learning_rate"] / 100)
+    # by hand: per block W_K, W_V, W_Q, W_O (4 d^2), the MLP (8 d^2) and two norm weights, then the final norm;
+    # res_gelu's f has W1 and W2 (d^2 together, in place of W_Q) and two norm weights more
+    linear = layers * (12 * d * d + 2 * d) + d
+    for arm, non_embedding in {"baseline": linear, "res_gelu": linear + layers * 2 * d}.items():
+        row = params_table[f"gpt3/{size}_{arm}"]
+        assert row["non-emb"] == f"{non_embedding:,}"
+        assert row["total"] == f"{non_embedding + 50304 * d + 1024 * d:,}"  # tied wte and the positions

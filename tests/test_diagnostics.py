@@ -14,6 +14,8 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 import analyze
@@ -24,6 +26,7 @@ from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from diagnostics import ACTIVATIONS, diagnose
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, rope_angles
 from runlog import RunLog
+from runtime import parallelize, setup
 from train_config import TrainConfig
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32)
@@ -303,3 +306,17 @@ def test_the_qk_norm_arm_differs_from_the_mini_baseline_only_in_qk_norm():
     base, arm = (read_config_file(os.path.join(REPO, "config", "mini", f"{name}.py"))
                  for name in ("baseline", "baseline_qk_norm"))
     assert {k for k in {**base, **arm} if base.get(k) != arm.get(k)} == {"out_dir", "qk_norm"} and arm["qk_norm"]
+
+
+def test_an_fsdp_sharded_model_gives_the_same_diagnostics():
+    rt = setup("cpu", "float32", parallelism="fsdp")  # this process as a process group of one, as train.py runs it
+    try:
+        plain, sharded = (model_with(query_mode="res_gelu", **ROPE_GQA) for _ in range(2))
+        parallelize(sharded, rt, "fsdp", activation_checkpointing=True)
+        want, got = (diagnose(m, TOKENS, INDEX, SMALL["block_size"], "cpu") for m in (plain, sharded))
+        assert list(got) == list(want)
+        for name, values in want.items():
+            assert got[name] == pytest.approx(values, rel=1e-6), name
+        assert all(isinstance(p, DTensor) for p in sharded.parameters())  # sharded again afterwards
+    finally:
+        dist.destroy_process_group()

@@ -6,6 +6,7 @@ CPU kernels may sum in another order when the machine is loaded (see the README)
 
 import glob
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -266,6 +267,21 @@ def test_resume_refuses_changed_data_or_index(four_steps, tmp_path, damaged, cha
     assert f"{file} changed since {out / 'ckpt.pt'} was written {change.format(size=size, grown=size + 2)}" \
         in proc.stderr, proc.stderr
     assert sha256(out / "ckpt.pt") == before  # a refusal writes nothing
+
+
+def test_a_torn_last_line_of_metrics_is_cut_on_resume(four_steps, tmp_path):
+    # a crash in the middle of a write (disk full, power cut) left half a record at the end of metrics.jsonl
+    out = tmp_path / "out"
+    shutil.copytree(four_steps[1], out)
+    torn = '{"type": "train", "step": 5, "loss": 10.2, "l'
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(torn)
+    proc = train(four_steps[0], out, "--max_iters=6", "--init_from=resume")
+    assert f"{out / 'metrics.jsonl'}: cut its last line, left unfinished by a crash while it was written " \
+           f"({len(torn)} bytes: {torn!r})" in proc.stdout
+    with open(out / "metrics.jsonl") as f:
+        records = [json.loads(line) for line in f]  # every line is a record again
+    assert [r["step"] for r in records if r["type"] == "train"] == [1, 2, 3, 4, 5, 6]
 
 
 # ---------------------------------------------------------------------------------------

@@ -63,9 +63,10 @@ def test_z_loss_joins_the_gradient_not_the_logged_loss(shakespeare_dir, tmp_path
         model.zero_grad()
         logits, loss = model(x, y)
         (loss + coefficient * torch.logsumexp(logits, dim=-1).pow(2).mean()).backward()
-        norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
+        # in float64, as train.py sums it: float32 is 1.8e-4 off here, over the 1.6M-entry embedding gradient
+        norms.append(torch.nn.utils.get_total_norm([p.grad.double() for p in model.parameters()]).item())
     assert record["loss"] == pytest.approx(loss.item(), rel=1e-6)  # the cross-entropy alone
-    assert record["grad_norm"] == pytest.approx(norms[1], rel=1e-4)
+    assert record["grad_norm"] == pytest.approx(norms[1], rel=1e-6)
     assert record["grad_norm"] != pytest.approx(norms[0], rel=1e-3)
 
 

@@ -1,0 +1,250 @@
+"""Larger scales on the CPU over gloo: FSDP2 against one process; a sharded run killed while it
+writes a checkpoint and resumed on 2 processes and on 1; the conversion to ckpt.pt; sharded
+checkpoints saved and loaded in this process; activation checkpointing; the combinations refused
+at startup. (The GPT-3 configs are in tests/test_configs.py, torn metrics.jsonl lines in
+tests/test_faults.py and tests/test_compare.py.)
+
+Runs compared across processes are single-threaded (see tests/test_faults.py)."""
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from checkpoint import CheckpointError, load_training_state, read_checkpoint, save_sharded_checkpoint
+from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
+from conftest import train as train_tiny
+from conftest import val_losses_by_step as evals
+from model import GPT, GPTConfig
+from optimizers import build_optimizers
+from runtime import SetupError, parallelize, setup
+from train_config import TrainConfig
+
+# the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps; the global
+# batch is 4 micro-batches of 2 sequences: 4 micro-steps in one process, 2 per rank in two
+RUN = ["--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1", "--batch_size=2", "--gradient_accumulation_steps=4"]
+FSDP = "--parallelism=fsdp"
+
+
+def train(data_dir, out_dir, *args, check=True):
+    """train.py in one process, the tiny model and RUN, single-threaded."""
+    return train_tiny(data_dir, out_dir, *RUN, *args, check=check, env=ONE_THREAD)
+
+
+def launch(data_dir, out_dir, *args):
+    """train.py under torchrun (the tiny model, RUN, single-threaded) in the background, its output in
+    out_dir.log."""
+    with open(f"{out_dir}.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                 "--nproc_per_node=2", os.path.join(REPO, "train.py"), *TINY, *RUN,
+                                 f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args],
+                                cwd=REPO, env={**os.environ, **ONE_THREAD}, stdout=log, stderr=subprocess.STDOUT)
+
+
+def kill(proc):
+    """SIGKILL the process and every process it started, found by their parent ids (a kill of torchrun's
+    process group misses its workers), workers first: a power cut, as far as the run can tell."""
+    parents = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(stat.split("/")[2]))
+        except OSError:  # a process that ended meanwhile
+            continue
+    family, todo = [], [proc.pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        family += children
+        todo += children
+    for pid in [*reversed(family), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def output(proc, out_dir, timeout=300):
+    """Wait for the process; its exit status and output."""
+    code = proc.wait(timeout=timeout)
+    with open(f"{out_dir}.log") as f:
+        return code, f.read()
+
+
+def wait_for(condition, proc, timeout=300):
+    """Poll condition() every millisecond while the process runs."""
+    start = time.time()
+    while not condition():
+        if proc.poll() is not None or time.time() - start > timeout:
+            kill(proc)
+            raise AssertionError(f"train.py ended ({proc.wait()}) or ran {timeout} s before the awaited moment")
+        time.sleep(0.001)
+
+
+def sharded_step(out_dir):
+    """The step of the checkpoint that out_dir/ckpt.dcp names."""
+    return read_checkpoint(os.path.join(out_dir, "ckpt.dcp"))["step"]
+
+
+def assert_same_steps(got_dir, want_dir, steps, tol=1e-5):
+    """The training losses (to tol) and gradient norms (to tol, relatively) of `steps`, and every
+    evaluation both runs logged, equal in both runs."""
+    got = {r["step"]: r for r in read_metrics(got_dir, "train")}
+    want = {r["step"]: r for r in read_metrics(want_dir, "train")}
+    for s in steps:
+        assert abs(got[s]["loss"] - want[s]["loss"]) <= tol, (s, got[s]["loss"], want[s]["loss"])
+        assert abs(got[s]["grad_norm"] - want[s]["grad_norm"]) <= tol * want[s]["grad_norm"], (s, got[s], want[s])
+    got_evals, want_evals = evals(got_dir), evals(want_dir)
+    assert got_evals
+    for s in set(got_evals) & set(want_evals):
+        assert abs(got_evals[s] - want_evals[s]) <= tol, (s, got_evals[s], want_evals[s])
+
+
+@pytest.fixture(scope="module")
+def one_process(shakespeare_dir, tmp_path_factory):
+    """8 steps in one process, without sharding: the reference."""
+    out = tmp_path_factory.mktemp("one") / "out"
+    train(shakespeare_dir, out, "--max_iters=8")
+    return out
+
+
+def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakespeare_dir, one_process, tmp_path):
+    # two processes shard the model; SIGKILL to every process while they write the checkpoint of step 8,
+    # so the steps since the checkpoint of step 4 are lost
+    out = tmp_path / "two"
+    proc = launch(shakespeare_dir, out, FSDP, "--max_iters=1000")
+    wait_for(lambda: os.path.exists(out / "ckpt_000008.dcp.tmp"), proc)
+    kill(proc)
+    assert not os.path.exists(out / "ckpt_000008.dcp")  # the kill landed in the write
+    assert sharded_step(out) == 4 and last_logged_step(out) == 8  # the previous checkpoint is whole
+    with open(f"{out}.log") as f:
+        assert "x 2 processes (gloo)" in f.read()
+    # The same per-step losses and gradient norms as one process to 1e-5: the gradients are averaged over
+    # the processes, not summed (gloo's AVG, pytorch #162338), and the clipping norm is the global one.
+    assert_same_steps(out, one_process, range(1, 9))
+    assert len(read_metrics(out, "config")) == 1  # only rank 0 writes
+
+    # resumed from step 4 on one process (a process group of one) with activation checkpointing, and on two
+    one = tmp_path / "one"
+    shutil.copytree(out, one, symlinks=True)
+    train(shakespeare_dir, one, FSDP, "--activation_checkpointing=True", "--max_iters=8", "--init_from=resume")
+    code, log = output(launch(shakespeare_dir, out, FSDP, "--max_iters=8", "--init_from=resume"), out)
+    assert code == 0, log
+    assert f"resuming from {out / 'ckpt.dcp'} at step 4" in log
+    for resumed in (out, one):
+        assert_same_steps(resumed, one_process, range(5, 9))
+    # the half-written directory is replaced, the newest two step checkpoints kept, ckpt.dcp names the newest
+    assert sorted(os.listdir(out)) == ["ckpt.dcp", "ckpt_000004.dcp", "ckpt_000008.dcp", "config.json",
+                                       "metrics.jsonl"]
+    assert os.readlink(out / "ckpt.dcp") == "ckpt_000008.dcp"
+
+    # one command makes ckpt.pt of it: the one-process run's checkpoint, weights and optimizer states,
+    # which sample.py and export.py read (GPT.from_pretrained)
+    proc = run_script("checkpoint.py", f"--out_dir={out}")
+    assert f"wrote {out / 'ckpt.pt'}: the checkpoint of step 8" in proc.stdout
+    made, want = (torch.load(d / "ckpt.pt", weights_only=True) for d in (out, one_process))
+    assert set(made) == set(want) and made["step"] == 8 and made["model_args"] == want["model_args"]
+    assert list(made["model"]) == list(want["model"])
+    for name, tensor in want["model"].items():
+        torch.testing.assert_close(made["model"][name], tensor, rtol=0, atol=1e-5)
+    (made_adamw,), (want_adamw,) = made["optimizer"], want["optimizer"]
+    assert made_adamw["param_groups"] == want_adamw["param_groups"]
+    for i, state in want_adamw["state"].items():
+        for key, tensor in state.items():
+            torch.testing.assert_close(made_adamw["state"][i][key], tensor, rtol=0, atol=1e-5)
+    loaded = GPT.from_pretrained(str(out))
+    assert loaded.loaded_from.step == 8
+    assert all(torch.equal(t, made["model"][name]) for name, t in loaded.state_dict().items())
+
+
+@pytest.fixture
+def process_group_of_one():
+    """This process as a process group of one (gloo), as train.py runs FSDP without torchrun."""
+    rt = setup("cpu", "float32", parallelism="fsdp")
+    yield rt
+    dist.destroy_process_group()
+
+
+def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_path):
+    rt = process_group_of_one
+    cfg = TrainConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, device="cpu")
+
+    def sharded():
+        torch.manual_seed(0)
+        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64)), rt,
+                            "fsdp")[0]
+        return model, build_optimizers(model, cfg, "cpu")
+
+    model, optimizers = sharded()
+    x = torch.randint(0, 64, (2, 8))
+    model(x, x)[1].backward()
+    optimizers[0].step()
+    meta = {"model_args": {}, "step": 1, "evaluated": False, "steps_above_threshold": 0, "config": {},
+            "data": {}, "wandb_id": ""}
+    path = save_sharded_checkpoint(str(tmp_path), model, optimizers, meta, keep_last_n=2)
+    again, again_optimizers = sharded()
+    load_training_state(read_checkpoint(path), path, again, again_optimizers)
+    for (name, p), q in zip(model.named_parameters(), again.parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor()), name
+    assert torch.equal(optimizers[0].state_dict()["state"][0]["exp_avg"].full_tensor(),
+                       again_optimizers[0].state_dict()["state"][0]["exp_avg"].full_tensor())
+
+    # the states of other optimizers, and a checkpoint file of a ddp run, are refused with what to do
+    with pytest.raises(CheckpointError, match="holds the states of AdamW but this config builds AdamW, Muon; resume "
+                                              "with the run's own `optimizer`"):
+        muon = build_optimizers(again, replace(cfg, optimizer="muon"), "cpu")
+        load_training_state(read_checkpoint(path), path, again, muon)
+    with pytest.raises(CheckpointError, match="is a checkpoint file, written under parallelism=ddp: continue that run "
+                                              "with --parallelism=ddp"):
+        load_training_state({"model": {}, "optimizer": []}, str(tmp_path / "ckpt.pt"), again, again_optimizers)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"parallelism": "zero3"}, "parallelism must be 'ddp' or 'fsdp', got 'zero3'"),
+    ({"parallelism": "fsdp", "dtype": "float16"},
+     "parallelism='fsdp' with dtype='float16' cannot work here: float16 needs loss scaling"),
+])
+def test_impossible_combinations_are_config_errors(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**settings)
+
+
+def test_fsdp_on_cuda_over_gloo_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SetupError, match="parallelism=fsdp on CUDA needs backend=nccl"):
+        setup("cuda", backend="gloo", parallelism="fsdp")
+
+
+def test_activation_checkpointing_gives_the_same_gradients_from_less_memory():
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1,
+                       query_mode="res_gelu")
+    x, y = torch.randint(0, 64, (2, 2, 16))
+    rt = setup("cpu", "float32")
+
+    def gradients(checkpointing):
+        """Gradients of one forward-backward (dropout on) and the bytes saved for the backward pass."""
+        torch.manual_seed(0)
+        model = parallelize(GPT(config), rt, activation_checkpointing=checkpointing)[1]
+        saved = {}
+
+        def pack(t):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        torch.manual_seed(1)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(x, y)[1]
+        loss.backward()
+        return [p.grad for p in model.parameters()], sum(saved.values())
+
+    (plain, plain_bytes), (checkpointed, checkpointed_bytes) = gradients(False), gradients(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed))
+    assert checkpointed_bytes < plain_bytes / 2, (checkpointed_bytes, plain_bytes)
