@@ -120,6 +120,10 @@ class TrainConfig(GPTConfig):
                              "and the GradScaler checks for overflow in the gradients it sees, which under FSDP are "
                              "this process's shard only, so the processes could skip different steps. Use "
                              "dtype='bfloat16' (no loss scaling) or parallelism='ddp'")
+        if self.parallelism == "fsdp" and self.eval_tasks:
+            raise ValueError("eval_tasks with parallelism='fsdp' cannot work here: the tasks run on rank 0 alone, "
+                             "which holds only its shard of the weights. Leave eval_tasks empty and run eval.py on "
+                             "a checkpoint made whole by `python checkpoint.py --out_dir=RUN`")
         for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
                     "keep_last_n", "divergence_patience", "diagnostics_batches"):
             if getattr(self, key) < 1:

@@ -211,6 +211,8 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
     ({"parallelism": "zero3"}, "parallelism must be 'ddp' or 'fsdp', got 'zero3'"),
     ({"parallelism": "fsdp", "dtype": "float16"},
      "parallelism='fsdp' with dtype='float16' cannot work here: float16 needs loss scaling"),
+    ({"parallelism": "fsdp", "eval_tasks": "hellaswag"},
+     "eval_tasks with parallelism='fsdp' cannot work here: the tasks run on rank 0 alone"),
 ])
 def test_impossible_combinations_are_config_errors(settings, message):
     with pytest.raises(ValueError, match=message):
