@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from compare import die, fill_defaults, find_run_dirs, load_run, make_groups, step_list
+from compare import die, make_groups, read_runs, step_list
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
@@ -197,17 +197,11 @@ def plot(groups, names):
 
 def analyze_runs(args):
     """Read the runs named on the command line, print the table and, with --plot, write the figure."""
-    runs = [load_run(d) for d in find_run_dirs(args.runs)]
+    runs, group_over = read_runs(args.runs, args.group_over)
     empty = [r.out_dir for r in runs if not r.diags]
     if empty:
         die(f"{', '.join(empty)}: no diag records in metrics.jsonl (trained with diagnostics=False, or before "
             f"train.py had them); leave those runs out, or measure a checkpoint with --checkpoint")
-    fill_defaults(runs)
-    group_over = set(args.group_over.split(","))
-    unknown = group_over - set().union(*(r.config for r in runs))
-    if unknown:
-        die(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; "
-            f"pass config keys such as seed or data_seed")
     groups = make_groups(runs, group_over)
     if args.step is None:
         step = default_step(runs)

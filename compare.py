@@ -152,6 +152,20 @@ def find_run_dirs(paths):
     return list(unique.values())
 
 
+def read_runs(paths, group_over):
+    """(runs, the set of keys to pool over): the runs under `paths` (find_run_dirs), their configs filled
+    with train.py's defaults, and `group_over` (comma-separated config keys) checked against them; exits with
+    a message naming a key that no run's config has."""
+    runs = [load_run(d) for d in find_run_dirs(paths)]
+    fill_defaults(runs)
+    keys = set(group_over.split(","))
+    unknown = keys - set().union(*(r.config for r in runs))
+    if unknown:
+        die(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; "
+            f"pass config keys such as seed or data_seed")
+    return runs, keys
+
+
 def make_groups(runs, group_over):
     """Group runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first appearance.
     Each group's label is its run_name, plus key=value for every setting in which it differs from another group
@@ -382,13 +396,7 @@ def main():
                              "column each, at the same step, mean ± std over each row's runs")
     args = parser.parse_args()
 
-    runs = [load_run(d) for d in find_run_dirs(args.out_dirs)]
-    fill_defaults(runs)
-    group_over = set(args.group_over.split(","))
-    unknown = group_over - set().union(*(r.config for r in runs))
-    if unknown:
-        die(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; "
-            f"pass config keys such as seed or data_seed")
+    runs, group_over = read_runs(args.out_dirs, args.group_over)
     metrics = [m for m in args.metric.split(",") if m]
     known = sorted(set().union(*(scores for r in runs for scores in r.downstream.values())))
     for metric in metrics:
