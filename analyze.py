@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from compare import die, make_groups, read_runs, step_list
+from compare import die, layer_mean, make_groups, read_runs, step_list
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
@@ -49,12 +49,6 @@ def diagnostic_names(records):
     seen = dict.fromkeys(n for r in records for n in r if n not in ACTIVATIONS)
     defined = {n for r in records for n, v in r.items() if any(x is not None for x in v)}
     return [n for n in [*ACTIVATIONS, *seen] if n in defined]
-
-
-def layer_mean(values):
-    """The mean over the layers of one diagnostic; None where it is undefined (None) at every layer."""
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def pooled(group):

@@ -8,6 +8,7 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py out-baseline out-res-gelu --plot=figure1.png
     python compare.py out-mini/* --best_over=learning_rate         # each arm at its own best learning rate
     python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
+    python compare.py results/ablations/* --best_over=learning_rate --select_on=seed=0 --holm --paired --with_diag
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
@@ -46,6 +47,11 @@ IGNORED_KEYS = {
 }
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
           "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
+# the diagnostics --with_diag shows when it names none: the attention-logit growth and the attention's entropy
+DEFAULT_DIAG = ("attn_logit_max", "attn_entropy")
+HOLM_NOTE = "p (Holm): Holm-Bonferroni adjusted over the {m} rows compared with the baseline"
+PAIRED_NOTE = ("paired Δ: L - L_base over the runs of the row and the baseline with equal {keys} (same init, same "
+               "batches), mean ± sample std, (k) = number of pairs where it is not n; paired p: the paired t-test")
 
 
 @dataclass
@@ -218,6 +224,93 @@ def downstream_score(metric):
     return lambda run, step: run.downstream.get(step, {}).get(metric)
 
 
+def layer_mean(values):
+    """The mean over the layers of one diagnostic ([value per layer]); None where it is undefined (None) at every
+    layer, as query_f_ratio is for a query without an f."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def diag_value(name):
+    """value(run, step) of a diagnostic (a `diag` record, diagnostics.py): its mean over the layers, None where
+    the run has none."""
+    return lambda run, step: layer_mean(run.diags.get(step, {}).get(name) or [])
+
+
+def parse_select(spec, group_over):
+    """{key: value} of --select_on='key=value[,key=value...]', values as Python literals (seed=0 is the int 0).
+    Exits with a message for a malformed spec or a key outside --group_over: the tuning runs must be runs of the
+    same groups as the reported ones, differing only in the pooled keys."""
+    # imported here: only --select_on needs it
+    import ast
+
+    select = {}
+    for item in spec.split(","):
+        key, sep, raw = item.partition("=")
+        if not sep or not key or not raw:
+            die(f"--select_on={spec}: write key=value, e.g. --select_on=seed=0")
+        if key not in group_over:
+            die(f"--select_on={spec}: {key} is not pooled over (--group_over={','.join(sorted(group_over))}); the "
+                f"tuning runs must differ from the reported ones only in pooled keys, e.g. the seed")
+        try:
+            select[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            select[key] = raw
+    return select
+
+
+def split_groups(groups, select):
+    """(tuning, held_out): each group twice, under its label, with only its runs whose config matches every
+    key=value of `select`, and with only the others."""
+    def tuning(run):
+        return all(run.config.get(k) == v for k, v in select.items())
+
+    return ([Group(g.label, [r for r in g.runs if tuning(r)]) for g in groups],
+            [Group(g.label, [r for r in g.runs if not tuning(r)]) for g in groups])
+
+
+def holm(ps):
+    """Holm-Bonferroni adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test procedure") of
+    the m p-values in `ps` that are not None, in the same order: the i-th smallest becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)). None stays None."""
+    order = sorted((i for i, p in enumerate(ps) if p is not None), key=lambda i: ps[i])
+    adjusted, running = [None] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def paired(group, base, step, keys):
+    """The paired comparison of a group with the baseline group at `step`: the runs of each that did not diverge
+    and have a val loss there, matched on their values of `keys` (the --group_over keys, e.g. the seed).
+    Returns {"mean", "std", "n", "p"} of d = L - L_base over the pairs (nats per token; std with ddof=1 and p of
+    the paired t-test need n >= 2, else None; mean None without a pair). Exits if two runs of one group have the
+    same values of `keys`, since a pair would then be ambiguous."""
+    def by_key(g):
+        losses = {}
+        for run in g.runs:
+            if run.diverged is None and step in run.evals:
+                key = tuple(json.dumps(run.config.get(k)) for k in sorted(keys))
+                if key in losses:
+                    die(f"{g.label}: two runs with {', '.join(sorted(keys))} = {', '.join(key)}; --paired needs "
+                        f"one run per value (a run given twice under two paths?)")
+                losses[key] = run.evals[step][1]
+        return losses
+
+    mine, theirs = by_key(group), by_key(base)
+    common = sorted(set(mine) & set(theirs))
+    d = np.array([mine[k] - theirs[k] for k in common])
+    n = len(d)
+    if n < 2:
+        return {"mean": float(d.mean()) if n else None, "std": None, "n": n, "p": None}
+    # imported here: scipy.stats is most of the start-up time
+    from scipy import stats
+
+    p = None if group is base else float(stats.ttest_rel([mine[k] for k in common], [theirs[k] for k in common]).pvalue)
+    return {"mean": float(d.mean()), "std": float(d.std(ddof=1)), "n": n, "p": p}
+
+
 def summarize(group, step, value=val_loss):
     """One table row as numbers: value(run, step) (by default the val loss, nats per token) over the group's runs
     that did not diverge and have one at `step`, their mean and sample std (None without a value), and which runs
@@ -270,37 +363,83 @@ def metric_cell(row):
     return value + (f" ({row['not_reached']} of {row['runs']} not evaluated)" if row["not_reached"] else "")
 
 
-def text_cells(group, row, metric_rows):
+def pm_cell(stats_, digits=4):
+    """'mean ± std' of a summary (mean alone without a std), '-' without a mean."""
+    if stats_["mean"] is None:
+        return "-"
+    return f"{stats_['mean']:.{digits}f}" + (f" ± {stats_['std']:.{digits}f}" if stats_["std"] is not None else "")
+
+
+def p_cell(p):
+    """A p-value's text: two significant digits, '-' where there is none."""
+    return "-" if p is None else f"{p:.2g}"
+
+
+def text_cells(group, row, metric_rows, opts):
     """The human-readable cells of one row of the text and markdown tables; metric_rows: the row's summaries of
-    the --metric scores."""
+    the --metric and --with_diag columns; opts: which optional columns (print_table)."""
     cfg = group.header["config"]
-    return [group.label, cfg["query_mode"], f"{group.header['non_embedding_params']:,}", f"{cfg['learning_rate']:g}",
-            f"{cfg['min_lr']:g}", f"{cfg['weight_decay']:g}", loss_cell(row),
-            *(metric_cell(m) for m in metric_rows), str(row["n"]),
-            "-" if row["rel"] is None else f"{row['rel']:.2f}", "-" if row["p"] is None else f"{row['p']:.2g}"]
+    cells = [group.label, cfg["query_mode"], f"{group.header['non_embedding_params']:,}", f"{cfg['learning_rate']:g}",
+             f"{cfg['min_lr']:g}", f"{cfg['weight_decay']:g}"]
+    if opts.get("select"):
+        tuned = row["tuning"]
+        cells.append(pm_cell(tuned) + (f" ({tuned['n']})" if tuned["n"] != 1 else ""))
+    cells += [loss_cell(row), *(metric_cell(m) for m in metric_rows), str(row["n"]),
+              "-" if row["rel"] is None else f"{row['rel']:.2f}", p_cell(row["p"])]
+    if opts.get("holm"):
+        cells.append(p_cell(row["p_holm"]))
+    if opts.get("paired"):
+        pair = row["paired"]
+        cells.append(pm_cell(pair) + (f" ({pair['n']})" if pair["mean"] is not None and pair["n"] != row["n"] else ""))
+        cells.append(p_cell(pair["p"]))
+        if opts.get("holm"):
+            cells.append(p_cell(pair["p_holm"]))
+    return cells
 
 
-def print_table(groups, rows, step, caption, fmt, metrics=(), metric_rows=()):
+def print_table(groups, rows, step, caption, fmt, metrics=(), metric_rows=(), opts=None):
     """Print the table to stdout as aligned text, a markdown pipe table, or csv with full precision. metrics: the
-    --metric names; metric_rows[i]: group i's summaries of them, in that order."""
+    names of the --metric and --with_diag columns; metric_rows[i]: group i's summaries of them, in that order.
+    opts: the optional columns: "select" (the --select_on text: the tuning runs' val loss, row["tuning"]),
+    "holm" (row["p_holm"]), "paired" (row["paired"]), "keys" (the pooled keys, for the footer)."""
     metric_rows = metric_rows or [[] for _ in groups]
+    opts = opts or {}
+    holm_on, paired_on = opts.get("holm"), opts.get("paired")
     if fmt == "csv":
         out = csv.writer(sys.stdout, lineterminator="\n")
+        optional = (["tuning_val_loss_mean", "tuning_val_loss_std", "tuning_n"] if opts.get("select") else []) + (
+            ["p_holm"] if holm_on else []) + (
+            ["paired_diff_mean", "paired_diff_std", "paired_n", "paired_p"] + (["paired_p_holm"] if holm_on else [])
+            if paired_on else [])
         out.writerow(["run", "query_mode", "non_embedding_params", "learning_rate", "min_lr", "weight_decay", "step",
                       "val_loss_mean", "val_loss_std", "n", "rel_improvement_pct", "p", "diverged", "not_reached"]
-                     + [f"{m}_{k}" for m in metrics for k in ("mean", "std", "n")])
+                     + optional + [f"{m}_{k}" for m in metrics for k in ("mean", "std", "n")])
         for group, row, scores in zip(groups, rows, metric_rows):
             cfg = group.header["config"]
+            extra = ([row["tuning"][k] for k in ("mean", "std", "n")] if opts.get("select") else []) + (
+                [row["p_holm"]] if holm_on else []) + (
+                [row["paired"][k] for k in ("mean", "std", "n", "p")] + ([row["paired"]["p_holm"]] if holm_on else [])
+                if paired_on else [])
             out.writerow([group.label, cfg["query_mode"], group.header["non_embedding_params"], cfg["learning_rate"],
                           cfg["min_lr"], cfg["weight_decay"], step] + [row[k] for k in ("mean", "std", "n", "rel", "p")]
-                         + [" ".join(map(str, row["diverged"])), row["not_reached"]]
+                         + [" ".join(map(str, row["diverged"])), row["not_reached"]] + extra
                          + [m[k] for m in scores for k in ("mean", "std", "n")])
         return
     # text columns and the val loss and scores (which may carry a note) align left, numbers right
-    columns = ["run", "query", "non-emb params", "max lr", "min lr", "weight decay", f"val loss @ {step}",
-               *(f"{m} @ {step}" for m in metrics), "n", "rel. improvement (%)", "p"]
-    left = [True, True, False, False, False, False, True, *(True for _ in metrics), False, False, False]
-    cells = [text_cells(g, r, m) for g, r, m in zip(groups, rows, metric_rows)]
+    columns = ["run", "query", "non-emb params", "max lr", "min lr", "weight decay"]
+    left = [True, True, False, False, False, False]
+    if opts.get("select"):
+        columns.append(f"val loss @ {step}, {opts['select']} (selection)")
+        left.append(True)
+    columns += [f"val loss @ {step}", *(f"{m} @ {step}" for m in metrics), "n", "rel. improvement (%)", "p"]
+    left += [True, *(True for _ in metrics), False, False, False]
+    if holm_on:
+        columns.append("p (Holm)")
+        left.append(False)
+    if paired_on:
+        columns += ["paired Δ", "paired p"] + (["paired p (Holm)"] if holm_on else [])
+        left += [True, False] + ([False] if holm_on else [])
+    cells = [text_cells(g, r, m, opts) for g, r, m in zip(groups, rows, metric_rows)]
     print(caption + "\n")
     if fmt == "markdown":
         for line in [columns, ["---" if lft else "---:" for lft in left], *cells]:
@@ -309,8 +448,18 @@ def print_table(groups, rows, step, caption, fmt, metrics=(), metric_rows=()):
         widths = [max(len(c) for c in column) for column in zip(columns, *cells)]
         for line in [columns, ["-" * w for w in widths], *cells]:
             print("  ".join(c.ljust(w) if lft else c.rjust(w) for c, w, lft in zip(line, widths, left)).rstrip())
-    print("\n" + FOOTER + ("; downstream scores (train.py's eval_tasks): mean ± sample std over the runs that have "
-                            "them at this step" if metrics else ""))
+    notes = [FOOTER]
+    if any(not m.startswith("diag/") for m in metrics):
+        notes.append("downstream scores (train.py's eval_tasks): mean ± sample std over the runs that have them at "
+                     "this step")
+    if any(m.startswith("diag/") for m in metrics):
+        notes.append("diag/NAME: the diagnostic's mean over the layers (diagnostics.py), then mean ± sample std over "
+                     "the runs")
+    if holm_on:
+        notes.append(HOLM_NOTE.format(m=sum(r["p"] is not None for r in rows)))
+    if paired_on:
+        notes.append(PAIRED_NOTE.format(keys=", ".join(sorted(opts["keys"]))))
+    print("\n" + "; ".join(notes))
 
 
 def curve(group):
@@ -389,12 +538,26 @@ def main():
     parser.add_argument("--best_over", default="",
                         help="comma-separated config keys, e.g. learning_rate: of the groups that differ only in them, "
                              "show the one with the lowest mean val loss (a tuned-vs-tuned comparison)")
+    parser.add_argument("--select_on", default="", metavar="KEY=VALUE",
+                        help="with --best_over: choose each arm's setting on the runs with KEY=VALUE (e.g. seed=0, the "
+                             "tuning seed) only, and report only the other runs")
+    parser.add_argument("--holm", action="store_true",
+                        help="add Holm-Bonferroni adjusted p-values over all rows compared with the baseline")
+    parser.add_argument("--paired", action="store_true",
+                        help="add the paired comparison with the baseline: runs with equal --group_over values (same "
+                             "seed: same init and batches), mean ± std of L - L_base and the paired t-test's p")
+    parser.add_argument("--with_diag", nargs="?", const=",".join(DEFAULT_DIAG), default="", metavar="NAMES",
+                        help="add the diagnostics (diagnostics.py) at the step as columns, each a mean over the "
+                             f"layers, then over the runs (default names: {', '.join(DEFAULT_DIAG)})")
     parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     parser.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
     parser.add_argument("--metric", default="", metavar="TASK/METRIC",
                         help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                              "column each, at the same step, mean ± std over each row's runs")
     args = parser.parse_args()
+    if args.select_on and not args.best_over:
+        parser.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
+                     "e.g. --best_over=learning_rate")
 
     runs, group_over = read_runs(args.out_dirs, args.group_over)
     metrics = [m for m in args.metric.split(",") if m]
@@ -403,6 +566,12 @@ def main():
         if metric not in known:
             die(f"--metric={metric}: no run has that downstream score; they have "
                 + (", ".join(known) if known else "none (train with eval_tasks to get them)"))
+    diags = [d for d in args.with_diag.split(",") if d]
+    known = sorted(set().union(*(names for r in runs for names in r.diags.values())))
+    for name in diags:
+        if name not in known:
+            die(f"--with_diag={name}: no run has that diagnostic; they have "
+                + (", ".join(known) if known else "none (train with diagnostics=True to get them)"))
     groups = make_groups(runs, group_over)
     baseline = find_baseline(groups, args.baseline)
     if args.step is None:
@@ -413,20 +582,61 @@ def main():
         eval_steps = sorted(set().union(*(r.evals for r in runs)))
         if step not in eval_steps:
             die(f"--step={step} is not an eval step of any run; eval steps: {', '.join(map(str, eval_steps))}")
-    rows = [summarize(g, step) for g in groups]
-    if args.best_over:
-        # tuned against tuned: each family of groups keeps its best, the baseline's family included
+    opts = {"holm": args.holm, "paired": args.paired, "keys": group_over}
+    if args.select_on:
+        select = parse_select(args.select_on, group_over)
+        tuning, held_out = split_groups(groups, select)
         skip = IGNORED_KEYS | group_over | set(args.best_over.split(","))
-        kept = best_of(groups, rows, skip)
-        baseline = next(g for g, _ in kept if family(g, skip) == family(baseline, skip))
-        groups, rows = [g for g, _ in kept], [r for _, r in kept]
-        caption += f"; each row the best {args.best_over} of its arm (lowest mean val loss at this step)"
+        tuned = [(t, summarize(t, step)) for t in tuning if t.runs]
+        if not tuned:
+            die(f"--select_on={args.select_on}: no run has {args.select_on}, so there is nothing to choose on")
+        families = {family(t, skip) for t, _ in tuned}
+        orphans = [h.label for h in held_out if h.runs and family(h, skip) not in families]
+        if orphans:
+            die(f"--select_on={args.select_on}: no run of the arm of {', '.join(orphans)} has {args.select_on}, so "
+                f"its {args.best_over} cannot be chosen; run its grid with {args.select_on}")
+        # each arm's best setting on its tuning runs, the baseline's arm included; reported on the other runs
+        kept = best_of([t for t, _ in tuned], [r for _, r in tuned], skip)
+        untuned = [t.label for t, row in kept if row["mean"] is None]
+        if untuned:
+            die(f"--select_on={args.select_on}: no tuning run of {', '.join(untuned)} has a val loss at step {step}")
+        reported = {h.label: h for h in held_out}
+        missing = [t.label for t, _ in kept if not reported[t.label].runs]
+        if missing:
+            die(f"--select_on={args.select_on}: {', '.join(missing)}, chosen on the tuning runs, has no other runs "
+                f"to report; run its held-out seeds at that setting")
+        base_family = family(baseline, skip)
+        baseline = next(reported[t.label] for t, _ in kept if family(t, skip) == base_family)
+        groups = [reported[t.label] for t, _ in kept]
+        rows = [summarize(g, step) for g in groups]
+        for row, (_, tuning_row) in zip(rows, kept):
+            row["tuning"] = tuning_row
+        opts["select"] = args.select_on
+        caption += (f"; each row the {args.best_over} with the lowest mean val loss over its arm's runs with "
+                    f"{args.select_on} (the selection column), reported over the other runs only")
+    else:
+        rows = [summarize(g, step) for g in groups]
+        if args.best_over:
+            # tuned against tuned: each family of groups keeps its best, the baseline's family included
+            skip = IGNORED_KEYS | group_over | set(args.best_over.split(","))
+            kept = best_of(groups, rows, skip)
+            baseline = next(g for g, _ in kept if family(g, skip) == family(baseline, skip))
+            groups, rows = [g for g, _ in kept], [r for _, r in kept]
+            caption += f"; each row the best {args.best_over} of its arm (lowest mean val loss at this step)"
     base_row = rows[groups.index(baseline)]
-    for row in rows:
+    for group, row in zip(groups, rows):
         row["rel"], row["p"] = versus(row, base_row)
+        if args.paired:
+            row["paired"] = paired(group, baseline, step, group_over)
+    for row, p in zip(rows, holm([r["p"] for r in rows])):
+        row["p_holm"] = p
+    if args.paired:
+        for row, p in zip(rows, holm([r["paired"]["p"] for r in rows])):
+            row["paired"]["p_holm"] = p
     caption += f"; baseline: {baseline.label}; runs pooled over {', '.join(sorted(group_over))}"
-    metric_rows = [[summarize(g, step, downstream_score(m)) for m in metrics] for g in groups]
-    print_table(groups, rows, step, caption, args.format, metrics, metric_rows)
+    values = [downstream_score(m) for m in metrics] + [diag_value(d) for d in diags]
+    metric_rows = [[summarize(g, step, v) for v in values] for g in groups]
+    print_table(groups, rows, step, caption, args.format, metrics + [f"diag/{d}" for d in diags], metric_rows, opts)
     if args.plot:
         plot(groups, baseline).savefig(args.plot, dpi=150)
         # the csv on stdout stays machine-readable

@@ -397,3 +397,152 @@ def test_metric_column_pools_downstream_scores_over_seeds(seeds):
     assert table["baseline"]["val_loss_mean"] == "3.1"  # the loss columns as without --metric
     bad = run_compare(*seeds, "--metric=hellaswag/accuracy", check=False)
     assert bad.returncode == 1 and "hellaswag/acc, hellaswag/acc_norm, hellaswag/examples" in bad.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# held-out selection, Holm's adjustment, the paired comparison and the diagnostics columns (the ablation study)
+
+# val loss at step 2000 by (arm, learning rate): seed 0 (the tuning seed), then seeds 1, 2, 3. On seed 0 the
+# baseline is best at 1e-3 and res_gelu at 3e-3; on the held-out seeds both are better at the other rate, so a
+# choice made on all the runs, or on the reported ones, would pick differently
+HELD_OUT = {("baseline", 1e-3): [3.00, 3.20, 3.30, 3.25], ("baseline", 3e-3): [3.10, 3.10, 3.15, 3.05],
+            ("res_gelu", 1e-3): [3.05, 3.00, 3.02, 3.04], ("res_gelu", 3e-3): [2.90, 3.10, 3.22, 3.14]}
+
+
+def held_out_runs(tmp_path, grid=HELD_OUT, diag=None):
+    """Run directories of `grid` (seeds 0-3 each); diag(arm, lr, seed) -> {name: [value per layer]} adds a diag
+    record at step 2000."""
+    dirs = []
+    for (name, lr), finals in grid.items():
+        for seed, final in enumerate(finals):
+            out = make_run(tmp_path / f"{name}-{lr:g}-{seed}", name, {1000: final + 0.5, 2000: final}, seed=seed,
+                           **{**(RES_GELU if name == "res_gelu" else {}), "learning_rate": lr})
+            if diag:
+                with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+                    f.write(json.dumps({"type": "diag", "step": 2000, **diag(name, lr, seed)}) + "\n")
+            dirs.append(out)
+    return dirs
+
+
+def t_sf_p(d):
+    """Two-sided p of a one-sample t-test of the differences d against 0, from its definition."""
+    t = np.mean(d) / (np.std(d, ddof=1) / math.sqrt(len(d)))
+    return 2 * stats.t.sf(abs(t), len(d) - 1)
+
+
+def test_select_on_chooses_on_the_tuning_seed_and_reports_only_the_others(tmp_path):
+    dirs = held_out_runs(tmp_path)
+    out = run_compare(*dirs, "--best_over=learning_rate", "--select_on=seed=0", "--paired", "--format=csv").stdout
+    table = csv_rows(out)
+    assert list(table) == ["baseline learning_rate=0.001", "res_gelu learning_rate=0.003"]
+    base, res = table["baseline learning_rate=0.001"], table["res_gelu learning_rate=0.003"]
+    # the selection column: the tuning run alone; the reported columns: seeds 1-3 only
+    assert (float(base["tuning_val_loss_mean"]), base["tuning_n"]) == (3.00, "1")
+    assert (float(res["tuning_val_loss_mean"]), res["tuning_n"]) == (2.90, "1")
+    assert (base["n"], res["n"]) == ("3", "3")
+    assert float(base["val_loss_mean"]) == pytest.approx(3.25, abs=1e-12)
+    assert float(base["val_loss_std"]) == pytest.approx(0.05, abs=1e-12)
+    assert float(res["val_loss_mean"]) == pytest.approx((3.10 + 3.22 + 3.14) / 3, abs=1e-12)
+    assert float(res["rel_improvement_pct"]) == pytest.approx(100 * (3.25 - 3.1533333333) / 3.25, abs=1e-6)
+    assert float(res["p"]) == pytest.approx(welch_p([3.10, 3.22, 3.14], [3.20, 3.30, 3.25]), abs=1e-9)
+    # paired by seed: d = 3.10 - 3.20, 3.22 - 3.30, 3.14 - 3.25
+    d = [-0.10, -0.08, -0.11]
+    assert float(res["paired_diff_mean"]) == pytest.approx(-0.29 / 3, abs=1e-12)
+    assert float(res["paired_diff_std"]) == pytest.approx(math.sqrt(((-0.10 + 0.29 / 3) ** 2 + (-0.08 + 0.29 / 3) ** 2
+                                                                     + (-0.11 + 0.29 / 3) ** 2) / 2), abs=1e-12)
+    assert res["paired_n"] == "3" and float(res["paired_p"]) == pytest.approx(t_sf_p(d), abs=1e-9)
+    assert (float(base["paired_diff_mean"]), base["paired_p"]) == (0.0, "")
+
+    # text: the selection column beside the held-out val loss, and the caption says how the rows were chosen
+    text = run_compare(*dirs, "--best_over=learning_rate", "--select_on=seed=0", "--paired").stdout
+    assert "3.0000" in text.splitlines()[4] and "3.2500 ± 0.0500" in text.splitlines()[4]
+    assert "lowest mean val loss over its arm's runs with seed=0" in text and "reported over the other runs" in text
+    # without --select_on the same runs choose the other rates (the tuning seed counted)
+    assert list(csv_rows(run_compare(*dirs, "--best_over=learning_rate", "--format=csv").stdout)) == [
+        "baseline learning_rate=0.003", "res_gelu learning_rate=0.001"]
+
+
+def test_holm_adjusts_over_the_rows_compared_with_the_baseline(tmp_path):
+    assert compare.holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
+    assert compare.holm([0.5, 0.2]) == [0.5, 0.4] and compare.holm([0.9, 0.8, None]) == [1.0, 1.0, None]  # 2 x 0.8 capped at 1
+    # three arms against the baseline, three seeds each
+    finals = {"baseline": [3.0, 3.2, 3.1], "res_gelu": [2.9, 3.0, 3.1], "identity": [3.3, 3.4, 3.35]}
+    extra = {"res_gelu": RES_GELU, "identity": {"query_mode": "identity"}}
+    dirs = [make_run(tmp_path / f"{name}-{seed}", name, {2000: v}, seed=seed, **extra.get(name, {}))
+            for name, values in finals.items() for seed, v in enumerate(values)]
+    dirs += [make_run(tmp_path / f"wd-{seed}", "baseline", {2000: v}, seed=seed, weight_decay=0.05)
+             for seed, v in enumerate([3.05, 3.15, 3.12])]
+    table = csv_rows(run_compare(*dirs, "--holm", "--paired", "--format=csv").stdout)
+    arms = [label for label in table if label != "baseline weight_decay=0.1"]
+    p = {label: welch_p(finals[label] if label in finals else [3.05, 3.15, 3.12], finals["baseline"])
+         for label in ["res_gelu", "identity", "baseline weight_decay=0.05"]}
+    assert sorted(arms) == sorted(p)
+    order = sorted(p, key=p.get)  # hand computation: m = 3, multipliers 3, 2, 1, then the running maximum
+    expected = {order[0]: min(1, 3 * p[order[0]])}
+    expected[order[1]] = max(expected[order[0]], min(1, 2 * p[order[1]]))
+    expected[order[2]] = max(expected[order[1]], min(1, p[order[2]]))
+    for label in arms:
+        assert float(table[label]["p"]) == pytest.approx(p[label], abs=1e-9)
+        assert float(table[label]["p_holm"]) == pytest.approx(expected[label], abs=1e-9)
+    assert table["baseline weight_decay=0.1"]["p_holm"] == ""
+    # the paired p-values get their own adjustment
+    d = {label: np.array(finals[label]) - np.array(finals["baseline"]) for label in ("res_gelu", "identity")}
+    d["baseline weight_decay=0.05"] = np.array([3.05, 3.15, 3.12]) - np.array(finals["baseline"])
+    pp = {label: t_sf_p(v) for label, v in d.items()}
+    order = sorted(pp, key=pp.get)
+    adjusted = dict(zip(order, np.maximum.accumulate([min(1, (3 - i) * pp[k]) for i, k in enumerate(order)])))
+    for label in arms:
+        assert float(table[label]["paired_p"]) == pytest.approx(pp[label], abs=1e-9)
+        assert float(table[label]["paired_p_holm"]) == pytest.approx(adjusted[label], abs=1e-9)
+    text = run_compare(*dirs, "--holm", "--paired", "--format=markdown").stdout
+    assert "| p (Holm) | paired Δ | paired p | paired p (Holm) |" in text
+    assert "Holm-Bonferroni adjusted over the 3 rows compared with the baseline" in text
+
+
+def test_with_diag_adds_the_layer_mean_of_each_diagnostic(tmp_path):
+    def diag(name, lr, seed):  # four layers; query_f_ratio undefined for the linear query
+        base = 10 * (name == "res_gelu") + seed
+        return {"attn_logit_max": [base + 1.0, base + 2.0, base + 3.0, base + 6.0], "attn_entropy": [2.0] * 4,
+                "query_f_ratio": [0.5, 0.7, None, None] if name == "res_gelu" else [None] * 4}
+
+    dirs = held_out_runs(tmp_path, diag=diag)
+    out = run_compare(*dirs, "--best_over=learning_rate", "--select_on=seed=0", "--with_diag", "--format=csv")
+    table = csv_rows(out.stdout)
+    base, res = table["baseline learning_rate=0.001"], table["res_gelu learning_rate=0.003"]
+    # layer means 3 + seed, over the held-out seeds 1-3: 5 ± 1
+    assert (float(base["diag/attn_logit_max_mean"]), float(base["diag/attn_logit_max_std"])) == (5.0, 1.0)
+    assert float(res["diag/attn_logit_max_mean"]) == 15.0 and float(res["diag/attn_entropy_mean"]) == 2.0
+    assert "diag/query_f_ratio_mean" not in base  # the default columns: attn_logit_max and attn_entropy
+    table = csv_rows(run_compare(*dirs, "--with_diag=query_f_ratio", "--best_over=learning_rate",
+                                 "--format=csv").stdout)
+    assert float(table["res_gelu learning_rate=0.001"]["diag/query_f_ratio_mean"]) == pytest.approx(0.6)
+    assert table["baseline learning_rate=0.003"]["diag/query_f_ratio_n"] == "0"  # no f: no value
+    text = run_compare(*dirs, "--with_diag", "--best_over=learning_rate", "--select_on=seed=0").stdout
+    assert "diag/attn_logit_max @ 2000" in text and "5.0000 ± 1.0000" in text
+    assert "the diagnostic's mean over the layers" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--select_on=seed=0"], "give --best_over too"),
+    (["--best_over=learning_rate", "--select_on=data_seed=1337"], "data_seed is not pooled over"),
+    (["--best_over=learning_rate", "--select_on=seed"], "write key=value"),
+    (["--best_over=learning_rate", "--select_on=seed=7"], "no run has seed=7"),
+    (["--with_diag=attn_logit_mux"], "--with_diag=attn_logit_mux: no run has that diagnostic"),
+])
+def test_selection_and_diag_options_refuse_bad_input(tmp_path, args, message):
+    proc = run_compare(*held_out_runs(tmp_path), *args, check=False)
+    assert proc.returncode in (1, 2) and message in proc.stderr and proc.stdout == ""
+
+
+def test_select_on_names_an_arm_it_cannot_choose_for_or_report(tmp_path):
+    # res_gelu without a tuning run: its rate cannot be chosen
+    grid = {**HELD_OUT, ("res_gelu", 1e-3): [3.00, 3.02, 3.04], ("res_gelu", 3e-3): [3.10, 3.22, 3.14]}
+    dirs = [d for d in held_out_runs(tmp_path / "a", grid) if "res_gelu" not in d or not d.endswith("-0")]
+    dirs = [d for d in dirs if not (d.endswith("-3") and "res_gelu" in d)]
+    proc = run_compare(*dirs, "--best_over=learning_rate", "--select_on=seed=0", check=False)
+    assert proc.returncode == 1 and "no run of the arm of res_gelu" in proc.stderr
+    # the baseline chosen at 1e-3 on seed 0, but only seed 0 ran there
+    dirs = [d for d in held_out_runs(tmp_path / "b") if not ("baseline-0.001" in d and not d.endswith("-0"))]
+    proc = run_compare(*dirs, "--best_over=learning_rate", "--select_on=seed=0", check=False)
+    assert proc.returncode == 1 and "baseline learning_rate=0.001, chosen on the tuning runs, has no other runs" \
+        in proc.stderr

@@ -3,7 +3,9 @@ character-level Shakespeare and the config/mini arms, on real text with a tiny m
 
 import csv
 import json
+import math
 import os
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -166,3 +168,36 @@ def test_mini_arms_differ_only_in_the_model():
     # d = 128, 4 layers: res_gelu adds 2 d per layer (2 d r = d^2 = W_Q's count), MLP4.75 adds 1.5 d^2 per layer
     assert params["res_gelu"] - params["baseline"] == 4 * 2 * 128
     assert params["mlp475"] - params["baseline"] == 4 * 2 * 96 * 128
+
+
+# the ablation study's arms (results/ablations): each the baseline but for these settings, weight decay and
+# everything else of the protocol included, and its non-embedding parameters (d = 128, 4 layers)
+ABLATIONS = {
+    "baseline": ({}, 787_584),
+    "baseline_qk_norm": ({"qk_norm": True}, 787_584 + 4 * 2 * 32),
+    "identity": ({"query_mode": "identity"}, 787_584 - 4 * 128**2),
+    "residual": ({"query_mode": "residual"}, 787_584),
+    "res_linear": ({"query_mode": "res_linear"}, 787_584 + 4 * 2 * 128),
+    "res_gelu": ({"query_mode": "res_gelu"}, 788_608),
+    "res_gelu_relu2": ({"query_mode": "res_gelu", "query_activation": "relu2"}, 788_608),
+    "res_gelu_no_norm": ({"query_mode": "res_gelu", "query_norm": False}, 788_608 - 4 * 2 * 128),
+    "res_gelu_no_half": ({"query_mode": "res_gelu", "attn_scale": 32**-0.5}, 788_608),
+    "res_gelu_qk_norm": ({"query_mode": "res_gelu", "qk_norm": True}, 788_608 + 4 * 2 * 32),
+    "mlp475": ({"mlp_ratio": 4.75}, 885_888),
+}
+
+
+@pytest.mark.parametrize("arm", ABLATIONS)
+def test_ablation_arms_differ_from_the_baseline_only_in_their_part(arm):
+    changes, count = ABLATIONS[arm]
+    cfg = asdict(parse_config(TrainConfig, [os.path.join(REPO, "config", "mini", f"{arm}.py")])[0])
+    base = asdict(parse_config(TrainConfig, [os.path.join(REPO, "config", "mini", "baseline.py")])[0])
+    assert {k: v for k, v in cfg.items() if v != base[k] and k != "out_dir"} == changes
+    assert cfg["out_dir"] == f"out-mini/{arm}"
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**{k: cfg[k] for k in model_config_keys()}))
+    assert model.get_num_params() == count
+    # the softmax scale: the official 1/2 folded in, except where qk_norm or attn_scale sets 1/sqrt(head_dim)
+    half = cfg["query_mode"] in ("identity", "residual", "res_linear", "res_gelu") and not cfg["qk_norm"]
+    expected = (0.5 if half and not cfg["attn_scale"] else 1.0) / math.sqrt(32)
+    assert all(block.attn.scale == pytest.approx(expected, rel=1e-12) for block in model.transformer.h)
