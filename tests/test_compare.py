@@ -464,7 +464,8 @@ def test_select_on_chooses_on_the_tuning_seed_and_reports_only_the_others(tmp_pa
 
 def test_holm_adjusts_over_the_rows_compared_with_the_baseline(tmp_path):
     assert compare.holm([0.01, 0.04, None, 0.03]) == pytest.approx([0.03, 0.06, None, 0.06])
-    assert compare.holm([0.5, 0.2]) == [0.5, 0.4] and compare.holm([0.9, 0.8, None]) == [1.0, 1.0, None]  # 2 x 0.8 capped at 1
+    assert compare.holm([0.5, 0.2]) == [0.5, 0.4]
+    assert compare.holm([0.9, 0.8, None]) == [1.0, 1.0, None]  # 2 x 0.8 capped at 1, then the running maximum
     # three arms against the baseline, three seeds each
     finals = {"baseline": [3.0, 3.2, 3.1], "res_gelu": [2.9, 3.0, 3.1], "identity": [3.3, 3.4, 3.35]}
     extra = {"res_gelu": RES_GELU, "identity": {"query_mode": "identity"}}
