@@ -526,6 +526,18 @@ def best_of(groups, rows, skip):
     return [min(members, key=lambda m: (m[1]["mean"] is None, m[1]["mean"] or 0.0)) for members in families.values()]
 
 
+def checked_names(option, asked, known, what, how):
+    """The comma-separated names of `asked` (an --option's value) as a list, each checked to be among `known`
+    (the names the runs have); exits naming the first that is not, with the ones there are, or with `how` to
+    get any."""
+    names, known = [n for n in asked.split(",") if n], sorted(set(known))
+    for name in names:
+        if name not in known:
+            die(f"{option}={name}: no run has that {what}; they have "
+                + (", ".join(known) if known else f"none ({how})"))
+    return names
+
+
 def main():
     """Read the runs named on the command line, print the table and, with --plot, write the figure."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -560,18 +572,10 @@ def main():
                      "e.g. --best_over=learning_rate")
 
     runs, group_over = read_runs(args.out_dirs, args.group_over)
-    metrics = [m for m in args.metric.split(",") if m]
-    known = sorted(set().union(*(scores for r in runs for scores in r.downstream.values())))
-    for metric in metrics:
-        if metric not in known:
-            die(f"--metric={metric}: no run has that downstream score; they have "
-                + (", ".join(known) if known else "none (train with eval_tasks to get them)"))
-    diags = [d for d in args.with_diag.split(",") if d]
-    known = sorted(set().union(*(names for r in runs for names in r.diags.values())))
-    for name in diags:
-        if name not in known:
-            die(f"--with_diag={name}: no run has that diagnostic; they have "
-                + (", ".join(known) if known else "none (train with diagnostics=True to get them)"))
+    metrics = checked_names("--metric", args.metric, [s for r in runs for d in r.downstream.values() for s in d],
+                            "downstream score", "train with eval_tasks to get them")
+    diags = checked_names("--with_diag", args.with_diag, [n for r in runs for d in r.diags.values() for n in d],
+                          "diagnostic", "train with diagnostics=True to get them")
     groups = make_groups(runs, group_over)
     baseline = find_baseline(groups, args.baseline)
     if args.step is None:
