@@ -332,11 +332,16 @@ def test_two_processes_train_like_one_with_muon(shakespeare_dir, tmp_path):
     one = {r["step"]: r for r in read_metrics(tmp_path / "one", "train")}
     two = {r["step"]: r for r in read_metrics(tmp_path / "two", "train")}
     assert sorted(two) == sorted(one) == [1, 2, 3]
-    # The same gradient to 1e-5, then the same losses after Muon's updates to 5e-5: the two processes'
-    # all-reduce rounds the gradient differently, and Newton-Schulz lifts every singular direction of it,
-    # the smallest (where that rounding sits) included, to the same unit weight.
+    # Before any update the same gradient to 1e-6 (only the all-reduce's rounding differs; a gradient that is
+    # summed and not averaged, or reduced over the wrong ranks, is off by percents). After Muon's updates, the
+    # same gradient to 1e-4 and the same losses to 5e-5: Newton-Schulz runs in bf16, where a last-bit difference
+    # of the all-reduced gradient can flip an element's rounding (2^-8 of it), and it lifts every singular
+    # direction, the smallest (where that rounding sits) included, to the same unit weight. Measured on an AMD
+    # EPYC with native bf16: 0 at steps 1-2, 1.8e-5 at step 3; losses 1e-6 apart.
+    first = min(one)
+    assert abs(one[first]["grad_norm"] - two[first]["grad_norm"]) <= 1e-6 * one[first]["grad_norm"]
     for step in one:
-        assert abs(one[step]["grad_norm"] - two[step]["grad_norm"]) <= 1e-5 * one[step]["grad_norm"], step
+        assert abs(one[step]["grad_norm"] - two[step]["grad_norm"]) <= 1e-4 * one[step]["grad_norm"], step
         assert abs(one[step]["loss"] - two[step]["loss"]) <= 5e-5, step
     assert abs(val_losses_by_step(tmp_path / "one")[3] - val_losses_by_step(tmp_path / "two")[3]) <= 5e-5
 
