@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from compare import die, layer_mean, make_groups, read_runs, step_list
+from compare import die, layer_mean, line_color, make_groups, read_runs, step_list
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
@@ -160,10 +160,10 @@ def plot(groups, names):
             steps, values = curves(group, name)
             if values is None:
                 continue
-            ax.plot(steps, values.mean(axis=0), marker="o", markersize=2, color=f"C{i}", label=group.label)
+            color = line_color(i, len(groups))
+            ax.plot(steps, values.mean(axis=0), marker="o", markersize=2, color=color, label=group.label)
             if len(values) > 1:
-                ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=f"C{i}", alpha=0.15,
-                                linewidth=0)
+                ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15, linewidth=0)
         ax.set_title(f"{name}, mean over layers", fontsize="medium")
         ax.set_xlabel("step")
         if k == 0:

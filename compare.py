@@ -472,6 +472,17 @@ def curve(group):
     return np.array(steps, dtype=np.int64), losses
 
 
+def line_color(i, n):
+    """The color of group i of n in a figure: matplotlib's default cycle (C0-C9) for up to 10 groups, which
+    repeats after 10, so tab20's 20 colors for more."""
+    if n <= 10:
+        return f"C{i}"
+    # imported here: only a figure needs matplotlib
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](i % 20)
+
+
 def plot(groups, baseline):
     """Figure 1 of the paper, returned as a matplotlib Figure: top, the loss vs step of every group (val solid,
     train dashed; the mean over its runs, a band from the lowest to the highest run when n > 1); bottom, the
@@ -487,6 +498,7 @@ def plot(groups, baseline):
     base_steps, base_losses = curve(baseline)
     for i, group in enumerate(groups):
         steps, losses = curve(group)
+        color = line_color(i, len(groups))
         diverged = [r.diverged for r in group.runs if r.diverged is not None]
         note = f" ({len(diverged)} of {len(group.runs)} diverged, left out)" if diverged else ""
         if len(diverged) == len(group.runs):
@@ -494,15 +506,15 @@ def plot(groups, baseline):
         _, mine, theirs = np.intersect1d(steps, base_steps, return_indices=True)
         base_mean = base_losses.mean(axis=0)[theirs]
         for j, style in ((1, "-"), (0, "--")):
-            top.plot(steps, losses[:, :, j].mean(axis=0), style, marker="o", markersize=2, color=f"C{i}",
+            top.plot(steps, losses[:, :, j].mean(axis=0), style, marker="o", markersize=2, color=color,
                      label=None if j == 0 else group.label + note)
             if len(losses) > 1:
-                top.fill_between(steps, losses[:, :, j].min(axis=0), losses[:, :, j].max(axis=0), color=f"C{i}",
+                top.fill_between(steps, losses[:, :, j].min(axis=0), losses[:, :, j].max(axis=0), color=color,
                                  alpha=0.15, linewidth=0)
             # a diverged group's early losses would set the scale of the improvements that matter
             if len(diverged) < len(group.runs):
                 rel = 100 * (base_mean[:, j] - losses[:, mine, j].mean(axis=0)) / base_mean[:, j]
-                bottom.plot(steps[mine], rel, style, marker="o", markersize=2, color=f"C{i}")
+                bottom.plot(steps[mine], rel, style, marker="o", markersize=2, color=color)
     bottom.axhline(0, color="gray", linewidth=0.8)
     top.set_ylabel("loss (nats per token)")
     top.legend(title="val loss solid, train loss dashed")

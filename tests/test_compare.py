@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 from scipy import stats
 
 import compare
@@ -547,3 +548,13 @@ def test_select_on_names_an_arm_it_cannot_choose_for_or_report(tmp_path):
     proc = run_compare(*dirs, "--best_over=learning_rate", "--select_on=seed=0", check=False)
     assert proc.returncode == 1 and "baseline learning_rate=0.001, chosen on the tuning runs, has no other runs" \
         in proc.stderr
+
+
+def test_plot_gives_each_of_more_than_ten_groups_its_own_color(tmp_path):
+    # the ablation study's 11 arms: matplotlib's default cycle would give the 11th the 1st one's color
+    dirs = [make_run(tmp_path / f"wd{k}", "baseline", {1000: 3.5, 2000: 3.0 + k / 100}, weight_decay=k / 10)
+            for k in range(11)]
+    groups = compare.make_groups([compare.load_run(d) for d in dirs], {"seed"})
+    top, _ = compare.plot(groups, groups[0]).axes
+    solid = [line for line in top.lines if line.get_linestyle() == "-"]
+    assert len(solid) == 11 and len({tuple(np.round(to_rgba(line.get_color()), 6)) for line in solid}) == 11
