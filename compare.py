@@ -8,7 +8,7 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py out-baseline out-res-gelu --plot=figure1.png
     python compare.py out-mini/* --best_over=learning_rate         # each arm at its own best learning rate
     python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
-    python compare.py results/ablations/* --best_over=learning_rate --select_on=seed=0 --holm --paired --with_diag
+    python compare.py results/ablations/{baseline,res_gelu} --best_over=learning_rate --select_on=seed=0 --holm --paired
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
