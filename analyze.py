@@ -19,7 +19,7 @@ them up to where they stopped). Each diagnostic is averaged over the layers, the
   run), then for each group a layers x steps heatmap of attn_logit_max (the mean over its runs), all on one
   color scale.
 
---checkpoint=SOURCE: the diagnostics of one model, anything GPT.from_pretrained loads (a run directory or
+--checkpoint=SOURCE: the diagnostics of one model, anything load_pretrained loads (a run directory or
 checkpoint of this repo, the official code's checkpoints, a Hugging Face GPT-2 directory, gpt2), one row
 per layer. A run's checkpoint is measured on the first diagnostics_batches of its own val_eval batches (its
 dataset or data_dir, data_seed, batch_size and block_size), so the numbers are those its metrics.jsonl holds
@@ -214,16 +214,15 @@ def analyze_runs(args):
 def analyze_checkpoint(args):
     """Compute and print the diagnostics of the model at args.checkpoint, per layer."""
     # imported here: torch takes seconds, and the runs' table needs none of it
-    from batches import open_tokens, row_offsets
-    from diagnostics import diagnose
-    from model import GPT
-    from pretrained import PretrainedError
-    from runtime import SetupError, setup
-    from train_config import TrainConfig
+    from nonlinear_queries.batches import open_tokens, row_offsets
+    from nonlinear_queries.diagnostics import diagnose
+    from nonlinear_queries.pretrained import PretrainedError, load_pretrained
+    from nonlinear_queries.runtime import SetupError, setup
+    from nonlinear_queries.train_config import TrainConfig
 
     try:
         rt = setup(args.device, args.dtype, join_process_group=False)
-        model = GPT.from_pretrained(args.checkpoint)
+        model = load_pretrained(args.checkpoint)
     except (SetupError, PretrainedError) as e:
         die(str(e))
     model.to(rt.device)
@@ -267,7 +266,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", metavar="RUN", help="run directories, or directories of runs")
     parser.add_argument("--checkpoint", metavar="SOURCE",
-                        help="compute the diagnostics of one model instead: anything GPT.from_pretrained loads")
+                        help="compute the diagnostics of one model instead: anything load_pretrained loads")
     parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     runs = parser.add_argument_group("runs")
     runs.add_argument("--group_over", default="seed",

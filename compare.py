@@ -14,7 +14,7 @@ Runs whose settings are equal except for --group_over (default: seed) and for se
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
 the mean ± sample std of the validation loss over the group's n runs at one eval step, by
 default the last step that every run that did not diverge has reached. rel. improvement is
-(L_base - L) / L_base of the group means in percent (SPEC §3; positive = lower loss than the
+(L_base - L) / L_base of the group means in percent (the paper's Table 1; positive = lower loss than the
 baseline); p is Welch's t-test against the baseline group when both have n >= 2. A run that
 diverged is left out of its group's mean and n, and its row says so. --metric=TASK/METRIC
 (train.py's eval_tasks: the `downstream` records) adds a column with that score at the same
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from runlog import read_metrics
+from nonlinear_queries.runlog import read_metrics
 
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {
@@ -129,7 +129,7 @@ def fill_defaults(runs):
     if all(keys <= set(r.config) for r in runs):
         return
     # imported only here: train_config imports model, and so torch, which takes seconds
-    from train_config import TrainConfig
+    from nonlinear_queries.train_config import TrainConfig
 
     defaults = {f.name: f.default for f in fields(TrainConfig)}
     for run in runs:

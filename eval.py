@@ -5,7 +5,7 @@ Evaluate any checkpoint on lm-evaluation-harness tasks (lm-eval; downstream.py).
     python eval.py --init_from=gpt2 --tasks=hellaswag --limit=1000 --batch_size=32 --output=gpt2_hellaswag.json
     python eval.py --init_from=out-quickstart --tasks=hellaswag_local --include_path=tasks/ --device=cpu
 
---init_from is a run's out_dir or anything GPT.from_pretrained reads (pretrained.py), and the
+--init_from is a run's out_dir or anything load_pretrained reads (pretrained.py), and the
 text is encoded with the run's own tokenizer (GPT-2 BPE, or a char-level dataset's characters).
 --tasks names lm-eval's tasks, groups or tags (`lm-eval ls tasks` lists them), or tasks defined
 by YAML files in --include_path, such as a task over a local copy of a data set for a machine
@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from configurator import config_from_argv
+from nonlinear_queries.configurator import config_from_argv
 
 
 @dataclass
@@ -51,9 +51,17 @@ class EvalConfig:
 def main():
     cfg, _ = config_from_argv(EvalConfig)
     # imported after the command line is checked: lm-eval takes a second or two to import
-    from downstream import GPTLM, EvalError, prepare_hub, run_tasks, task_manager, task_names, task_scores
-    from pretrained import PretrainedError
-    from runtime import SetupError
+    from nonlinear_queries.downstream import (
+        GPTLM,
+        EvalError,
+        prepare_hub,
+        run_tasks,
+        task_manager,
+        task_names,
+        task_scores,
+    )
+    from nonlinear_queries.pretrained import PretrainedError
+    from nonlinear_queries.runtime import SetupError
 
     try:
         names = task_names(cfg.tasks)
@@ -86,8 +94,8 @@ def write_results(results, lm, cfg):
     from lm_eval.loggers.utils import add_env_info
     from lm_eval.utils import handle_non_serializable
 
-    from downstream import MODEL_NAME
-    from runlog import git_state
+    from nonlinear_queries.downstream import MODEL_NAME
+    from nonlinear_queries.runlog import git_state
 
     results["config"] = {"model": MODEL_NAME, "model_args": {"pretrained": cfg.init_from}, **lm.get_model_info(),
                          "batch_size": cfg.batch_size, "device": str(lm.device), "limit": cfg.limit or None,

@@ -10,16 +10,15 @@ Conv1D weights (in, out), c_attn = [W_Q | W_K | W_V], zero biases where the mode
 which transformers.GPT2LMHeadModel.from_pretrained(DIR) loads with the same logits. Any
 other model (res_gelu, identity, residual, anchored_res_gelu, qk_norm, ...) has no
 architecture in transformers: it is written under this repo's weight names with config.json
-holding its model_args, which GPT.from_pretrained(DIR) loads, and the script says so and
-why. --out_dir may also name any source GPT.from_pretrained reads (pretrained.py).
+holding its model_args, which load_pretrained(DIR) loads, and the script says so and
+why. --out_dir may also name any source load_pretrained reads (pretrained.py).
 """
 
 import sys
 from dataclasses import dataclass
 
-from configurator import config_from_argv
-from model import GPT
-from pretrained import PretrainedError, export
+from nonlinear_queries.configurator import config_from_argv
+from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
 
 
 @dataclass
@@ -36,7 +35,7 @@ class ExportConfig:
 
 cfg, _ = config_from_argv(ExportConfig)
 try:
-    model = GPT.from_pretrained(cfg.out_dir)
+    model = load_pretrained(cfg.out_dir)
 except PretrainedError as e:
     sys.exit(f"error: {e}")
 reason = export(model, cfg.to)
@@ -45,4 +44,4 @@ if reason is None:
           f"transformers.GPT2LMHeadModel.from_pretrained({cfg.to!r}) loads it")
 else:
     print(f"{reason}. Hugging Face transformers has no such architecture, so {cfg.to}/model.safetensors holds this "
-          f"repo's weight names and config.json its model_args: GPT.from_pretrained({cfg.to!r}) loads it")
+          f"repo's weight names and config.json its model_args: load_pretrained({cfg.to!r}) loads it")

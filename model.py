@@ -2,56 +2,25 @@
 GPT-2 with a pluggable attention query, for testing nonlinear queries in pretraining.
 
 Source: Karbevski, "Beyond Linearity in Attention Projections: The Case for Nonlinear
-Queries", arXiv:2603.13381 (2026); the baseline is nanoGPT's GPT-2 small.
+Queries", arXiv:2603.13381 (2026); the baseline is nanoGPT's GPT-2 small. The choices,
+their sources and the parameter counts are tabled in docs/design.md.
 
-Architecture (SPEC §1):
-- token + learned positional embeddings; the token embedding is tied to the LM head
-  (`tie_weights=False` gives the LM head its own weight, as some official runs have)
-- pre-LayerNorm blocks (LayerNorm with weight, no bias, eps 1e-5), no biases anywhere
-  (`bias=True` puts a bias in every Linear but the LM head and in every LayerNorm, as GPT-2 has)
-- the modern recipe, each one config value (README "The modern recipe"): `pos_encoding='rope'`
-  (rotary embeddings on each head's q and k after the query module and qk_norm, no wpe; Su et
-  al. 2021), `n_kv_head` (grouped-query attention, keys and values with fewer heads; Ainslie
-  et al. 2023), `norm='rmsnorm'` for the block and final norms (Zhang & Sennrich 2019),
-  `mlp_activation` 'relu2' (So et al. 2021) or 'swiglu' (Shazeer 2020); Muon is train.py's
-  (optimizers.py)
-- causal softmax attention through F.scaled_dot_product_attention with an explicit scale:
-  scale_mult / sqrt(head_dim) from the query module, or `attn_scale` when set
-- keys and values are always linear in the block's ln_1 output x: K = x W_K, V = x W_V
-- fused input projection (SPEC §4, on by default, `fused_qkv`): one matmul of x with the
-  stacked rows [W_K | W_V | rows of the query module] gives K, V and the query's own
-  first matmul (linear: d -> 3d, res_gelu: d -> 2.5d, identity: d -> 2d); the
-  parameters are the same as unfused, only the order of operations differs. Decoding
-  with a KV cache uses the separate projections (few tokens: the weight read dominates)
-- the query is a module chosen by `query_mode` from QUERY_MODULES:
-    linear    Q = x W_Q                                   d^2 params per layer
-    identity  Q = x / 2                                   0
-    residual  Q = (x + x W_Q) / 2                         d^2
-    res_gelu  Q = (x + f(x)) / 2,
-              f(x) = LN(GELU(RMSNorm(x) W1) W2)           2 d r + 2 d   (paper eq. 2-3)
-    res_linear  res_gelu without the GELU                 2 d r + 2 d
-    anchored_res_gelu  Q = (x W_Q + f(x)) / 2, f's LN weight starting at 0, scale 2 / sqrt(head_dim):
-              for fine-tuning a pretrained linear model   d^2 + 2 d r + 2 d   (paper §5)
-  the halves are folded into the softmax scale (scale_mult = 1/2), as in the official code
-- ablations (SPEC §4's open questions): `query_activation` gelu | relu | relu2 inside f,
-  `query_norm` (the two norms inside f, on by default), `qk_norm` (RMSNorm of each
-  head's q and k, 2 head_dim params per layer)
-- MLP: Linear(d, mlp_ratio*d) -> GELU -> Linear(mlp_ratio*d, d); `mlp_activation` picks the activation
-  from MLP_ACTIVATIONS: 'gelu' (exact, the paper's), 'gelu_tanh' (GPT-2's gelu_new) or 'relu2', or
-  the gated 'swiglu' of GATED_MLP_ACTIVATIONS (three matrices, 2/3 of the width)
-- init N(0, 0.02) for every Linear and Embedding, zero biases; residual output projections
-  (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer))
-- GPT.from_pretrained loads OpenAI's GPT-2, a Hugging Face GPT-2 directory, the official
-  code's checkpoints and this repo's (pretrained.py)
-- generate() keeps a KV cache: K and V are linear in x for every query mode, so cached
-  decoding computes what the full forward pass does (to rounding; greedy tokens agree)
+- pre-norm blocks, no biases, token embedding tied to the LM head (each switchable);
+  learned positions or RoPE; LayerNorm or RMSNorm; GELU, ReLU^2 or SwiGLU MLPs
+- causal softmax attention through F.scaled_dot_product_attention; K = x W_K and V = x W_V
+  are always linear in the block's normed input x; only the query Q is pluggable
+- the query is a QueryModule chosen by `query_mode` from QUERY_MODULES; res_gelu is the
+  paper's eq. 2-3, Q = (x + f(x)) / 2 with f(x) = LN(GELU(RMSNorm(x) W1) W2), and the 1/2
+  of every anchored mode is folded into the softmax scale, as in the official code
+- `fused_qkv` computes K, V and the query's first matmul in one matmul of x (same
+  parameters, another order of operations); generate() keeps a KV cache, exact because
+  K and V are linear in x
 
 Adding a query module: subclass QueryModule, write `forward(x) -> q` (both (B, T, C)),
 set `scale_mult` if the softmax scale 1/sqrt(head_dim) needs a factor, and add one entry
 to QUERY_MODULES. To join the fused input projection, also override `fused_weight` and
-`from_fused`; without them the module is simply applied to x beside the fused K/V matmul.
-A module of the form q = anchor + f overrides `decompose` to return both, for the
-diagnostics' query_cos and query_f_ratio (diagnostics.py).
+`from_fused`. A module of the form q = anchor + f overrides `decompose` to return both
+(the diagnostics' query_cos and query_f_ratio).
 """
 
 import math
@@ -78,7 +47,7 @@ class GPTConfig:
     query_activation: str = "gelu"  # res_gelu's activation in f: 'gelu' (the paper's), 'relu' or 'relu2' (ReLU^2)
     query_norm: bool = True  # res_gelu/res_linear: RMSNorm before W1 and LayerNorm after W2 in f; False drops both
     qk_norm: bool = False  # RMSNorm of each head's query and key over head_dim, learnable weight (any query_mode)
-    fused_qkv: bool = True  # one input matmul for K, V and the query's first layer (SPEC §4)
+    fused_qkv: bool = True  # one input matmul for K, V and the query's first layer (docs/design.md)
     attn_scale: float = 0.0  # softmax scale; 0 = the query module's own, scale_mult / sqrt(head_dim)
     tie_weights: bool = True  # the LM head shares the token embedding's weight; False gives it its own
     bias: bool = False  # a bias in every Linear but the LM head and in every LayerNorm (GPT-2 has them)
@@ -97,8 +66,9 @@ class GPTConfig:
             )
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.query_activation not in ACTIVATIONS:
-            raise ValueError(f"unknown query_activation {self.query_activation!r}; valid: {', '.join(ACTIVATIONS)}")
+        if self.query_activation not in QUERY_ACTIVATIONS:
+            raise ValueError(f"unknown query_activation {self.query_activation!r}; "
+                             f"valid: {', '.join(QUERY_ACTIVATIONS)}")
         if self.query_activation != "gelu" and self.query_mode != "res_gelu":
             raise ValueError(f"query_activation={self.query_activation!r} applies to query_mode='res_gelu' only, "
                              f"not {self.query_mode!r}")
@@ -247,7 +217,7 @@ def relu2(x):
 
 
 # activations of res_gelu's bottleneck f, chosen by `query_activation`
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "relu2": relu2}
+QUERY_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "relu2": relu2}
 
 
 class ResGELUQuery(QueryModule):
@@ -264,11 +234,11 @@ class ResGELUQuery(QueryModule):
     the softmax scale, as in the official code, which gives the same logits
     (Q K^T / sqrt(d_head) with Q = (x + f)/2 equals (x + f) K^T / (2 sqrt(d_head))).
 
-    Ablations (SPEC §4, the paper's open questions): `query_activation` replaces GELU by
+    Ablations (the paper's open questions, docs/design.md): `query_activation` replaces GELU by
     ReLU or ReLU^2; `query_norm=False` drops both norms, f(x) = act(x W1) W2 (2 C r
     parameters); ResLinearQuery drops the activation.
 
-    Fused path (SPEC §4): RMSNorm(x) W1 = (x diag(g) W1) / rms(x), rms(x) = sqrt(mean(x^2)
+    Fused path (docs/design.md): RMSNorm(x) W1 = (x diag(g) W1) / rms(x), rms(x) = sqrt(mean(x^2)
     + eps), so the first matmul joins K and V as the rows diag(g) W1 (d -> 2.5d in all)
     and its r outputs are divided per token by rms(x). g stays its own parameter.
     """
@@ -277,7 +247,7 @@ class ResGELUQuery(QueryModule):
 
     def __init__(self, config):
         super().__init__()
-        self.act = ACTIVATIONS[config.query_activation]
+        self.act = QUERY_ACTIVATIONS[config.query_activation]
         self.norm = config.query_norm
         self.rms = nn.RMSNorm(config.n_embd, eps=1e-5) if self.norm else nn.Identity()
         self.w1 = nn.Linear(config.n_embd, config.query_bottleneck, bias=config.bias)
@@ -431,7 +401,7 @@ class CausalSelfAttention(nn.Module):
     attends to every cached position and to itself and the new ones before it.
 
     Projections: with `fused_qkv` one matmul of x with [W_K | W_V | query.fused_weight()]
-    gives K, V and the query module's first linear map (SPEC §4); otherwise, and always
+    gives K, V and the query module's first linear map (docs/design.md); otherwise, and always
     when decoding with a KV cache, K and V come from c_kv (C -> 2 kv_heads head_dim) and Q
     from the query module applied to x. Same parameters either way.
 
@@ -461,12 +431,11 @@ class CausalSelfAttention(nn.Module):
         self.c_kv = nn.Linear(config.n_embd, 2 * self.n_kv_head * head_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.qk_norm = config.qk_norm
-        if self.qk_norm:
-            self.q_norm = nn.RMSNorm(head_dim, eps=1e-5)
-            self.k_norm = nn.RMSNorm(head_dim, eps=1e-5)
+        # qk_norm off is the identity, so heads() reads the same either way
+        self.q_norm = nn.RMSNorm(head_dim, eps=1e-5) if config.qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(head_dim, eps=1e-5) if config.qk_norm else nn.Identity()
         # QK-norm removes any constant factor on q, res_gelu's 1/2 included, so the scale is the plain one
-        own_scale = (1.0 if self.qk_norm else self.query.scale_mult) / math.sqrt(head_dim)
+        own_scale = (1.0 if config.qk_norm else self.query.scale_mult) / math.sqrt(head_dim)
         self.scale = config.attn_scale or own_scale
 
     def qkv(self, x, fused):
@@ -489,8 +458,7 @@ class CausalSelfAttention(nn.Module):
         head_dim = C // self.n_head
         q = q.view(B, T, self.n_head, head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_head, head_dim).transpose(1, 2) for t in (k, v))
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:  # after qk_norm: its per-dimension weight then scales unrotated coordinates, so
             # q.k stays a function of the relative position (a weight applied after rotating would break that)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -608,7 +576,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         # Residual output projections get a depth-scaled std so the residual stream's
         # variance does not grow with n_layer (GPT-2 paper). Matched by module, not by
-        # parameter name, so a query module's own layers keep std 0.02 (SPEC §1).
+        # parameter name, so a query module's own layers keep std 0.02, as the official code has them.
         residual_std = 0.02 / math.sqrt(2 * config.n_layer)
         for block in self.transformer.h:
             torch.nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
@@ -626,7 +594,7 @@ class GPT(nn.Module):
         non_embedding=True leaves out the token embedding wte, the positional embedding wpe
         and the LM head's weight (the same tensor as wte when tied, its own when
         `tie_weights=False`), so what remains is exactly the transformer blocks plus the
-        final LayerNorm, tied or untied: the quantity SPEC §1 and the paper's Table 1 /
+        final LayerNorm, tied or untied: the quantity the paper's Table 1 /
         Figure 2 report (84,953,856 for the GPT-2 small baseline).
         """
         n = sum(p.numel() for p in self.parameters())
@@ -671,38 +639,6 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = block(x, kv_cache[i] if kv_cache is not None else None, rope)
         return self.transformer.ln_f(x)
-
-    @classmethod
-    def from_pretrained(cls, source, **overrides):
-        """A GPT with pretrained weights: OpenAI's GPT-2 from the local Hugging Face cache
-        ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'), a Hugging Face GPT-2 directory, a
-        checkpoint file of the official code or of this repo's train.py, a run directory
-        holding ckpt.pt, or a directory written by export.py.
-
-        overrides: GPTConfig fields to change; only dropout, fused_qkv, a smaller block_size
-        and, on a linear model, query_mode='anchored_res_gelu' (with query_rank) may differ
-        from the loaded model. Returns the model on the CPU in float32, train mode, with
-        `config` its GPTConfig and `loaded_from` (pretrained.LoadedFrom) the kind, path, step
-        and training config of the source. Raises pretrained.PretrainedError with a message
-        that says what was expected. See pretrained.load_pretrained.
-        """
-        from pretrained import load_pretrained  # here, not at the top: pretrained.py imports this module
-
-        return load_pretrained(source, **overrides)
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, exclude=()):
-        """AdamW with weight decay on parameters of dim >= 2 (matmul weights, embeddings)
-        and none on norm weights (paper §3.1, SPEC §3). Fused kernel on CUDA. `exclude`:
-        parameters another optimizer updates (Muon's matrices, optimizers.py)."""
-        excluded = {id(p) for p in exclude}
-        params = [p for p in self.parameters() if p.requires_grad and id(p) not in excluded]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
     def flops_per_token(self):
         """Training FLOPs per token (forward + backward), PaLM appendix B style:

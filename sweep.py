@@ -28,9 +28,9 @@ import subprocess
 import sys
 from dataclasses import fields
 
-from configurator import ConfigError, parse_config
-from runlog import read_metrics
-from train_config import TrainConfig
+from nonlinear_queries.configurator import ConfigError, parse_config
+from nonlinear_queries.runlog import read_metrics
+from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 

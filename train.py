@@ -47,8 +47,9 @@ from dataclasses import asdict, replace
 
 import torch
 
-from batches import DataError, get_batch, open_run_data
-from checkpoint import (
+from model import GPT, GPTConfig, model_config_keys
+from nonlinear_queries.batches import DataError, get_batch, open_run_data
+from nonlinear_queries.checkpoint import (
     CheckpointError,
     check_resumable,
     checkpoint_paths,
@@ -58,15 +59,31 @@ from checkpoint import (
     remove_checkpoints,
     save_training_state,
 )
-from configurator import config_from_argv
-from diagnostics import diagnose
-from model import GPT, GPTConfig, model_config_keys
-from optimizers import build_optimizers, set_learning_rates
-from pretrained import PretrainedError
-from runlog import open_run_log, run_header
-from runtime import SetupError, StopFlag, all_reduce_sum, mfu, parallelize, peak_flops, setup, teardown
-from train_config import TrainConfig
-from training import divergence_reason, dropout_seed, evaluate, get_lr, should_eval, should_save, train_step
+from nonlinear_queries.configurator import config_from_argv
+from nonlinear_queries.diagnostics import diagnose
+from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
+from nonlinear_queries.pretrained import PretrainedError, load_pretrained
+from nonlinear_queries.runlog import open_run_log, run_header
+from nonlinear_queries.runtime import (
+    SetupError,
+    StopFlag,
+    all_reduce_sum,
+    mfu,
+    parallelize,
+    peak_flops,
+    setup,
+    teardown,
+)
+from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.training import (
+    divergence_reason,
+    dropout_seed,
+    evaluate,
+    get_lr,
+    should_eval,
+    should_save,
+    train_step,
+)
 
 
 def resume_command(rt):
@@ -112,7 +129,7 @@ def train(cfg, config_files, rt):
     if cfg.init_from in ("scratch", "resume"):
         raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
     else:
-        raw_model = GPT.from_pretrained(cfg.init_from, **model_settings)
+        raw_model = load_pretrained(cfg.init_from, **model_settings)
         cfg = replace(cfg, **asdict(raw_model.config))
     raw_model.to(rt.device)
     model_args = {k: getattr(cfg, k) for k in model_config_keys()}
@@ -126,7 +143,7 @@ def train(cfg, config_files, rt):
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = None  # lm-eval's tasks (downstream.py), imported only when asked for; checked here, before the run
     if cfg.eval_tasks:
-        from downstream import DownstreamEval
+        from nonlinear_queries.downstream import DownstreamEval
 
         downstream = DownstreamEval(cfg, rt)
 

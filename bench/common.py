@@ -9,10 +9,9 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from nonlinear_queries.runtime import DTYPES, SetupError, setup
 
-from runtime import DTYPES, SetupError, setup  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parser(description, model=True):

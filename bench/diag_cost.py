@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from common import REPO, command_line, header, interleaved, paired_ratio, parser, query_modes, resolve_device
-from configurator import read_config_file
-from diagnostics import diagnose
 from model import GPT, GPTConfig
-from training import evaluate
+from nonlinear_queries.configurator import read_config_file
+from nonlinear_queries.diagnostics import diagnose
+from nonlinear_queries.training import evaluate
 
 SIZE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size", "eval_iters")
 

@@ -58,9 +58,9 @@ import sys
 import torch
 
 from common import REPO, command_line, header, parser, proc_status_kib
-from configurator import read_config_file
 from model import GPT, Block, GPTConfig, model_config_keys
-from train_config import TrainConfig
+from nonlinear_queries.configurator import read_config_file
+from nonlinear_queries.train_config import TrainConfig
 
 GIB = 2**30
 
@@ -188,10 +188,9 @@ def tiny_config(args):
 def measure_child(args, parallelism, checkpointing):
     """In a fresh process (under torchrun for FSDP): two training steps of the tiny model as
     train.py runs them; prints one JSON line with this process's measured peak in bytes."""
-    sys.path.insert(0, REPO)
-    from optimizers import build_optimizers
-    from runtime import parallelize, setup, teardown
-    from training import train_step
+    from nonlinear_queries.optimizers import build_optimizers
+    from nonlinear_queries.runtime import parallelize, setup, teardown
+    from nonlinear_queries.training import train_step
 
     cfg = tiny_config(args)
     rt = setup("cpu", "float32", parallelism=parallelism)

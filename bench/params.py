@@ -1,5 +1,5 @@
 """
-Print the parameter table (SPEC §1, the paper's Table 1 / Figure 2) for every config in config/,
+Print the parameter table (the paper's Table 1 / Figure 2; docs/design.md) for every config in config/,
 config/modern/ (the modern recipe, named modern/<config>) and config/gpt3/ (the GPT-3 sizes,
 named gpt3/<config>).
 
@@ -13,15 +13,13 @@ the token embedding (tied to the LM head), the positional embedding and an untie
 
 import glob
 import os
-import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from model import GPT, GPTConfig, model_config_keys
+from nonlinear_queries.configurator import read_config_file
 
-from configurator import read_config_file  # noqa: E402
-from model import GPT, GPTConfig, model_config_keys  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 rows = []
 for folder in ("", "modern/", "gpt3/"):

@@ -43,11 +43,11 @@ from common import (
     query_modes,
     resolve_device,
 )
-from configurator import parse_config
 from model import GPT, GPTConfig
-from optimizers import build_optimizers
-from runtime import mfu, peak_flops
-from train_config import TrainConfig
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.optimizers import build_optimizers
+from nonlinear_queries.runtime import mfu, peak_flops
+from nonlinear_queries.train_config import TrainConfig
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size
     "cpu": (6, 6, 384, 256, 4),

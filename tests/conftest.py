@@ -30,10 +30,12 @@ TINY = [
 
 
 def run_script(script, *args, check=True, env=None, cwd=REPO):
-    """Run a repo script with this interpreter, as a user would; returns the CompletedProcess
-    (text output). check=True raises with the script's output if it exits non-zero."""
+    """Run a repo script (a path from the repo root, or "-m MODULE") with this interpreter, as a
+    user would; returns the CompletedProcess (text output). check=True raises with the script's
+    output if it exits non-zero."""
+    command = script.split() if script.startswith("-m ") else [os.path.join(REPO, script)]
     proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, script), *args],
+        [sys.executable, *command, *args],
         cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
     )
     if check and proc.returncode != 0:

@@ -7,8 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from batches import index_fingerprint
-from checkpoint import CheckpointError, check_resumable, read_checkpoint, save_checkpoint, step_checkpoints
+from nonlinear_queries.batches import index_fingerprint
+from nonlinear_queries.checkpoint import (
+    CheckpointError,
+    check_resumable,
+    read_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+)
 
 
 def ckpt(step, **extra):

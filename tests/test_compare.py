@@ -16,15 +16,16 @@ from matplotlib.colors import to_rgba
 from scipy import stats
 
 import compare
-from configurator import parse_config
 from conftest import REPO, run_script
-from train_config import TrainConfig
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.train_config import TrainConfig
 
 # what train.py's header holds under "config" for Table 1's baseline: the real TrainConfig,
 # resolved from the real config file
 BASE = asdict(parse_config(TrainConfig, [os.path.join(REPO, "config", "baseline.py")])[0])
 RES_GELU = {"query_mode": "res_gelu", "learning_rate": 3e-3, "min_lr": 3e-5, "weight_decay": 2**-5}
-PARAMS = {"linear": 84_953_856, "res_gelu": 84_972_288, "identity": 77_875_968}  # SPEC §1
+# non-embedding parameters at GPT-2 small (docs/design.md)
+PARAMS = {"linear": 84_953_856, "res_gelu": 84_972_288, "identity": 77_875_968}
 
 
 def header(run_name, without=(), **overrides):

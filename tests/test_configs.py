@@ -1,12 +1,12 @@
-"""The config files carry the paper's Table 1 hyperparameters (SPEC §3) and parameter counts (SPEC §1)."""
+"""The config files carry the paper's Table 1 hyperparameters (§3.1) and parameter counts (docs/design.md)."""
 
 import glob
 import os
 
 import pytest
 
-from configurator import read_config_file
 from conftest import REPO, markdown_table, run_script
+from nonlinear_queries.configurator import read_config_file
 
 TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)
     "baseline": ("linear", 4.0, 6e-4, 6e-5, 0.1),

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from configurator import ConfigError, parse_config, read_config_file
 from conftest import REPO
-from train_config import TrainConfig
+from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.train_config import TrainConfig
 
 
 def write(path, text):

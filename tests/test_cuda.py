@@ -42,6 +42,7 @@ import torch
 
 from conftest import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig
+from nonlinear_queries.optimizers import configure_optimizers
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
 DEVICE_TYPE = "cuda" if DEVICE.startswith("cuda") else "cpu"
@@ -289,7 +290,7 @@ def test_gpt2_small_res_gelu_step_fits_at_12_x_1024():
     before = torch.cuda.memory_allocated(DEVICE)  # what earlier tests of this process still hold
     torch.manual_seed(0)
     model = GPT(GPTConfig(query_mode="res_gelu")).to(DEVICE)
-    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), DEVICE_TYPE)  # fused AdamW on CUDA
+    optimizer = configure_optimizers(model, 0.1, 6e-4, (0.9, 0.95), DEVICE_TYPE)  # fused AdamW on CUDA
     xy = tokens(12, 1025, 50257, seed=4)
     x, y = xy[:, :-1], xy[:, 1:]
     torch.cuda.reset_peak_memory_stats(DEVICE)

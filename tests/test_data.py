@@ -1,5 +1,5 @@
 """
-Tests of tokenizer.py and the data pipeline (data/common.py, data/*/prepare.py).
+Tests of tokenizer.py and the data pipeline (nonlinear_queries/corpus.py, data/*/prepare.py).
 Offline throughout: conftest.py sets HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, and the
 tiktoken comparison refuses any URL read.
 """
@@ -23,8 +23,8 @@ import tiktoken.load
 import tiktoken.registry
 
 from conftest import run_script
-from data.common import DataError, load_hub_documents, load_local_documents, prepare
-from tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
+from nonlinear_queries.corpus import DataError, load_hub_documents, load_local_documents, prepare
+from nonlinear_queries.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 
 # where tiktoken_ext.openai_public.gpt2() fetches the files; its cache key is sha1(url)
 VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
@@ -125,8 +125,7 @@ def test_tampered_bpe_file_is_a_hash_error(tmp_path, which):
 
 
 def test_missing_bpe_package_falls_back_then_says_what_to_install(monkeypatch):
-    import tokenizer
-
+    from nonlinear_queries import tokenizer
     def no_download(name):
         raise ConnectionError("openaipublic unreachable")
 

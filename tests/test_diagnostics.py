@@ -20,14 +20,14 @@ from torch.nn import functional as F
 
 import analyze
 import compare
-from checkpoint import load_checkpoint_file
-from configurator import ConfigError, parse_config, read_config_file
 from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
-from diagnostics import ACTIVATIONS, diagnose
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, rope_angles
-from runlog import RunLog
-from runtime import parallelize, setup
-from train_config import TrainConfig
+from nonlinear_queries.checkpoint import load_checkpoint_file
+from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
+from nonlinear_queries.runlog import RunLog
+from nonlinear_queries.runtime import parallelize, setup
+from nonlinear_queries.train_config import TrainConfig
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32)
 TOKENS = ((np.arange(200) * 7) % 32).astype(np.uint16)

@@ -16,10 +16,10 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
 from conftest import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
-from downstream import GPTLM
 from model import GPT, GPTConfig
-from pretrained import export
-from tokenizer import GPT2Tokenizer
+from nonlinear_queries.downstream import GPTLM
+from nonlinear_queries.pretrained import export
+from nonlinear_queries.tokenizer import GPT2Tokenizer
 
 BLOCK = 16  # the test model's block_size: the long contexts and texts below need several windows of it
 # invented examples, none from a real data set; the third context is longer than BLOCK tokens

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from batches import index_file
 from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
 from conftest import losses_by_step as losses
 from conftest import train as train_tiny
 from conftest import val_losses_by_step as evals
+from nonlinear_queries.batches import index_file
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
 RUN = ["--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1"]

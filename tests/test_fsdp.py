@@ -19,14 +19,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from checkpoint import CheckpointError, load_training_state, read_checkpoint, save_sharded_checkpoint
 from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
 from conftest import train as train_tiny
 from conftest import val_losses_by_step as evals
 from model import GPT, GPTConfig
-from optimizers import build_optimizers
-from runtime import SetupError, parallelize, setup
-from train_config import TrainConfig
+from nonlinear_queries.checkpoint import CheckpointError, load_training_state, read_checkpoint, save_sharded_checkpoint
+from nonlinear_queries.optimizers import build_optimizers
+from nonlinear_queries.pretrained import load_pretrained
+from nonlinear_queries.runtime import SetupError, parallelize, setup
+from nonlinear_queries.train_config import TrainConfig
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps; the global
 # batch is 4 micro-batches of 2 sequences: 4 micro-steps in one process, 2 per rank in two
@@ -147,8 +148,8 @@ def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakesp
     assert os.readlink(out / "ckpt.dcp") == "ckpt_000008.dcp"
 
     # one command makes ckpt.pt of it: the one-process run's checkpoint, weights and optimizer states,
-    # which sample.py and export.py read (GPT.from_pretrained)
-    proc = run_script("checkpoint.py", f"--out_dir={out}")
+    # which sample.py and export.py read (load_pretrained)
+    proc = run_script("-m nonlinear_queries.checkpoint", f"--out_dir={out}")
     assert f"wrote {out / 'ckpt.pt'}: the checkpoint of step 8" in proc.stdout
     made, want = (torch.load(d / "ckpt.pt", weights_only=True) for d in (out, one_process))
     assert set(made) == set(want) and made["step"] == 8 and made["model_args"] == want["model_args"]
@@ -160,7 +161,7 @@ def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakesp
     for i, state in want_adamw["state"].items():
         for key, tensor in state.items():
             torch.testing.assert_close(made_adamw["state"][i][key], tensor, rtol=0, atol=1e-5)
-    loaded = GPT.from_pretrained(str(out))
+    loaded = load_pretrained(str(out))
     assert loaded.loaded_from.step == 8
     assert all(torch.equal(t, made["model"][name]) for name, t in loaded.state_dict().items())
 

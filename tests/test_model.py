@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, QUERY_MODULES, GPTConfig
+from nonlinear_queries.optimizers import configure_optimizers
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
-# the ablations of issue 5 (SPEC §4's open questions) beside the plain query modes
+# the ablations of issue 5 (the paper's open questions) beside the plain query modes
 ABLATIONS = [
     dict(query_mode="res_gelu", query_activation="relu"),
     dict(query_mode="res_gelu", query_activation="relu2"),
@@ -31,7 +32,7 @@ MODERN_VARIANTS = [dict(query_mode=m, pos_encoding="rope", n_kv_head=2, norm="rm
                         mlp_activation="swiglu") for m in sorted(QUERY_MODULES)]
 
 
-# SPEC §1: non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
+# non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
 @pytest.mark.parametrize(
     "query_mode, mlp_ratio, expected",
     [
@@ -255,7 +256,7 @@ def test_unknown_query_mode_lists_valid_ones():
 
 def test_weight_decay_only_on_matrices():
     model = GPT(GPTConfig(**SMALL, query_mode="res_gelu"))
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    opt = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
@@ -294,7 +295,7 @@ def test_generate_top_k_1_is_greedy():
 
 
 # ---------------------------------------------------------------------------------------
-# fused input projection (SPEC §4) and the KV cache, each held against the plain computation
+# fused input projection (docs/design.md) and the KV cache, each held against the plain computation
 
 
 @pytest.mark.parametrize("variant", VARIANTS + MODERN_VARIANTS, ids=str)

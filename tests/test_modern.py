@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from configurator import read_config_file
 from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, train, val_losses_by_step
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, model_config_keys, rope_angles
-from optimizers import build_optimizers, muon_parameters, set_learning_rates
-from pretrained import hf_incompatibility
-from train_config import TrainConfig
+from nonlinear_queries.configurator import read_config_file
+from nonlinear_queries.optimizers import build_optimizers, muon_parameters, set_learning_rates
+from nonlinear_queries.pretrained import hf_incompatibility
+from nonlinear_queries.train_config import TrainConfig
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 MODERN = dict(pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True)

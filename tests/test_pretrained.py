@@ -1,4 +1,4 @@
-"""Tests of pretrained.py and export.py (issue 12, SPEC §5): every kind of source loads to the
+"""Tests of pretrained.py and export.py (docs/pretrained.md): every kind of source loads to the
 logits of the model it holds, the anchored query starts at the linear model's logits and
 learns f, export round-trips through transformers, and each bad source is a clear error."""
 
@@ -17,7 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from conftest import TINY, losses_by_step, read_metrics, run_script, train
 from model import GPT, GPTConfig
-from pretrained import PretrainedError, export
+from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 IDX = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -81,7 +81,7 @@ def test_hf_gpt2_directory_gives_the_logits_of_gpt2lmheadmodel(tmp_path, config,
     if weights == "pytorch_model.bin":  # the older format: a torch.save'd state dict
         os.remove(tmp_path / "model.safetensors")
         torch.save(hf.state_dict(), tmp_path / weights)
-    model = GPT.from_pretrained(str(tmp_path)).eval()
+    model = load_pretrained(str(tmp_path)).eval()
     cfg = model.config
     assert (cfg.bias, cfg.mlp_activation, cfg.vocab_size, cfg.block_size) == (True, activation, 97, 16)
     assert cfg.tie_weights == config.get("tie_word_embeddings", True) and model.loaded_from.kind == "hf"
@@ -93,14 +93,14 @@ def test_gpt2_loads_from_the_local_cache_only(tmp_path, monkeypatch, repo_id):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(PretrainedError, match="not in the local Hugging Face cache.*\n  hf download "
                                               "openai-community/gpt2 config.json model.safetensors"):
-        GPT.from_pretrained("gpt2")
+        load_pretrained("gpt2")
     # the cache's layout: models--OWNER--NAME/refs/main names the snapshot holding the files
     repo = tmp_path / f"models--{repo_id.replace('/', '--')}"
     hf = hf_gpt2(2)
     hf.save_pretrained(repo / "snapshots" / ("a" * 40))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("a" * 40)
-    model = GPT.from_pretrained("gpt2").eval()
+    model = load_pretrained("gpt2").eval()
     assert model.loaded_from.kind == "gpt2"
     torch.testing.assert_close(logits(model), logits(hf), rtol=0, atol=1e-5)
 
@@ -119,7 +119,7 @@ def test_export_round_trip_through_gpt2lmheadmodel(tmp_path, variant):
     assert export(model, str(tmp_path)) is None
     hf = GPT2LMHeadModel.from_pretrained(str(tmp_path)).eval()
     torch.testing.assert_close(logits(hf), logits(model), rtol=0, atol=1e-5)
-    back = GPT.from_pretrained(str(tmp_path)).eval()  # a bias-free model comes back with zero biases
+    back = load_pretrained(str(tmp_path)).eval()  # a bias-free model comes back with zero biases
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=1e-5)
 
 
@@ -131,7 +131,7 @@ def test_export_of_what_gpt2_cannot_hold_writes_this_repos_format(tmp_path, vari
     assert reason.startswith(("query_mode=", "qk_norm=True"))
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["format"] == "nonlinear-queries" and config["model_args"] == asdict(model.config)
-    back = GPT.from_pretrained(str(tmp_path)).eval()
+    back = load_pretrained(str(tmp_path)).eval()
     assert back.loaded_from.kind == "export" and back.config == model.config
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=0)
 
@@ -154,7 +154,7 @@ def test_export_script(tmp_path):
 
 
 def official_checkpoint(model, official_mode, scale, compiled):
-    """model as the official code saves it: its key names (SPEC §5: attn.c_attn rows q | k | v,
+    """model as the official code saves it: its key names (attn.c_attn rows q | k | v,
     or k | v without W_Q; attn.residual_*), torch.compile's '_orig_mod.' prefix if `compiled`,
     and model_args in its names."""
     cfg = model.config
@@ -198,7 +198,7 @@ def test_official_checkpoint_gives_the_original_logits(tmp_path, official_mode, 
     model = randomized(GPT(GPTConfig(**SMALL, query_mode=query_mode, tie_weights=tie_weights, bias=bias,
                                      attn_scale=attn_scale)), 6)
     torch.save(official_checkpoint(model, official_mode, scale, compiled=tie_weights), tmp_path / "ckpt.pt")
-    loaded = GPT.from_pretrained(str(tmp_path / "ckpt.pt")).eval()
+    loaded = load_pretrained(str(tmp_path / "ckpt.pt")).eval()
     assert loaded.config == model.config
     assert (loaded.loaded_from.kind, loaded.loaded_from.step) == ("official", 60000)
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
@@ -208,7 +208,7 @@ def test_repo_checkpoint_loads_from_file_and_run_directory(tmp_path):
     model = randomized(GPT(GPTConfig(**SMALL, query_mode="res_gelu", tie_weights=False, bias=True)), 7)
     path = save_run(model, tmp_path / "run", step=7)
     for source in (path, str(tmp_path / "run")):
-        loaded = GPT.from_pretrained(source).eval()
+        loaded = load_pretrained(source).eval()
         assert loaded.config == model.config and loaded.loaded_from.path == path
         assert loaded.loaded_from.step == 7 and loaded.loaded_from.run_config["dataset"] == "shakespeare"
         torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
@@ -222,7 +222,7 @@ def test_repo_checkpoint_from_before_the_official_half_keeps_its_scale(tmp_path)
     for key in ("attn_scale", "tie_weights", "bias", "mlp_activation"):
         del ckpt["model_args"][key]
     torch.save(ckpt, path)
-    loaded = GPT.from_pretrained(path).eval()
+    loaded = load_pretrained(path).eval()
     assert loaded.config.attn_scale == 1 / math.sqrt(8)
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
 
@@ -234,10 +234,10 @@ def test_repo_checkpoint_from_before_the_official_half_keeps_its_scale(tmp_path)
 def test_anchored_query_starts_at_the_pretrained_logits_and_its_gradient_reaches_f(tmp_path):
     hf = hf_gpt2(9)
     hf.save_pretrained(tmp_path)
-    model = GPT.from_pretrained(str(tmp_path), query_mode="anchored_res_gelu", query_rank=8)
+    model = load_pretrained(str(tmp_path), query_mode="anchored_res_gelu", query_rank=8)
     assert model.transformer.h[0].attn.query.w1.weight.shape == (8, 32)
     torch.testing.assert_close(logits(model.eval()), logits(hf), rtol=0, atol=1e-5)
-    linear = GPT.from_pretrained(str(tmp_path)).eval()
+    linear = load_pretrained(str(tmp_path)).eval()
     torch.testing.assert_close(logits(model), logits(linear), rtol=0, atol=1e-6)
     # step 0: f = 0, so only its closing LayerNorm weight gets a gradient; after one step all of f does
     model.train()
@@ -255,7 +255,7 @@ def test_anchored_query_starts_at_the_pretrained_logits_and_its_gradient_reaches
 def test_overrides_that_keep_the_weights_meaning(tmp_path):
     model = randomized(GPT(GPTConfig(**SMALL)), 10)
     path = save_run(model, tmp_path)
-    loaded = GPT.from_pretrained(path, dropout=0.1, fused_qkv=False, block_size=8, n_layer=2).eval()
+    loaded = load_pretrained(path, dropout=0.1, fused_qkv=False, block_size=8, n_layer=2).eval()
     assert (loaded.config.dropout, loaded.config.fused_qkv, loaded.config.block_size) == (0.1, False, 8)
     first8 = IDX[:, :8].contiguous()
     torch.testing.assert_close(logits(loaded, first8), logits(model, first8), rtol=0, atol=1e-6)
@@ -274,7 +274,7 @@ def test_overrides_that_keep_the_weights_meaning(tmp_path):
 def test_overrides_that_would_change_the_model_are_refused(tmp_path, source_mode, overrides, message):
     path = save_run(GPT(GPTConfig(**SMALL, query_mode=source_mode)), tmp_path)
     with pytest.raises(PretrainedError, match=message):
-        GPT.from_pretrained(path, **overrides)
+        load_pretrained(path, **overrides)
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,15 +283,15 @@ def test_overrides_that_would_change_the_model_are_refused(tmp_path, source_mode
 
 def test_directory_that_is_not_gpt2(tmp_path):
     with pytest.raises(PretrainedError, match="holds neither config.json .* nor ckpt.pt"):
-        GPT.from_pretrained(str(tmp_path))
+        load_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
     with pytest.raises(PretrainedError, match="model_type='llama': expected a Hugging Face GPT-2"):
-        GPT.from_pretrained(str(tmp_path))
+        load_pretrained(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32}))
     with pytest.raises(PretrainedError, match="has no model.safetensors or pytorch_model.bin"):
-        GPT.from_pretrained(str(tmp_path))
+        load_pretrained(str(tmp_path))
     with pytest.raises(PretrainedError, match="'nowhere' is none of gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
-        GPT.from_pretrained("nowhere")
+        load_pretrained("nowhere")
 
 
 def test_corrupt_and_foreign_files(tmp_path):
@@ -305,27 +305,27 @@ def test_corrupt_and_foreign_files(tmp_path):
         with open(tmp_path / "bad.pt", "wb") as f:
             f.write(content)
         with pytest.raises(PretrainedError, match=message):
-            GPT.from_pretrained(str(tmp_path / "bad.pt"))
+            load_pretrained(str(tmp_path / "bad.pt"))
     torch.save(argparse.Namespace(model={}), tmp_path / "object.pt")  # a pickled object of a class
     with pytest.raises(PretrainedError, match="it holds Python objects other than tensors and plain containers, "
                                               "which are never unpickled"):
-        GPT.from_pretrained(str(tmp_path / "object.pt"))
+        load_pretrained(str(tmp_path / "object.pt"))
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
     with pytest.raises(PretrainedError, match=r"not a checkpoint: expected a dict with 'model'.*found \['weights'\]"):
-        GPT.from_pretrained(str(tmp_path / "other.pt"))
+        load_pretrained(str(tmp_path / "other.pt"))
     torch.save({"model": {}, "model_args": {"num_heads": 4, "query_mode": "swiglu"}}, tmp_path / "mode.pt")
     with pytest.raises(PretrainedError, match="the official query_mode 'swiglu' is none of original, identity"):
-        GPT.from_pretrained(str(tmp_path / "mode.pt"))
+        load_pretrained(str(tmp_path / "mode.pt"))
     # model_args that do not match the weights: an 'original' run whose c_attn lacks the W_Q rows
     ckpt = official_checkpoint(GPT(GPTConfig(**SMALL, query_mode="identity")), "original", 0.125, compiled=False)
     torch.save(ckpt, tmp_path / "mismatch.pt")
     with pytest.raises(PretrainedError, match="the weights do not fit the model its config describes"):
-        GPT.from_pretrained(str(tmp_path / "mismatch.pt"))
+        load_pretrained(str(tmp_path / "mismatch.pt"))
     hf_gpt2().save_pretrained(tmp_path / "hf")
     with open(tmp_path / "hf" / "model.safetensors", "r+b") as f:
         f.truncate(100)
     with pytest.raises(PretrainedError, match="not a safetensors file, or truncated or corrupt"):
-        GPT.from_pretrained(str(tmp_path / "hf"))
+        load_pretrained(str(tmp_path / "hf"))
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from batches import get_batch, index_file, open_tokens
-from configurator import ConfigError, parse_config, read_config_file
 from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, GPTConfig, model_config_keys
-from train_config import TrainConfig
+from nonlinear_queries.batches import get_batch, index_file, open_tokens
+from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.train_config import TrainConfig
 
 
 def header(out_dir):

@@ -9,9 +9,9 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-import runtime
-from runlog import NullWandb, RunLog, run_header
-from runtime import SetupError, StopFlag, mfu, peak_flops, setup
+from nonlinear_queries import runtime
+from nonlinear_queries.runlog import NullWandb, RunLog, run_header
+from nonlinear_queries.runtime import SetupError, StopFlag, mfu, peak_flops, setup
 
 
 def test_setup_on_the_cpu():

@@ -9,11 +9,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from batches import index_file, row_offsets
-from configurator import parse_config
 from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
-from train_config import TrainConfig
-from training import get_lr
+from nonlinear_queries.batches import index_file, row_offsets
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.training import get_lr
 
 # ---------------------------------------------------------------------------------------
 # fixed-seed batch indices

@@ -7,11 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from batches import get_batch
 from model import GPT, GPTConfig
-from runtime import Runtime
-from train_config import TrainConfig
-from training import divergence_reason, dropout_seed, evaluate, get_lr, should_eval, should_save, train_step
+from nonlinear_queries.batches import get_batch
+from nonlinear_queries.optimizers import configure_optimizers
+from nonlinear_queries.runtime import Runtime
+from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.training import (
+    divergence_reason,
+    dropout_seed,
+    evaluate,
+    get_lr,
+    should_eval,
+    should_save,
+    train_step,
+)
 
 LR, MIN_LR = 1e-3, 1e-4
 
@@ -85,7 +94,7 @@ def test_train_step_equals_the_hand_written_step(tiny):
     seeds = [11, 12]
     z, clip = 0.5, 0.1
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    optimizer = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), "cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     params = list(model.parameters())
     loss_sum, norm = train_step(model, params, [optimizer], scaler, lambda k: batches[k], 2, torch.autocast("cpu",

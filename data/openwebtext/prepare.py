@@ -11,11 +11,8 @@ Where the hub is unreachable, pass local copies (e.g. its parquet files) with --
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from data.common import load_hub_documents, load_local_documents, run
+from nonlinear_queries.corpus import load_hub_documents, load_local_documents, run
 
 HUB_NAME = "Skylion007/openwebtext"
 TEST_SIZE = 0.0005

@@ -19,17 +19,21 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from data.common import SPLIT_SEED, DataError, split_documents, write_meta
-from data.shakespeare.prepare import TEST_SIZE, load
+from nonlinear_queries.corpus import (
+    SHAKESPEARE_TEST_SIZE,
+    SPLIT_SEED,
+    DataError,
+    load_shakespeare,
+    split_documents,
+    write_meta,
+)
 
 
 def prepare_chars(out_dir, test_size):
     """Write <out_dir>/train.bin, val.bin (uint16 character ids, the works concatenated in
     split order) and meta.json (written last). Returns the meta dict. Raises DataError if
     the texts are not installed."""
-    documents, source = load(None)
+    documents, source = load_shakespeare()
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):  # meta.json marks a finished run
@@ -64,7 +68,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)),
                         help="for train.bin, val.bin, meta.json (default: %(default)s)")
-    parser.add_argument("--test_size", type=float, default=TEST_SIZE, help="val fraction (default: %(default)s)")
+    parser.add_argument("--test_size", type=float, default=SHAKESPEARE_TEST_SIZE,
+                        help="val fraction (default: %(default)s)")
     args = parser.parse_args()
     try:
         meta = prepare_chars(args.out_dir, args.test_size)

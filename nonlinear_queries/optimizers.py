@@ -1,8 +1,8 @@
 """
 The optimizers of train.py, chosen by `optimizer`, as a list the loop treats uniformly.
 
-- 'adamw' (the paper's, SPEC §3): one AdamW over every parameter, weight decay on those of
-  dim >= 2 (GPT.configure_optimizers).
+- 'adamw' (the paper's Table 1 recipe): one AdamW over every parameter, weight decay on those of
+  dim >= 2 (`configure_optimizers`).
 - 'muon' (Jordan et al. 2024, "Muon: An optimizer for hidden layers in neural networks";
   PyTorch's torch.optim.Muon): Muon for the 2-D weight matrices inside the transformer
   blocks, the query modules' included, whose updates it orthogonalizes by Newton-Schulz
@@ -17,6 +17,20 @@ learning_rate. A checkpoint holds one state dict per optimizer, in this list's o
 import torch
 
 
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, exclude=()):
+    """AdamW over `model`'s trainable parameters with weight decay on those of dim >= 2 (matmul
+    weights, embeddings) and none on norm weights and biases (the paper's recipe, after GPT-2's
+    and nanoGPT's). Fused kernel on CUDA. `exclude`: parameters another optimizer updates
+    (Muon's matrices). Returns a torch.optim.AdamW with two parameter groups."""
+    excluded = {id(p) for p in exclude}
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in excluded]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
 def muon_parameters(model):
     """The parameters Muon updates: the 2-D weight matrices inside model.transformer.h, in model order."""
     return [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
@@ -27,13 +41,13 @@ def build_optimizers(model, cfg, device_type):
     config cfg (learning_rate, weight_decay, beta1, beta2; muon_learning_rate, muon_momentum,
     muon_weight_decay, muon_adjust_lr_fn). Every trainable parameter is in exactly one of them."""
     if cfg.optimizer == "adamw":
-        return [model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)]
+        return [configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)]
     matrices = muon_parameters(model)
-    adamw = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type,
-                                       exclude=matrices)
+    adamw_rest = configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type,
+                       exclude=matrices)
     muon = torch.optim.Muon(matrices, lr=cfg.muon_learning_rate, momentum=cfg.muon_momentum,
                             weight_decay=cfg.muon_weight_decay, adjust_lr_fn=cfg.muon_adjust_lr_fn)
-    return [adamw, muon]
+    return [adamw_rest, muon]
 
 
 def set_learning_rates(optimizers, lr, cfg):

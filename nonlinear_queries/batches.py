@@ -2,7 +2,7 @@
 Fixed-seed batch indices: every model variant sees the same tokens at every step.
 
 The paper pre-generates all batch indices from a fixed seed (arXiv:2603.13381 §3.1;
-SPEC §3). Here each stream is an int64 array of sequence start offsets, shape
+docs/training.md). Here each stream is an int64 array of sequence start offsets, shape
 (rows, cols), stored as a .npy file and opened with np.memmap, so 60k steps x 480
 sequences (230 MB) never has to sit in RAM:
 
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from nonlinear_queries.hub import DataError
 
 STREAMS = {"train": 0, "train_eval": 1, "val_eval": 2}
 _CHUNK_ROWS = 1024  # rows generated and flushed at a time: bounded RAM for any file size
@@ -138,10 +140,6 @@ def fingerprint_change(saved, current):
         if a != b:
             return f"row {i} holds other offsets"
     return None
-
-
-class DataError(Exception):
-    """Token files or index streams that a run cannot train on; the message says what to do."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ class TrainConfig(GPTConfig):
     diagnostics: bool = True
     diagnostics_batches: int = 1
     # 'scratch'; 'resume' (from out_dir/ckpt.pt, or from resume_from); or a pretrained model to fine-tune,
-    # anything GPT.from_pretrained reads (pretrained.py): gpt2[-medium|-large|-xl], a Hugging Face GPT-2
+    # anything load_pretrained reads (pretrained.py): gpt2[-medium|-large|-xl], a Hugging Face GPT-2
     # directory, a checkpoint of the official code or of this repo
     init_from: str = "scratch"
     resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'
@@ -123,7 +123,7 @@ class TrainConfig(GPTConfig):
         if self.parallelism == "fsdp" and self.eval_tasks:
             raise ValueError("eval_tasks with parallelism='fsdp' cannot work here: the tasks run on rank 0 alone, "
                              "which holds only its shard of the weights. Leave eval_tasks empty and run eval.py on "
-                             "a checkpoint made whole by `python checkpoint.py --out_dir=RUN`")
+                             "a checkpoint made whole by `python -m nonlinear_queries.checkpoint --out_dir=RUN`")
         for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
                     "keep_last_n", "divergence_patience", "diagnostics_batches"):
             if getattr(self, key) < 1:

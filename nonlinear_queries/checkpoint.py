@@ -27,7 +27,7 @@ the dict above without model and optimizer but with the optimizers' names and pa
 link to the newest. DCP reads the shards on any number of processes (set_state_dict), and
 without any (consolidate(), which makes a ckpt.pt for sample.py and export.py):
 
-    python checkpoint.py --out_dir=out-gpt3-xl      # out-gpt3-xl/ckpt.dcp -> out-gpt3-xl/ckpt.pt
+    python -m nonlinear_queries.checkpoint --out_dir=out-gpt3-xl      # out-gpt3-xl/ckpt.dcp -> out-gpt3-xl/ckpt.pt
 
 The shards and meta.pt are read with torch.load(weights_only=True); DCP reads its own
 .metadata index with pickle, so load sharded checkpoints only from directories you trust.
@@ -48,9 +48,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from batches import fingerprint_change
 from model import GPT, GPTConfig
-from optimizers import build_optimizers, load_optimizer_states
+from nonlinear_queries.batches import fingerprint_change
+from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
 
 CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "step", "evaluated", "steps_above_threshold", "data", "wandb_id"}
 # what meta.pt of a sharded checkpoint holds: the keys above but the weights and states, which are shards
@@ -295,9 +295,9 @@ def sharded_hint(directory):
     """A sentence saying how to make ckpt.pt when `directory` is a run holding only a sharded
     checkpoint (ckpt.dcp), or is a sharded checkpoint itself; '' otherwise."""
     if os.path.exists(os.path.join(directory, "ckpt.dcp")):
-        command = f"python checkpoint.py --out_dir={directory}"
+        command = f"python -m nonlinear_queries.checkpoint --out_dir={directory}"
     elif os.path.isfile(os.path.join(directory, ".metadata")):
-        command = f"python checkpoint.py --checkpoint={directory} --to=PATH.pt"
+        command = f"python -m nonlinear_queries.checkpoint --checkpoint={directory} --to=PATH.pt"
     else:
         return ""
     return (f"{directory} holds a sharded checkpoint (written under parallelism=fsdp); make one file of it with: "
@@ -309,7 +309,7 @@ def consolidate(path, to):
     save_checkpoint's format, weights and optimizer states included, so that sample.py, export.py
     and a ddp run read it. Runs in one process without a process group: the whole model and its
     optimizer states are built on the CPU (16 bytes a parameter with AdamW). Raises CheckpointError."""
-    from train_config import TrainConfig  # here: train_config is needed by this command only
+    from nonlinear_queries.train_config import TrainConfig  # here: train_config is needed by this command only
 
     meta = read_checkpoint(path)
     cfg = TrainConfig(**{f.name: meta["config"][f.name] for f in fields(TrainConfig) if f.name in meta["config"]})
@@ -343,7 +343,7 @@ def check_resumable(ckpt, path, model_settings, data_fingerprint, data_paths):
 
 @dataclass
 class ConsolidateConfig:
-    """`python checkpoint.py`: settings, each --key=value."""
+    """`python -m nonlinear_queries.checkpoint`: settings, each --key=value."""
 
     out_dir: str = "out"  # the run whose ckpt.dcp becomes ckpt.pt
     checkpoint: str = ""  # a sharded checkpoint to convert instead of out_dir/ckpt.dcp, e.g. out/ckpt_059000.dcp
@@ -351,7 +351,7 @@ class ConsolidateConfig:
 
 
 if __name__ == "__main__":
-    from configurator import config_from_argv
+    from nonlinear_queries.configurator import config_from_argv
 
     args, _ = config_from_argv(ConsolidateConfig)
     source, target = args.checkpoint or os.path.join(args.out_dir, "ckpt.dcp"), args.to or os.path.join(

@@ -1,7 +1,7 @@
 """
-Weights in and out. In: GPT.from_pretrained(source, **overrides) (load_pretrained here), for
+Weights in and out. In: load_pretrained(source, **overrides) (load_pretrained here), for
 fine-tuning and sampling from existing models. Out: export(model, directory), which export.py
-calls. Source of the formats: SPEC §5.
+calls. The formats are described in docs/pretrained.md.
 
 A source is one of the following; its kind is read from the files, not from its name:
 - 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl': OpenAI's GPT-2 from the local Hugging Face
@@ -38,8 +38,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from checkpoint import CheckpointError, load_checkpoint_file, sharded_hint, upgrade_model_args
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
+from nonlinear_queries.checkpoint import CheckpointError, load_checkpoint_file, sharded_hint, upgrade_model_args
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 REPO_FORMAT = "nonlinear-queries"  # config.json's "format" in export.py's own format
@@ -91,7 +91,7 @@ class LoadedFrom:
 
 
 def load_pretrained(source, **overrides):
-    """GPT.from_pretrained: the model of `source` (see the module docstring) on the CPU in float32.
+    """load_pretrained: the model of `source` (see the module docstring) on the CPU in float32.
 
     overrides: GPTConfig fields. dropout and fused_qkv may take any value; block_size may be
     smaller than the source's (positions past it are dropped, as nanoGPT's crop_block_size);
@@ -417,7 +417,7 @@ def export(model, directory):
     transformers.GPT2LMHeadModel.from_pretrained(directory) loads, computing the same logits;
     returns None. Otherwise in this repo's format (its state dict, a tied LM head stored once;
     config.json {"format": "nonlinear-queries", "model_args": ...}), which
-    GPT.from_pretrained(directory) loads; returns the reason Hugging Face cannot hold the model.
+    load_pretrained(directory) loads; returns the reason Hugging Face cannot hold the model.
     """
     reason = hf_incompatibility(model.config)
     if reason is None:

