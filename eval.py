@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from nonlinear_queries.atomic import atomic_write
 from nonlinear_queries.configurator import config_from_argv
 
 
@@ -103,9 +104,8 @@ def write_results(results, lm, cfg):
     results["git_hash"] = git_state(__file__)[0]
     add_env_info(results)
     os.makedirs(os.path.dirname(os.path.abspath(cfg.output)), exist_ok=True)
-    with open(cfg.output + ".tmp", "w") as f:
+    with atomic_write(cfg.output) as f:
         json.dump(results, f, indent=2, default=handle_non_serializable)
-    os.replace(cfg.output + ".tmp", cfg.output)
 
 if __name__ == "__main__":
     main()

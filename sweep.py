@@ -20,7 +20,6 @@ the sweep goes on. SWEEP_DIR/sweep.json records the command and every point's st
 
 import argparse
 import itertools
-import json
 import os
 import shlex
 import signal
@@ -28,6 +27,7 @@ import subprocess
 import sys
 from dataclasses import fields
 
+from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.runlog import read_metrics
 from nonlinear_queries.train_config import TrainConfig
@@ -79,10 +79,7 @@ def point_status(out_dir, max_iters):
 def write_record(sweep_dir, argv, statuses):
     """SWEEP_DIR/sweep.json: the command and {point: status}, replaced atomically."""
     path = os.path.join(sweep_dir, "sweep.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"command": shlex.join(["python", "sweep.py", *argv]), "points": statuses}, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]), "points": statuses})
 
 
 def main(argv):

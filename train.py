@@ -48,6 +48,7 @@ from dataclasses import asdict, replace
 import torch
 
 from model import GPT, GPTConfig, model_config_keys
+from nonlinear_queries.atomic import write_json
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
 from nonlinear_queries.checkpoint import (
     CheckpointError,
@@ -179,8 +180,7 @@ def train(cfg, config_files, rt):
                         config=asdict(cfg), data=data_fingerprint)
     out.log(header)
     if rt.master:
-        with open(os.path.join(cfg.out_dir, "config.json"), "w") as f:
-            json.dump(header, f, indent=2)
+        write_json(os.path.join(cfg.out_dir, "config.json"), header)
     out.print(json.dumps(asdict(cfg), indent=2))
     out.print(f"{run_name}: query_mode={cfg.query_mode}, {raw_model.get_num_params():,} non-embedding parameters, "
               f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"

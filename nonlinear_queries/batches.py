@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nonlinear_queries.atomic import atomic_path
 from nonlinear_queries.hub import DataError
 
 STREAMS = {"train": 0, "train_eval": 1, "val_eval": 2}
@@ -67,14 +68,13 @@ def index_file(index_dir, stream, data_seed, rows, cols, block_size, n_tokens):
     path = os.path.join(index_dir, name)
     if not os.path.exists(path):
         os.makedirs(index_dir, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(rows, cols))
-        for start in range(0, rows, _CHUNK_ROWS):
-            stop = min(start + _CHUNK_ROWS, rows)
-            arr[start:stop] = [row_offsets(data_seed, stream, r, cols, high) for r in range(start, stop)]
-            arr.flush()
-        del arr
-        os.replace(tmp, path)
+        with atomic_path(path, per_process=True) as tmp:  # runs starting together may build the same file
+            arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(rows, cols))
+            for start in range(0, rows, _CHUNK_ROWS):
+                stop = min(start + _CHUNK_ROWS, rows)
+                arr[start:stop] = [row_offsets(data_seed, stream, r, cols, high) for r in range(start, stop)]
+                arr.flush()
+            del arr
     return np.load(path, mmap_mode="r")
 
 

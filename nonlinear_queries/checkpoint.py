@@ -49,6 +49,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 
 from model import GPT, GPTConfig
+from nonlinear_queries.atomic import atomic_path, fsync_path
 from nonlinear_queries.batches import fingerprint_change
 from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
 
@@ -108,17 +109,10 @@ def latest_checkpoint(out_dir, parallelism):
     return paths[other if steps[other] > steps[parallelism] else parallelism]
 
 
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
-
-
 def _save_file(obj, path):
     """torch.save to path.tmp, fsync, rename over path (atomic: path is the old or the new file)."""
-    torch.save(obj, path + ".tmp")
-    _fsync(path + ".tmp")
-    os.replace(path + ".tmp", path)
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
@@ -139,9 +133,9 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
         os.link(path, link)
     except OSError:  # a file system without hard links: a second copy
         shutil.copyfile(path, link)
-        _fsync(link)
+        fsync_path(link)
     os.replace(link, os.path.join(out_dir, f"ckpt_{step:06d}.pt"))
-    _fsync(out_dir)
+    fsync_path(out_dir)
     older = [(s, p) for s, p in step_checkpoints(out_dir) if s <= step]
     for s, old in older[keep_last_n:]:
         if s not in keep_steps:
@@ -172,7 +166,7 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
     if master:
         _save_file({**meta, "optimizers": [type(o).__name__ for o in optimizers],
                     "param_groups": optim_state["param_groups"]}, os.path.join(tmp, "meta.pt"))
-        _fsync(tmp)
+        fsync_path(tmp)
         if os.path.exists(final):  # this step again, by a run resumed from an older checkpoint
             os.replace(final, old)
         os.replace(tmp, final)
@@ -181,7 +175,7 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
             os.remove(link)
         os.symlink(os.path.basename(final), link)
         os.replace(link, path)
-        _fsync(out_dir)
+        fsync_path(out_dir)
         if os.path.exists(old):
             shutil.rmtree(old)
         older = [(s, p) for s, p in step_checkpoints(out_dir, (".dcp",)) if s <= meta["step"]]

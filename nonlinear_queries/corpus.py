@@ -12,7 +12,6 @@ meta.json is written last: a directory without it holds no finished run.
 import argparse
 import glob
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -22,6 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 from tqdm import tqdm
 
+from nonlinear_queries.atomic import atomic_path, write_json
 from nonlinear_queries.hub import DataError, check_hub_reachable, hub_endpoint, hub_offline
 from nonlinear_queries.tokenizer import EOT_TOKEN, get_gpt2_encoding
 
@@ -181,19 +181,18 @@ def write_bin(tokenized, path, batch_size=1024):
     appears under its final name only once complete (written as path + ".tmp", then renamed).
     """
     n_tokens = pc.sum(tokenized.with_format("arrow")["len"]).as_py()  # >= 1 per document (its EOT)
-    tmp_path = path + ".tmp"
-    out = np.memmap(tmp_path, dtype=np.uint16, mode="w+", shape=(n_tokens,))
-    pos = 0
-    with tqdm(total=n_tokens, unit="tok", unit_scale=True, desc=f"writing {os.path.basename(path)}") as bar:
-        for table in tokenized.with_format("arrow").iter(batch_size=batch_size):
-            ids = table.column("ids").combine_chunks().flatten().to_numpy()
-            out[pos : pos + len(ids)] = ids
-            pos += len(ids)
-            bar.update(len(ids))
-    assert pos == n_tokens, f"wrote {pos} tokens, expected {n_tokens}"
-    out.flush()
-    del out
-    os.replace(tmp_path, path)
+    with atomic_path(path) as tmp_path:
+        out = np.memmap(tmp_path, dtype=np.uint16, mode="w+", shape=(n_tokens,))
+        pos = 0
+        with tqdm(total=n_tokens, unit="tok", unit_scale=True, desc=f"writing {os.path.basename(path)}") as bar:
+            for table in tokenized.with_format("arrow").iter(batch_size=batch_size):
+                ids = table.column("ids").combine_chunks().flatten().to_numpy()
+                out[pos : pos + len(ids)] = ids
+                pos += len(ids)
+                bar.update(len(ids))
+        assert pos == n_tokens, f"wrote {pos} tokens, expected {n_tokens}"
+        out.flush()
+        del out
     return n_tokens
 
 
@@ -225,17 +224,8 @@ def prepare(documents, out_dir, source, test_size, num_proc=None, seed=SPLIT_SEE
         "test_size": test_size,
         "split_seed": seed,
     }
-    write_meta(meta_path, meta)
+    write_json(meta_path, meta)  # last: meta.json marks a finished run
     return meta
-
-
-def write_meta(path, meta):
-    """Write the dict `meta` as JSON to `path` through a temp file and a rename, so a
-    meta.json on disk is always complete (it marks a finished prepare run)."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
 
 
 # -----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
+from nonlinear_queries.atomic import atomic_path, write_json
 from nonlinear_queries.checkpoint import CheckpointError, load_checkpoint_file, sharded_hint, upgrade_model_args
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -429,7 +430,7 @@ def export(model, directory):
     os.makedirs(directory, exist_ok=True)
     # safetensors wants contiguous tensors that share no memory: the transposes and the tied head do not qualify
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+    with atomic_path(os.path.join(directory, "model.safetensors")) as tmp:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+    write_json(os.path.join(directory, "config.json"), config)
     return reason

@@ -19,13 +19,13 @@ import sys
 
 import numpy as np
 
+from nonlinear_queries.atomic import atomic_path, write_json
 from nonlinear_queries.corpus import (
     SHAKESPEARE_TEST_SIZE,
     SPLIT_SEED,
     DataError,
     load_shakespeare,
     split_documents,
-    write_meta,
 )
 
 
@@ -45,8 +45,8 @@ def prepare_chars(out_dir, test_size):
     for split in ("train", "val"):
         ids = np.array([stoi[c] for c in text[split]], dtype=np.uint16)
         path = os.path.join(out_dir, f"{split}.bin")
-        ids.tofile(path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with atomic_path(path) as tmp:
+            ids.tofile(tmp)
     meta = {
         "tokenizer": "char",
         "vocab_size": len(chars),
@@ -60,7 +60,7 @@ def prepare_chars(out_dir, test_size):
         "test_size": test_size,
         "split_seed": SPLIT_SEED,
     }
-    write_meta(meta_path, meta)
+    write_json(meta_path, meta)
     return meta
 
 

@@ -1,0 +1,56 @@
+"""
+Every file the repo writes appears whole or not at all: it is written under a temporary
+name beside its final one, flushed to disk, and renamed over the final name (os.replace,
+atomic on POSIX), so a crash, a full disk or a kill at any moment leaves the previous
+file, or none, never half of one. A failed write removes its temporary file, so a full
+disk is not left fuller.
+"""
+
+import contextlib
+import json
+import os
+
+
+def fsync_path(path):
+    """fsync a file or a directory by path (a directory's fsync makes its renames durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path, per_process=False):
+    """Yield a temporary path to write `path`'s content to, by any means (np.memmap,
+    torch.save, tofile); on a clean exit fsync it and rename it over `path`; on an
+    exception remove it and re-raise. The temporary name is path + ".tmp", or
+    path + ".<pid>.tmp" with per_process=True where several processes may write the same
+    file at once (the last rename wins, and every version is complete)."""
+    tmp = f"{path}.{os.getpid()}.tmp" if per_process else f"{path}.tmp"
+    try:
+        yield tmp
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="w"):
+    """open() for writing `path` atomically (see atomic_path): `with atomic_write(p) as f: f.write(...)`.
+    mode is "w" (text, UTF-8) or "wb"."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', got {mode!r}")
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+            yield f
+
+
+def write_json(path, obj):
+    """Write `obj` as indented JSON and a final newline to `path`, atomically."""
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
