@@ -118,9 +118,14 @@ def min_detectable_effect(n1, n2, std, alpha=0.05, power=0.8):
     crit = stats.t.ppf(1 - alpha / 2, df)
 
     def shortfall(nc):
-        return stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc) - power
+        # the lower tail P(T < -crit) written as sf(crit, df, -nc): scipy's nct.cdf gives nan far in the tail
+        return stats.nct.sf(crit, df, nc) + stats.nct.sf(crit, df, -nc) - power
 
-    return float(optimize.brentq(shortfall, 0.0, 100.0) * scale)
+    # the power grows with the noncentrality: double it until the power is reached
+    high = 1.0
+    while shortfall(high) < 0:
+        high *= 2
+    return float(optimize.brentq(shortfall, 0.0, high) * scale)
 
 
 def step_list(steps):

@@ -19,7 +19,7 @@ from conftest import REPO, run_script
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.plots import loss_curves
 from nonlinear_queries.runs import load_run, make_groups
-from nonlinear_queries.stats import holm
+from nonlinear_queries.stats import holm, min_detectable_effect
 from nonlinear_queries.train_config import TrainConfig
 
 # what train.py's header holds under "config" for Table 1's baseline: the real TrainConfig,
@@ -502,6 +502,18 @@ def test_holm_adjusts_over_the_rows_compared_with_the_baseline(tmp_path):
     text = run_compare(*dirs, "--holm", "--paired", "--format=markdown").stdout
     assert "| p (Holm) | paired Δ | paired p | paired p (Holm) |" in text
     assert "Holm-Bonferroni adjusted over the 3 rows compared with the baseline" in text
+
+
+def test_min_detectable_effect_has_80_percent_power():
+    # Cohen's d at 80% power, alpha 0.05 two-sided, n per group (G*Power's two-sample t-test: 2.024 at 5, 0.909 at 20)
+    assert min_detectable_effect(5, 5, 1.0) == pytest.approx(2.0244, abs=1e-4)
+    assert min_detectable_effect(20, 20, 0.5) == pytest.approx(0.5 * 0.9091, abs=1e-4)
+    # and by simulation: Student's t-test at that difference rejects in 80% of 40000 draws, unequal n
+    delta, rng = min_detectable_effect(3, 4, 0.02), np.random.default_rng(0)
+    a, b = rng.normal(0, 0.02, (40_000, 3)), rng.normal(delta, 0.02, (40_000, 4))
+    assert (stats.ttest_ind(a, b, axis=1).pvalue < 0.05).mean() == pytest.approx(0.8, abs=0.01)
+    with pytest.raises(ValueError, match="n1 \\+ n2 >= 3"):
+        min_detectable_effect(1, 1, 1.0)
 
 
 def test_with_diag_adds_the_layer_mean_of_each_diagnostic(tmp_path):
