@@ -14,15 +14,14 @@ import numpy as np
 from nonlinear_queries.runs import layer_mean, pooled
 from nonlinear_queries.stats import step_list
 
-# sequential colormaps, one per family, in order of first appearance; dark to mid-light shades within one
-FAMILY_MAPS = ("Blues", "Oranges", "Greens", "Purples", "Reds", "Greys", "YlOrBr", "BuGn", "RdPu", "PuBu")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
 
 
 def styles(keys):
-    """[(color, marker)] for items whose family is keys[i]: each family one colormap of FAMILY_MAPS (they repeat
-    after 10 families), its members from dark (0.9) to mid-light (0.45) and each its own marker."""
-    from matplotlib import colormaps
+    """[(color, marker)] for items whose family is keys[i]: each family one hue of matplotlib's tab10 cycle
+    (C0-C9, in order of first appearance; they repeat after 10 families), its members from a darker (mixed 40%
+    with black) to a lighter (mixed 50% with white) shade of it, and each member its own marker."""
+    from matplotlib.colors import to_rgb
 
     families = list(dict.fromkeys(keys))
     sizes = {k: keys.count(k) for k in families}
@@ -31,8 +30,10 @@ def styles(keys):
     for key in keys:
         i, size = seen[key], sizes[key]
         seen[key] += 1
-        shade = 0.9 - (0.45 * i / (size - 1) if size > 1 else 0.0)
-        out.append((colormaps[FAMILY_MAPS[families.index(key) % len(FAMILY_MAPS)]](shade), MARKERS[i % len(MARKERS)]))
+        base = np.array(to_rgb(f"C{families.index(key) % 10}"))
+        mix = -0.4 + 0.9 * i / (size - 1) if size > 1 else 0.0
+        color = base * (1 + mix) if mix < 0 else base + (1 - base) * mix
+        out.append((tuple(color), MARKERS[i % len(MARKERS)]))
     return out
 
 
@@ -49,10 +50,10 @@ def curve(group):
 def loss_curves(groups, baseline):
     """Figure 1 of the paper: top, the loss vs step of every group (val solid, train dashed; the mean over its
     runs, a band from the lowest to the highest run when n > 1); bottom, the relative improvement over the
-    baseline group's mean, 100 (L_base - L) / L_base (%), at the steps both have, the group's mean with a band of
-    ± one sample std of its runs' improvements. Step 0 is left out: the untrained loss, about ln(vocab_size),
-    would squash the y-range. Runs that diverged are left out of a group that has others; a group whose runs all
-    diverged is drawn on top only, up to where they stopped; the legend says which."""
+    baseline group's mean, 100 (L_base - L) / L_base (%), at the steps both have: the group's mean, and for the
+    val loss a band of ± one sample std of its runs' improvements. Step 0 is left out: the untrained loss, about
+    ln(vocab_size), would squash the y-range. Runs that diverged are left out of a group that has others; a group
+    whose runs all diverged is drawn on top only, up to where they stopped; the legend says which."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 8), layout="constrained")
@@ -76,17 +77,19 @@ def loss_curves(groups, baseline):
             if len(diverged) < len(group.runs):
                 rel = 100 * (base_mean[:, j] - losses[:, mine, j]) / base_mean[:, j]
                 bottom.plot(steps[mine], rel.mean(axis=0), style, marker=marker, markersize=3, color=color)
-                if len(rel) > 1:
+                # the val loss's band only: with the train loss's too, a figure of many arms turns to mud
+                if len(rel) > 1 and j == 1:
                     spread = rel.std(axis=0, ddof=1)
                     bottom.fill_between(steps[mine], rel.mean(axis=0) - spread, rel.mean(axis=0) + spread,
-                                        color=color, alpha=0.12, linewidth=0)
+                                        color=color, alpha=0.1, linewidth=0)
     bottom.axhline(0, color="gray", linewidth=0.8)
     top.set_ylabel("loss (nats per token)")
     top.legend(title="val loss solid, train loss dashed", loc="upper left", bbox_to_anchor=(1.01, 1),
                fontsize="small")
     bottom.set_xlabel("step")
     bottom.set_ylabel("rel. improvement (%)")
-    bottom.set_title(f"(L_base - L) / L_base, baseline: {baseline.label}; band: ± std over runs", fontsize="medium")
+    bottom.set_title(f"(L_base - L) / L_base, baseline: {baseline.label}; band: val, ± std over runs",
+                     fontsize="medium")
     return fig
 
 
