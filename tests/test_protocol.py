@@ -15,6 +15,7 @@ from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.batches import get_batch, index_file, open_tokens
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.runs import read_sweep
 from nonlinear_queries.train_config import TrainConfig
 
 
@@ -106,7 +107,7 @@ def test_sweep_runs_every_point_skips_finished_ones_and_resumes_an_unfinished_on
         assert [r["step"] for r in read_metrics(sweep_dir / name, "eval")] == [0, 2, 4]
     # resumed from step 2, not restarted: a second config record at step 2, and step 0 evaluated once
     assert [r["step"] for r in read_metrics(unfinished, "config")] == [0, 2]
-    record = json.loads((sweep_dir / "sweep.json").read_text())
+    record = read_sweep(sweep_dir)
     assert record["points"] == {name: "done" for name in names} and "--grid" in record["command"]
 
     before = {name: (sweep_dir / name / "metrics.jsonl").read_bytes() for name in names}
