@@ -54,8 +54,8 @@ def summarize(group, step, value=rd.val_loss):
     diverge and have one at `step`, and which runs are left out."""
     alive = [r for r in group.runs if r.diverged is None]
     values = [v for v in (value(r, step) for r in alive) if v is not None]
-    return stats.Row.of(values, [r.diverged for r in group.runs if r.diverged is not None], len(alive) - len(values),
-                  len(group.runs))
+    diverged = [r.diverged for r in group.runs if r.diverged is not None]
+    return stats.Row.of(values, diverged, len(alive) - len(values), len(group.runs))
 
 
 def parse_select(spec, group_over):
@@ -130,8 +130,8 @@ def metric_cell(row):
     """A downstream score's column text: mean ± std over the runs that have it, and how many do not."""
     if row.n == 0:
         return "not evaluated"
-    return stats.pm_cell(row.mean, row.std) + (f" ({row.not_reached} of {row.runs} not evaluated)" if row.not_reached
-                                         else "")
+    missing = f" ({row.not_reached} of {row.runs} not evaluated)" if row.not_reached else ""
+    return stats.pm_cell(row.mean, row.std) + missing
 
 
 def table(groups, rows, step, fmt, metrics, metric_rows, opts):
