@@ -214,6 +214,20 @@ def built_tables():
 BUILT_TABLES = built_tables()
 
 
+# tables that hold no measurement: the ablation arms' descriptions
+NOT_GENERATED = {("results/ablations/README.md", "| arm | what changes against the baseline | question |")}
+
+
+def test_every_table_of_numbers_is_generated():
+    for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
+        lines = ["", *open(readme).read().splitlines()]
+        for before, line in zip(lines, lines[1:]):
+            if line.startswith("|") and not before.startswith("|"):
+                name = os.path.relpath(readme, REPO)
+                assert MARKER.match(before) or BUILT.match(before) or (name, line) in NOT_GENERATED, (
+                    f"{name}: the table {line[:60]!r} has no marker naming the command that makes it")
+
+
 def test_every_results_readme_has_generated_tables():
     readmes = {readme for readme, *_ in TABLES}
     assert readmes == {f"results/{name}/README.md" for name in ("ablations", "diagnostics", "mini", "mini_modern")}
