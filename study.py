@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from nonlinear_queries.atomic import atomic_write, write_json
 from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.runs import load_run
+from nonlinear_queries.runs import history, read_records
 from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -62,19 +62,29 @@ class Arm:
 
 @dataclass
 class Table:
-    """One compare.py table of TABLES.md, made at every horizon: `arms` in order (the first is the
-    baseline unless `args` say otherwise), `args` added to the protocol's flags, a figure if `figure`."""
+    """One compare.py table of TABLES.md at one horizon: `arms` in order (the first is the baseline
+    unless `args` say otherwise), `args` added to the protocol's flags, and compare.py's figure
+    written to `figure` where one is named."""
 
+    horizon: int  # max_iters of the horizon it compares
     title: str
     arms: list
     args: list
-    figure: bool
+    figure: str
 
 
 @dataclass
 class Horizon:
+    """A training length (lr_decay_iters follows max_iters) and where its runs go. A horizon with
+    tune=false tunes nothing: its arms run the held-out seeds at the value chosen at the horizon
+    `chosen_from` (results/ablations' long runs were made so; a fair long-horizon answer tunes)."""
+
     max_iters: int
     subdir: str  # RUNS_DIR/<subdir>/<arm>; "" puts the arms in RUNS_DIR itself
+    arms: list  # the names of the arms run at this horizon
+    tune: bool
+    chosen_from: int  # with tune=false: the max_iters of the horizon whose chosen values are used
+    seeds: list  # the held-out seeds at this horizon
 
 
 @dataclass
@@ -90,7 +100,6 @@ class Study:
     grid: list  # its starting values, as written (they name the run directories)
     max_widen: int
     tuning_seed: int
-    held_out_seeds: list
     vary_data_order: bool
     horizons: list
     launcher: dict
@@ -146,11 +155,7 @@ def load_study(path):
     if tuning_seed in seeds:
         raise StudyError(f"{path}: the tuning seed {tuning_seed} is also a held-out seed; a value chosen on a seed "
                          f"must not be reported on it")
-    horizons = []
-    for i, h in enumerate(_take(raw, "horizon", list, path)):
-        where = f"{path} [[horizon]] {i + 1}"
-        horizons.append(Horizon(_take(h, "max_iters", int, where), _take(h, "subdir", str, where, "")))
-        _no_more(h, where)
+    raw_horizons = _take(raw, "horizon", list, path)
     arms = []
     for i, a in enumerate(_take(raw, "arm", list, path)):
         where = f"{path} [[arm]] {i + 1}"
@@ -167,26 +172,48 @@ def load_study(path):
         arms.append(arm)
     if len({a.name for a in arms}) != len(arms):
         raise StudyError(f"{path}: two arms share a name")
+    names = [a.name for a in arms]
+    horizons = []
+    for i, h in enumerate(raw_horizons):
+        where = f"{path} [[horizon]] {i + 1}"
+        horizon = Horizon(_take(h, "max_iters", int, where), _take(h, "subdir", str, where, ""),
+                          _take(h, "arms", list, where, names), _take(h, "tune", bool, where, True),
+                          _take(h, "chosen_from", int, where, 0), _take(h, "seeds", list, where, seeds))
+        _no_more(h, where)
+        if tuning_seed in horizon.seeds:
+            raise StudyError(f"{where}: the tuning seed {tuning_seed} is also a held-out seed")
+        if set(horizon.arms) - set(names):
+            raise StudyError(f"{where}: no arm is named {', '.join(sorted(set(horizon.arms) - set(names)))}")
+        tuned = {x.max_iters: x for x in horizons if x.tune}
+        if not horizon.tune and (horizon.chosen_from not in tuned or set(horizon.arms) - set(
+                tuned.get(horizon.chosen_from, horizon).arms)):
+            raise StudyError(f"{where}: tune = false needs chosen_from = the max_iters of an earlier tuned horizon "
+                             f"that runs the same arms")
+        horizons.append(horizon)
     launcher = _take(raw, "launcher", dict, path, {})
     tables = []
-    for i, tb in enumerate(_take(raw, "table", list, path, [{}])):
+    default_tables = [{"horizon": h.max_iters, "arms": h.arms,
+                       "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]
+    for i, tb in enumerate(_take(raw, "table", list, path, default_tables)):
         where = f"{path} [[table]] {i + 1}"
-        table = Table(_take(tb, "title", str, where, ""), _take(tb, "arms", list, where, [a.name for a in arms]),
-                      [str(x) for x in _take(tb, "args", list, where, [])], _take(tb, "figure", bool, where, i == 0))
+        table = Table(_take(tb, "horizon", int, where, horizons[0].max_iters), _take(tb, "title", str, where, ""),
+                      _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
+                      _take(tb, "figure", str, where, ""))
         _no_more(tb, where)
-        unknown = set(table.arms) - {a.name for a in arms}
-        if unknown:
-            raise StudyError(f"{where}: no arm is named {', '.join(sorted(unknown))}")
+        horizon = next((h for h in horizons if h.max_iters == table.horizon), None)
+        if horizon is None or set(table.arms) - set(horizon.arms):
+            raise StudyError(f"{where}: its horizon {table.horizon} is not one of the study's, or does not run every "
+                             f"arm it names")
         tables.append(table)
     cost = _take(raw, "cost", dict, path, {})
     peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
     mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
     _no_more(cost, f"{path} [cost]")
     _no_more(raw, path)
-    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seed, seeds, vary, horizons,
+    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seed, vary, horizons,
                   launcher, tables, peak, mfu)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
-        for horizon in horizons:
+        for horizon in (h for h in horizons if arm.name in h.arms):
             try:
                 arm_config(study, arm, horizon, {key: (arm.grid or grid)[0], "seed": tuning_seed})
             except Exception as e:
@@ -235,10 +262,10 @@ def final_val_loss(path, max_iters):
     """A run's val loss at max_iters; inf for a run that diverged; None while it is missing or unfinished."""
     if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
         return None
-    run = load_run(path)
-    if run.diverged is not None:
+    evals, diverged, _, _ = history(read_records(os.path.join(path, "metrics.jsonl")))
+    if diverged is not None:
         return math.inf
-    return run.evals[max_iters][1] if max_iters in run.evals else None
+    return evals[max_iters][1] if max_iters in evals else None
 
 
 def seconds_per_step(paths):
@@ -246,7 +273,8 @@ def seconds_per_step(paths):
     times = []
     for path in paths:
         if os.path.isfile(os.path.join(path, "metrics.jsonl")):
-            times += [r.get("ms_per_step") / 1000 for r in load_run(path).train_records if r.get("ms_per_step")]
+            times += [r["ms_per_step"] / 1000 for r in read_records(os.path.join(path, "metrics.jsonl"))
+                      if r["type"] == "train" and r.get("ms_per_step")]
     return statistics.median(times) if times else None
 
 
@@ -265,7 +293,14 @@ class Stage:
 def advance(study, arm, horizon):
     """Follow the protocol as far as the finished runs of `arm` allow, widening where the best tuning value is at
     an edge. Returns a Stage whose `todo` lists the points to run next: tuning points while the tuning is open,
-    held-out points once a value is chosen, none when the arm is done."""
+    held-out points once a value is chosen, none when the arm is done (or, at an untuned horizon, while the
+    horizon it takes its value from has not chosen one)."""
+    if not horizon.tune:
+        source = next(h for h in study.horizons if h.max_iters == horizon.chosen_from)
+        chosen = advance(study, arm, source).chosen
+        if chosen is None:
+            return Stage([], {}, [], None, {s: None for s in horizon.seeds}, [])
+        return held_out_stage(study, arm, horizon, [], {}, [], chosen)
     values = sorted(set(arm.grid or study.grid), key=float)
     widening = []
     while True:
@@ -284,10 +319,15 @@ def advance(study, arm, horizon):
         widening.append({"edge": "low" if edge == 0 else "high", "added": added, "best": best,
                          "because": {v: tuning[v] for v in values}})
         values = sorted({*values, added}, key=float)
-    held_out = {s: final_val_loss(point_dir(study, arm, horizon, held_out_point(study, best, s)), horizon.max_iters)
-                for s in study.held_out_seeds}
-    return Stage(values, tuning, widening, best, held_out,
-                 [held_out_point(study, best, s) for s in study.held_out_seeds if held_out[s] is None])
+    return held_out_stage(study, arm, horizon, values, tuning, widening, best)
+
+
+def held_out_stage(study, arm, horizon, values, tuning, widening, chosen):
+    """The Stage of an arm whose value is chosen: its held-out runs, done or to do."""
+    held_out = {s: final_val_loss(point_dir(study, arm, horizon, held_out_point(study, chosen, s)),
+                                  horizon.max_iters) for s in horizon.seeds}
+    return Stage(values, tuning, widening, chosen, held_out,
+                 [held_out_point(study, chosen, s) for s in horizon.seeds if held_out[s] is None])
 
 
 def sweep_command(study, arm, horizon, points):
@@ -325,10 +365,15 @@ def estimated_seconds(study, arm, horizon, n_runs):
     return n_runs * model.flops_per_token() * tokens / (study.peak_flops * study.mfu), "flops"
 
 
+def arms_at(study, horizon):
+    """The Arms run at `horizon`, in the study's order."""
+    return [a for a in study.arms if a.name in horizon.arms]
+
+
 def run_dirs_of(study):
     dirs = []
     for horizon in study.horizons:
-        for arm in study.arms:
+        for arm in arms_at(study, horizon):
             base = arm_dir(study, arm, horizon)
             if os.path.isdir(base):
                 dirs += [os.path.join(base, d) for d in sorted(os.listdir(base))]
@@ -340,15 +385,16 @@ def plan(study):
     number of runs still to do (at least: widening can add more)."""
     left, seconds, how = 0, 0.0, set()
     for horizon in study.horizons:
-        print(f"horizon {horizon.max_iters} steps ({os.path.join(study.runs_dir, horizon.subdir) or '.'}):")
-        for arm in study.arms:
+        how_chosen = "tuned" if horizon.tune else f"at the value chosen at {horizon.chosen_from} steps"
+        print(f"horizon {horizon.max_iters} steps, {how_chosen} ({os.path.join(study.runs_dir, horizon.subdir)}):")
+        for arm in arms_at(study, horizon):
             stage = advance(study, arm, horizon)
             tuned = sum(v is not None for v in stage.tuning.values())
             held = sum(v is not None for v in stage.held_out.values())
-            chosen = f"chosen {study.key}={stage.chosen}" if stage.chosen else "tuning"
-            remaining = len(stage.todo) + (0 if stage.chosen else len(study.held_out_seeds))
+            chosen = f"chosen {study.key}={stage.chosen}" if stage.chosen else "not chosen yet"
+            remaining = len(stage.todo) + (0 if stage.chosen else len(horizon.seeds))
             print(f"  {arm.name}: tuning {tuned}/{len(stage.values)} done, held-out {held}/"
-                  f"{len(study.held_out_seeds)} done, {chosen}; {remaining} run(s) left"
+                  f"{len(horizon.seeds)} done, {chosen}; {remaining} run(s) left"
                   + (f" (widened: {', '.join(w['added'] for w in stage.widening)})" if stage.widening else ""))
             if remaining:
                 s, kind = estimated_seconds(study, arm, horizon, remaining)
@@ -366,6 +412,17 @@ def plan(study):
     return left
 
 
+def table_command(study, table, arms):
+    """compare.py's command line for `table`: at a tuned horizon with the held-out protocol's flags (choose on
+    the tuning seed, report the others, Holm, paired), at an untuned one with the paired column."""
+    horizon = next(h for h in study.horizons if h.max_iters == table.horizon)
+    protocol = ([f"--best_over={study.key}", f"--select_on=seed={study.tuning_seed}", "--holm", "--paired"]
+                if horizon.tune else ["--paired"])
+    return ["compare.py", *(arm_dir(study, arms[a], horizon) for a in table.arms), *protocol, *table.args,
+            *(["--group_over=seed,data_seed"] if study.vary_data_order else []), "--format=markdown",
+            *([f"--plot={table.figure}"] if table.figure else [])]
+
+
 def write_tables(study):
     """RESULTS_DIR/TABLES.md: per horizon, compare.py's table over the arms (baseline first) with the held-out
     protocol's flags, and its figure; generated, so it is rewritten whole on every run."""
@@ -374,40 +431,37 @@ def write_tables(study):
                 f"Written by `python study.py {study.path}` from the runs under {study.runs_dir}; do not edit "
                 f"(a person's notes belong in README.md beside it).\n"]
     arms = {a.name: a for a in study.arms}
-    for horizon in study.horizons:
-        for i, table in enumerate(study.tables):
-            suffix = f"_{i + 1}" if i else ""
-            figure = os.path.join(study.results_dir, f"figure_{horizon.max_iters}{suffix}.png")
-            cmd = ["compare.py", *(arm_dir(study, arms[a], horizon) for a in table.arms), f"--best_over={study.key}",
-                   f"--select_on=seed={study.tuning_seed}", "--holm", "--paired", "--format=markdown",
-                   *(["--group_over=seed,data_seed"] if study.vary_data_order else []), *table.args,
-                   *([f"--plot={figure}"] if table.figure else [])]
-            proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True)
-            if proc.returncode:
-                raise StudyError(f"{shlex.join(['python', *cmd])} failed: {proc.stderr.strip()}")
-            title = f" — {table.title}" if table.title else ""
-            sections.append(f"## {horizon.max_iters} steps{title}\n\n```bash\n{shlex.join(['python', *cmd])}\n"
-                            f"```\n\n{proc.stdout.strip()}\n")
+    for table in study.tables:
+        cmd = table_command(study, table, arms)
+        proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True)
+        if proc.returncode:
+            raise StudyError(f"{shlex.join(['python', *cmd])} failed: {proc.stderr.strip()}")
+        title = f": {table.title}" if table.title else ""
+        sections.append(f"## {table.horizon} steps{title}\n\n```bash\n{shlex.join(['python', *cmd])}\n"
+                        f"```\n\n{proc.stdout.strip()}\n")
     with atomic_write(os.path.join(study.results_dir, "TABLES.md")) as f:
         f.write("\n".join(sections))
 
 
 def record(study, stages):
-    """RESULTS_DIR/study.json: every choice and the val losses it was based on."""
+    """RESULTS_DIR/study.json: every choice and the val losses it was based on (a diverged run's as null)."""
+    finite = lambda losses: {str(k): v if v is None or math.isfinite(v) else None for k, v in losses.items()}  # noqa: E731
     write_json(os.path.join(study.results_dir, "study.json"), {
         "study": study.path, "key": study.key, "tuning_seed": study.tuning_seed,
-        "held_out_seeds": study.held_out_seeds, "vary_data_order": study.vary_data_order,
-        "horizons": {str(h.max_iters): {a.name: {
-            "grid": s.values, "tuning_val_loss": s.tuning, "widening": s.widening, "chosen": s.chosen,
-            "held_out_val_loss": {str(k): v for k, v in s.held_out.items()}} for a, s in arms.items()}
-            for h, arms in stages.items()}})
+        "vary_data_order": study.vary_data_order,
+        "horizons": {str(max_iters): {name: {
+            "grid": s.values, "tuning_val_loss": finite(s.tuning), "chosen": s.chosen,
+            "widening": [{**w, "because": finite(w["because"])} for w in s.widening],
+            "held_out_val_loss": finite(s.held_out)} for name, s in arms.items()}
+            for max_iters, arms in stages.items()}})
 
 
 def run(study):
     """Run the protocol to its end (or until submitted jobs must finish first); then write the tables."""
     while True:
-        stages = {h: {a: advance(study, a, h) for a in study.arms} for h in study.horizons}
-        pending = [(h, a, s) for h, arms in stages.items() for a, s in arms.items() if s.todo]
+        stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
+        pending = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
+                   if stages[h.max_iters][a.name].todo]
         os.makedirs(study.results_dir, exist_ok=True)
         record(study, stages)
         if not pending:
