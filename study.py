@@ -106,6 +106,7 @@ class Study:
     tables: list  # Table
     peak_flops: float
     mfu: float
+    seconds_per_step: float  # the cost of a step where no run of the study has finished yet; 0 = from FLOPs
 
 
 def _take(table, key, kind, where, default=None):
@@ -208,10 +209,11 @@ def load_study(path):
     cost = _take(raw, "cost", dict, path, {})
     peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
     mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
+    per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
     _no_more(cost, f"{path} [cost]")
     _no_more(raw, path)
     study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seed, vary, horizons,
-                  launcher, tables, peak, mfu)
+                  launcher, tables, peak, mfu, per_step)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
         for horizon in (h for h in horizons if arm.name in h.arms):
             try:
@@ -354,6 +356,8 @@ def estimated_seconds(study, arm, horizon, n_runs):
     per_step = seconds_per_step(run_dirs_of(study))
     if per_step is not None:
         return n_runs * horizon.max_iters * per_step, "measured"
+    if study.seconds_per_step:
+        return n_runs * horizon.max_iters * study.seconds_per_step, "given"
     cfg = arm_config(study, arm, horizon, {study.key: (arm.grid or study.grid)[0], "seed": study.tuning_seed})
     # imported here: only a study with no finished run needs the model
     import torch
@@ -404,9 +408,15 @@ def plan(study):
     done = sum(os.path.isfile(os.path.join(d, "metrics.jsonl")) for d in run_dirs_of(study))
     print(f"\n{done} run directories exist; at least {left} run(s) left", end="")
     if left:
-        basis = ("the median measured time per step of the finished runs" if how == {"measured"} else
-                 f"FLOPs at {study.peak_flops / 1e12:.0f} TFLOP/s x MFU {study.mfu:.0%} per GPU (the study's [cost])")
-        print(f", about {seconds / 3600:.1f} device-hours ({basis}; widening may add runs)")
+        basis = {"measured": "the median measured time per step of the study's finished runs",
+                 "given": f"{study.seconds_per_step} s per step, the study's [cost] seconds_per_step",
+                 "flops": f"its FLOPs at {study.peak_flops / 1e12:.0f} TFLOP/s and {study.mfu:.0%} MFU per GPU, "
+                          f"the study's [cost]"}
+        # FLOPs give GPU time; a measured step is the wall time of one run, whatever its devices
+        unit = ("GPU-hours" if how == {"flops"} else
+                "run-hours (one run at a time; the wall time divides by the runs in parallel)")
+        print(f", about {seconds / 3600:.1f} {unit}, from {' and '.join(basis[k] for k in sorted(how))} "
+              f"(widening may add runs)")
     else:
         print()
     return left
