@@ -6,10 +6,10 @@ import os
 from dataclasses import asdict
 
 import pytest
+from test_results import TABLES, printed_table
 
 import study
 from helpers import REPO, run_script
-from test_results import TABLES, printed_table
 from nonlinear_queries.train_config import TrainConfig
 
 TOML = """
@@ -113,7 +113,8 @@ def test_a_bad_study_file_is_one_error_naming_the_key(tmp_path, edit, message):
 
 def test_the_committed_ablations_are_all_done():
     proc = run_script("study.py", "studies/ablations.toml", "--dry_run")
-    assert proc.stdout.count(", 0 run(s) left") == 14 and "101 run directories exist; at least 0 run(s) left" in proc.stdout
+    assert proc.stdout.count(", 0 run(s) left") == 14  # 11 arms at 1000 steps, 3 at 3000
+    assert "101 run directories exist; at least 0 run(s) left" in proc.stdout
     # the widening as it was done by hand: the QK-norm baseline twice down, identity twice up
     assert ("baseline_qk_norm: tuning 5/5 done, held-out 5/5 done, chosen learning_rate=7.5e-4; 0 run(s) left "
             "(widened: 7.5e-4, 3.75e-4)") in proc.stdout
