@@ -8,7 +8,7 @@ import pytest
 import torch
 import train_speed
 
-from conftest import markdown_table, run_script
+from helpers import markdown_table, run_script
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
 

@@ -16,7 +16,7 @@ from matplotlib.colors import to_rgba
 from scipy import stats
 
 import compare
-from conftest import REPO, run_script
+from helpers import REPO, run_script
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.train_config import TrainConfig
 

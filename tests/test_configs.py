@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import REPO, markdown_table, run_script
+from helpers import REPO, markdown_table, run_script
 from nonlinear_queries.configurator import read_config_file
 
 TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)

@@ -40,7 +40,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, last_logged_step, read_metrics, run_script
+from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.optimizers import configure_optimizers
 

@@ -22,7 +22,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-from conftest import run_script
+from helpers import run_script
 from nonlinear_queries.corpus import DataError, load_hub_documents, load_local_documents, prepare
 from nonlinear_queries.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 

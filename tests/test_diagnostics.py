@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 import analyze
 import compare
-from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
+from helpers import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, rope_angles
 from nonlinear_queries.checkpoint import load_checkpoint_file
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file

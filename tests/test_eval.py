@@ -15,7 +15,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from conftest import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
+from helpers import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
 from model import GPT, GPTConfig
 from nonlinear_queries.downstream import GPTLM
 from nonlinear_queries.pretrained import export

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
-from conftest import losses_by_step as losses
-from conftest import train as train_tiny
-from conftest import val_losses_by_step as evals
+from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
+from helpers import losses_by_step as losses
+from helpers import train as train_tiny
+from helpers import val_losses_by_step as evals
 from nonlinear_queries.batches import index_file
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps

@@ -4,7 +4,7 @@ summary holds every step and the numbers read from the bench scripts' tables."""
 import re
 
 import gpu
-from conftest import run_script
+from helpers import run_script
 
 TINY = [
     "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512", "--rounds=2",

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, train, val_losses_by_step
+from helpers import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, train, val_losses_by_step
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, model_config_keys, rope_angles
 from nonlinear_queries.configurator import read_config_file
 from nonlinear_queries.optimizers import build_optimizers, muon_parameters, set_learning_rates

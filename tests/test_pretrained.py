@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import TINY, losses_by_step, read_metrics, run_script, train
+from helpers import TINY, losses_by_step, read_metrics, run_script, train
 from model import GPT, GPTConfig
 from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
 

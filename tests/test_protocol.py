@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
+from helpers import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.batches import get_batch, index_file, open_tokens
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file

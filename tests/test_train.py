@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
+from helpers import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
 from nonlinear_queries.batches import index_file, row_offsets
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.train_config import TrainConfig
