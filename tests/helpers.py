@@ -1,5 +1,6 @@
 """Helpers shared by the tests: the tiny training run, running the repo's programs as a user
-would, and readers of what a run writes (metrics.jsonl, markdown tables, .wandb files).
+would, readers of what a run writes (metrics.jsonl, markdown tables, .wandb files), and the
+hand-written references the model is held to (random parameters, causal attention written out).
 tests/conftest.py keeps the fixtures and the environment every test runs in."""
 
 import json
@@ -7,6 +8,8 @@ import os
 import struct
 import subprocess
 import sys
+
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,3 +112,63 @@ def read_wandb_history(run_file):
                 rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                              for item in record.history.item})
     return rows
+
+
+def randomize(module, seed=0, biases=True):
+    """Give every parameter of `module` random values from `seed`, so that nothing is trivially 1 or 0:
+    matrices N(0, 0.3^2), norm weights 1 + N(0, 0.3^2), biases N(0, 0.05^2) (constant over positions, large
+    ones would swamp what differs from token to token), or zero with biases=False. Drawn in each
+    parameter's dtype. Returns the module."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05 if biases else torch.zeros_like(p))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    return module
+
+
+def reference_attention_logits(attn, x, q, scale, qk_norm=False, rope_theta=None):
+    """The attention logits of one model.py attention layer (CausalSelfAttention) written out from
+    its weights, independently of its forward: keys and values x W_K, x W_V from c_kv (its bias
+    included); with qk_norm, q and k RMS-normalized per head (eps 1e-5) with q_norm's and k_norm's
+    weights; with rope_theta, each head's dimension pairs (i, i + head_dim/2) turned as complex
+    numbers by position * rope_theta^(-2i/head_dim) radians (RoPE); with grouped-query attention,
+    each key/value head repeated for its n_head / n_kv_head query heads; then q k^T * scale, the
+    future masked to -inf.
+
+    x, q: (B, T, C), q being the query the caller writes out (for res_gelu, paper eq. 2-3's
+    Q = (x + f(x)) / 2 with scale 1/sqrt(head_dim)). Returns logits (B, n_head, T, T) and
+    v (B, n_head, T, head_dim)."""
+    B, T, C = x.shape
+    H, Hkv = attn.n_head, attn.n_kv_head
+    D = C // H
+    k, v = torch.nn.functional.linear(x, attn.c_kv.weight, attn.c_kv.bias).split(Hkv * D, dim=2)
+    q = q.view(B, T, H, D).transpose(1, 2)
+    k, v = (t.view(B, T, Hkv, D).transpose(1, 2) for t in (k, v))
+    if qk_norm:
+        q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.q_norm.weight
+        k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.k_norm.weight
+    if rope_theta is not None:
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * rope_theta ** -(torch.arange(0, D, 2) / D)
+        turn = torch.polar(torch.ones_like(angle), angle)
+
+        def rotate(t):
+            z = torch.complex(t[..., : D // 2], t[..., D // 2 :])
+            z = z * turn.to(z.dtype)
+            return torch.cat([z.real, z.imag], dim=-1)
+
+        q, k = rotate(q), rotate(k)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    future = ~torch.ones(T, T, dtype=torch.bool).tril()
+    return (q @ k.transpose(-2, -1) * scale).masked_fill(future, -torch.inf), v
+
+
+def reference_attention(attn, x, q, scale, qk_norm=False, rope_theta=None):
+    """Causal softmax attention of one model.py attention layer written out: softmax of
+    reference_attention_logits (same arguments) times v, heads joined, then c_proj.
+    x, q: (B, T, C) -> (B, T, C)."""
+    B, T, C = x.shape
+    logits, v = reference_attention_logits(attn, x, q, scale, qk_norm, rope_theta)
+    return attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, T, C))

@@ -16,12 +16,11 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.nn import functional as F
 
 import analyze
 import compare
-from helpers import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
-from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, rope_angles
+from helpers import ONE_THREAD, REPO, TINY, read_metrics, reference_attention_logits, run_script, train
+from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.checkpoint import load_checkpoint_file
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
 from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
@@ -93,15 +92,9 @@ def test_logits_norms_and_weight_norms_equal_a_direct_computation(mode, config):
                 found["key_norm"].append(k.norm(dim=-1).flatten())
                 scale = 0.5 / math.sqrt(hd) if mode == "res_gelu" else 1 / math.sqrt(hd)  # res_gelu's halved q
                 if model.config.qk_norm:
-                    q = F.rms_norm(q, (hd,), attn.q_norm.weight, 1e-5)
-                    k = F.rms_norm(k, (hd,), attn.k_norm.weight, 1e-5)
                     scale = 1 / math.sqrt(hd)
-                if rope is not None:
-                    cos, sin = rope_angles(hd, torch.arange(T), model.config.rope_theta)
-                    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-                k = k[:, [h_ * n_kv // n_head for h_ in range(n_head)]]  # query head h meets key head h // group
-                logits = torch.einsum("bhid,bhjd->bhij", q, k) * scale
-                logits = logits.masked_fill(torch.ones(T, T).triu(1).bool(), -math.inf)
+                rope_theta = model.config.rope_theta if rope is not None else None
+                logits, _ = reference_attention_logits(attn, h, attn.query(h), scale, model.config.qk_norm, rope_theta)
                 p = logits.softmax(-1)
                 found["attn_logit_max"].append(logits.max().reshape(1))
                 found["attn_logit_mean_max"].append(logits.max(-1).values.flatten())
