@@ -19,10 +19,10 @@ from torch.distributed.tensor import DTensor
 
 import analyze
 import compare
-from helpers import ONE_THREAD, REPO, TINY, read_metrics, reference_attention_logits, run_script, train
+from helpers import ONE_THREAD, TINY, read_metrics, reference_attention_logits, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.checkpoint import load_checkpoint_file
-from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
 from nonlinear_queries.runlog import RunLog
 from nonlinear_queries.runtime import parallelize, setup
@@ -190,6 +190,7 @@ def same(a, b):
     return a == b
 
 
+@pytest.mark.slow
 def test_training_is_identical_with_diagnostics_on_and_off_and_checkpoint_mode_agrees(shakespeare_dir, tmp_path):
     # RoPE + GQA, res_gelu, and dropout, whose masks would move if the diagnostics drew random numbers
     args = ["--max_iters=4", "--eval_interval=2", "--query_mode=res_gelu", "--pos_encoding=rope", "--n_kv_head=1",
@@ -262,6 +263,7 @@ def test_compare_reads_diag_records_and_pools_runs_with_diagnostics_on_and_off(r
     assert compare.load_run(runs[0]).diags[100]["attn_logit_max"] == [2.0, 4.0]
 
 
+@pytest.mark.slow
 def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
     out = run_analyze(*runs, "--format=csv")
     table = {(r["run"], r["diagnostic"]): r for r in csv.DictReader(io.StringIO(out))}
@@ -293,12 +295,6 @@ def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
     assert heat.get_clim() == fig.axes[len(names) + 2].images[0].get_clim() == (1.0, 5.0)  # one color scale
     with pytest.raises(SystemExit, match="--step=50 is not a diag step"):
         run_analyze(*runs, "--step=50")
-
-
-def test_the_qk_norm_arm_differs_from_the_mini_baseline_only_in_qk_norm():
-    base, arm = (read_config_file(os.path.join(REPO, "config", "mini", f"{name}.py"))
-                 for name in ("baseline", "baseline_qk_norm"))
-    assert {k for k in {**base, **arm} if base.get(k) != arm.get(k)} == {"out_dir", "qk_norm"} and arm["qk_norm"]
 
 
 def test_an_fsdp_sharded_model_gives_the_same_diagnostics():

@@ -117,6 +117,7 @@ def one_process(shakespeare_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakespeare_dir, one_process, tmp_path):
     # two processes shard the model; SIGKILL to every process while they write the checkpoint of step 8,
     # so the steps since the checkpoint of step 4 are lost

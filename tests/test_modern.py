@@ -278,6 +278,7 @@ def test_one_step_equals_torch_muon_and_adamw_applied_by_hand():
 # through train.py: resume, torchrun, a real run
 
 
+@pytest.mark.slow
 def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tmp_path):
     run = [*MODERN_ARGS, "--query_mode=res_gelu", "--lr_decay_iters=6", "--eval_interval=3"]
     train(shakespeare_dir, tmp_path / "unbroken", *run, "--max_iters=6", env=ONE_THREAD)
@@ -299,6 +300,7 @@ def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tm
     assert proc.returncode == 1 and "holds 2 optimizer states but this config builds 1 (AdamW)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_with_muon(shakespeare_dir, tmp_path):
     run = [*MODERN_ARGS, "--query_mode=res_gelu", "--batch_size=2", "--gradient_accumulation_steps=4",
            "--max_iters=3", "--eval_interval=3"]
@@ -327,6 +329,7 @@ def test_two_processes_train_like_one_with_muon(shakespeare_dir, tmp_path):
     assert abs(val_losses_by_step(tmp_path / "one")[3] - val_losses_by_step(tmp_path / "two")[3]) <= 5e-5
 
 
+@pytest.mark.slow
 def test_tiny_modern_recipe_run_lowers_the_val_loss(shakespeare_dir, tmp_path):
     # 60 steps of 4 x 32 GPT-2 tokens. Measured: 6.96 here; the GPT-2 recipe (learned positions,
     # LayerNorm, GELU, tied head, AdamW at the same 1e-2) reaches 7.08 on the same batches

@@ -123,6 +123,7 @@ def test_export_of_what_gpt2_cannot_hold_writes_this_repos_format(tmp_path, vari
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_export_script(tmp_path):
     save_run(randomize(GPT(GPTConfig(**SMALL)), 5).eval(), tmp_path / "linear")
     save_run(randomize(GPT(GPTConfig(**SMALL, query_mode="res_gelu")), 5).eval(), tmp_path / "res_gelu")
@@ -319,6 +320,7 @@ def test_corrupt_and_foreign_files(tmp_path):
 # train.py and sample.py with --init_from=SOURCE
 
 
+@pytest.mark.slow
 def test_fine_tune_a_gpt2_directory_with_the_anchored_query_then_resume_and_sample(shakespeare_dir, tmp_path):
     # a random GPT-2 with the real vocabulary (Shakespeare's BPE tokens), saved as Hugging Face saves it
     hf = hf_gpt2(3, n_positions=32, vocab_size=50257, bos_token_id=50256, eos_token_id=50256)
@@ -347,6 +349,7 @@ def test_fine_tune_a_gpt2_directory_with_the_anchored_query_then_resume_and_samp
     assert f"loaded {tmp_path / 'hf'}, query_mode=linear" in proc.stdout and "ROMEO." in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, message", [
     ("gpt2", "gpt2 is not in the local Hugging Face cache"),
     ("not-gpt2", "describes model_type='llama': expected a Hugging Face GPT-2"),
