@@ -29,7 +29,7 @@ from dataclasses import fields
 
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.runlog import read_metrics
+from nonlinear_queries.runs import run_status
 from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -61,19 +61,6 @@ def parse_grid(specs):
 def point_name(point):
     """Directory name of a grid point [(key, raw value)]: 'learning_rate=2e-3,seed=1'."""
     return ",".join(f"{k}={v.replace('/', '-')}" for k, v in point)
-
-
-def point_status(out_dir, max_iters):
-    """'done', 'diverged at step k', 'resume' (a checkpoint to continue from), or 'new'."""
-    metrics = os.path.join(out_dir, "metrics.jsonl")
-    if os.path.isfile(metrics):
-        records = read_metrics(metrics, warn=False)  # a damaged line is compare.py's to report, not a status
-        diverged = [r["step"] for r in records if r["type"] == "diverged"]
-        if diverged:
-            return f"diverged at step {diverged[-1]}"
-        if any(r["type"] == "eval" and r["step"] == max_iters for r in records):
-            return "done"
-    return "resume" if any(os.path.exists(os.path.join(out_dir, n)) for n in ("ckpt.pt", "ckpt.dcp")) else "new"
 
 
 def write_record(sweep_dir, argv, statuses):
@@ -124,7 +111,7 @@ def main(argv):
     for i, (point, cfg) in enumerate(zip(points, configs)):
         name = point_name(point)
         out_dir = os.path.join(sweep_dir, name)
-        status = point_status(out_dir, cfg.max_iters)
+        status = run_status(out_dir, cfg.max_iters)
         if status == "done" or status.startswith("diverged"):
             statuses[name] = status
             print(f"[{i + 1}/{len(points)}] {name}: {status}, skipped")
@@ -140,7 +127,7 @@ def main(argv):
         child = subprocess.Popen(cmd)
         code = child.wait()
         child = None
-        statuses[name] = point_status(out_dir, cfg.max_iters)
+        statuses[name] = run_status(out_dir, cfg.max_iters)
         write_record(sweep_dir, argv, statuses)
         if code not in (0, 3) or (code == 0 and statuses[name] != "done"):
             if stop or code == 0:
