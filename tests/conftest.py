@@ -1,121 +1,17 @@
-import json
 import os
-import struct
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from helpers import run_script
 
 # tests never touch the network: datasets and huggingface_hub read these at import time
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["WANDB_MODE"] = "offline"
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 # the GPU suite (bench/gpu.py runs it) is collected only where there is a GPU
 collect_ignore = [] if torch.cuda.is_available() else ["test_cuda.py"]
-
-# Multithreaded CPU kernels may sum in another order when the machine is loaded: runs that
-# are compared across processes, bit for bit or to 1e-6, use one thread.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-# A tiny model that still uses the real GPT-2 vocabulary and real Shakespeare tokens.
-TINY = [
-    "--dataset=shakespeare", "--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2",
-    "--n_embd=32", "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1",
-    "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=1e-3",
-]
-
-
-def run_script(script, *args, check=True, env=None, cwd=REPO):
-    """Run a repo script (a path from the repo root, or "-m MODULE") with this interpreter, as a
-    user would; returns the CompletedProcess (text output). check=True raises with the script's
-    output if it exits non-zero."""
-    command = script.split() if script.startswith("-m ") else [os.path.join(REPO, script)]
-    proc = subprocess.run(
-        [sys.executable, *command, *args],
-        cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def train(data_dir, out_dir, *args, check=True, env=None):
-    """train.py on the TINY model with data_dir's tokens into out_dir, then `args`; env (e.g.
-    ONE_THREAD, for runs compared with other runs to 1e-6) is added to the environment.
-    Returns the CompletedProcess (see run_script)."""
-    return run_script("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args, check=check,
-                      env=env)
-
-
-def read_metrics(out_dir, kind=None):
-    """Records of out_dir/metrics.jsonl, optionally only those of one type."""
-    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    return [r for r in records if kind is None or r["type"] == kind]
-
-
-def last_logged_step(out_dir):
-    """The last train step in out_dir/metrics.jsonl while a run is writing it (0 before the first);
-    a line not yet finished is left out."""
-    path = os.path.join(out_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.endswith("\n")]
-    return max([r["step"] for r in records if r["type"] == "train"], default=0)
-
-
-def losses_by_step(out_dir):
-    """{step: logged training loss} of a run (a resumed run's later record of a step wins)."""
-    return {r["step"]: r["loss"] for r in read_metrics(out_dir, "train")}
-
-
-def val_losses_by_step(out_dir):
-    """{step: val loss} of a run's evaluations."""
-    return {r["step"]: r["val_loss"] for r in read_metrics(out_dir, "eval")}
-
-
-def markdown_table(stdout, first_header):
-    """{first cell: {header: cell}} of the markdown table in stdout whose header row starts
-    with `first_header`; the rows of the table up to the first line that is not one."""
-    lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
-    headers = [c.strip() for c in lines[start].split("|")[1:-1]]
-    table = {}
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        table[cells[0]] = dict(zip(headers, cells))
-    return table
-
-
-def read_wandb_history(run_file):
-    """History rows of a .wandb file: W&B's 7-byte header, then LevelDB-log-format records
-    (crc32, length, type; 32 KiB blocks) holding protobuf `Record`s."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = open(run_file, "rb").read()
-    pos, rows, pending = 7, [], b""
-    while pos + 7 <= len(data):
-        block_left = 32768 - pos % 32768
-        if block_left < 7:
-            pos += block_left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST
-            record = pb.Record.FromString(pending)
-            pending = b""
-            if record.HasField("history"):
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
 
 
 @pytest.fixture(scope="session")

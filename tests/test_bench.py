@@ -8,11 +8,12 @@ import pytest
 import torch
 import train_speed
 
-from conftest import markdown_table, run_script
+from helpers import markdown_table, run_script
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
 
 
+@pytest.mark.slow
 def test_train_speed_table_has_every_variant_against_linear():
     out = run_script("bench/train_speed.py", *TINY_MODEL, "--block_size=16", "--batch_size=2", "--rounds=2",
                      "--warmup=1", "--unfused").stdout
@@ -25,6 +26,7 @@ def test_train_speed_table_has_every_variant_against_linear():
     assert "command: python bench/train_speed.py --device=cpu" in out
 
 
+@pytest.mark.slow
 def test_train_speed_modern_recipe_is_config_modern_with_its_optimizers():
     options, _ = train_speed.recipe("modern")
     assert options == {"pos_encoding": "rope", "norm": "rmsnorm", "mlp_activation": "relu2", "qk_norm": True,
@@ -40,6 +42,7 @@ def test_train_speed_modern_recipe_is_config_modern_with_its_optimizers():
     assert list(markdown_table(out, "variant")) == ["linear", "res_gelu"] and "modern recipe" in out
 
 
+@pytest.mark.slow
 def test_sample_speed_cached_generation_gives_the_same_tokens():
     out = run_script("bench/sample_speed.py", *TINY_MODEL, "--new_tokens=24", "--prompt_len=4").stdout
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines() if line.startswith("| ")]
@@ -49,6 +52,7 @@ def test_sample_speed_cached_generation_gives_the_same_tokens():
     assert all(r["same tokens"] == "yes" for r in rows)
 
 
+@pytest.mark.slow
 def test_data_speed_tokenizes_the_same_tokens_with_any_number_of_workers():
     out = run_script("bench/data_speed.py", "--device=cpu", "--copies=1", "--fetch_gib=0.01", "--fetches=5",
                      "--workers=1,2").stdout
@@ -62,6 +66,7 @@ def test_data_speed_tokenizes_the_same_tokens_with_any_number_of_workers():
     assert seconds > 0 and peak_mib > 100 and file_mib == 220
 
 
+@pytest.mark.slow
 def test_diag_cost_gives_the_diagnostics_share_of_an_evaluation():
     out = run_script("bench/diag_cost.py", *TINY_MODEL, "--block_size=16", "--batch_size=2", "--eval_iters=10",
                      "--rounds=2").stdout

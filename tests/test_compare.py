@@ -15,7 +15,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from scipy import stats
 
-from conftest import REPO, run_script
+from helpers import REPO, run_script
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.plots import loss_curves
 from nonlinear_queries.runs import load_run, make_groups

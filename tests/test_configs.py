@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import REPO, markdown_table, run_script
+from helpers import REPO, markdown_table, run_script
 from nonlinear_queries.configurator import read_config_file
 
 TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)
@@ -47,6 +47,7 @@ def params_table():
     return markdown_table(run_script("bench/params.py").stdout, "config")
 
 
+@pytest.mark.slow
 def test_params_table_shows_spec_counts(params_table):
     rows = params_table
     assert rows["baseline"]["non-emb"] == "84,953,856"
@@ -67,6 +68,7 @@ GPT3 = {  # Brown et al. 2020, Table 2.1: (n_layer, n_embd, n_head, lr); XL's 24
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", GPT3)
 def test_gpt3_configs_and_their_parameter_counts(params_table, size):
     layers, d, heads, lr = GPT3[size]

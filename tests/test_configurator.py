@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
 from nonlinear_queries.train_config import TrainConfig
 

@@ -40,7 +40,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, last_logged_step, read_metrics, run_script
+from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.optimizers import configure_optimizers
 
@@ -110,6 +110,7 @@ def rel_err(a, b):
 # training with bf16 autocast and torch.compile
 
 
+@pytest.mark.slow
 def test_bf16_compiled_training_lowers_val_loss_on_shakespeare(shakespeare_tokens, tmp_path):
     out = tmp_path / "out"
     run_script("train.py", "--dataset=shakespeare", f"--data_dir={shakespeare_tokens}", f"--out_dir={out}",
@@ -235,6 +236,7 @@ def max_gap(run, reference, steps):
     return max(abs(run[s] - reference[s]) for s in steps)
 
 
+@pytest.mark.slow
 def test_torchrun_stops_on_sigterm_and_resumes_on_track(shakespeare_tokens, tmp_path):
     # GPU kernels are not bitwise deterministic (atomic adds in the embedding and attention
     # backward, and inductor's scatter kernels, sum in a varying order), so two runs of the

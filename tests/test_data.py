@@ -22,7 +22,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
-from conftest import run_script
+from helpers import run_script
 from nonlinear_queries.corpus import DataError, load_hub_documents, load_local_documents, prepare
 from nonlinear_queries.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 
@@ -280,6 +280,7 @@ def test_hub_falls_back_to_parquet_export_for_script_repos(monkeypatch, capsys):
 # the scripts, as a user runs them
 
 
+@pytest.mark.slow
 def test_openwebtext_cli_errors(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"content": "no text field"}) + "\n")
@@ -297,6 +298,7 @@ def test_openwebtext_cli_errors(tmp_path):
     assert not (tmp_path / "out" / "meta.json").exists()
 
 
+@pytest.mark.slow
 def test_openwebtext_cli_local_input(tmp_path):
     paths = write_inputs(tmp_path, "parquet")
     out_dir = tmp_path / "owt"
@@ -308,6 +310,7 @@ def test_openwebtext_cli_local_input(tmp_path):
     assert f"train.bin: {meta['train_tokens']:,} tokens" in result.stdout
 
 
+@pytest.mark.slow
 def test_shakespeare_prepare(tmp_path):
     out_dir = tmp_path / "shakespeare"
     result = run_prepare("data/shakespeare/prepare.py", ["--out_dir", str(out_dir), "--num_proc", "2"], tmp_path)

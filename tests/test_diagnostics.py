@@ -16,13 +16,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.nn import functional as F
 
 import analyze
-from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
-from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, rope_angles
+from helpers import ONE_THREAD, TINY, read_metrics, reference_attention_logits, run_script, train
+from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.checkpoint import load_checkpoint_file
-from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.runlog import RunLog
@@ -94,15 +93,9 @@ def test_logits_norms_and_weight_norms_equal_a_direct_computation(mode, config):
                 found["key_norm"].append(k.norm(dim=-1).flatten())
                 scale = 0.5 / math.sqrt(hd) if mode == "res_gelu" else 1 / math.sqrt(hd)  # res_gelu's halved q
                 if model.config.qk_norm:
-                    q = F.rms_norm(q, (hd,), attn.q_norm.weight, 1e-5)
-                    k = F.rms_norm(k, (hd,), attn.k_norm.weight, 1e-5)
                     scale = 1 / math.sqrt(hd)
-                if rope is not None:
-                    cos, sin = rope_angles(hd, torch.arange(T), model.config.rope_theta)
-                    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-                k = k[:, [h_ * n_kv // n_head for h_ in range(n_head)]]  # query head h meets key head h // group
-                logits = torch.einsum("bhid,bhjd->bhij", q, k) * scale
-                logits = logits.masked_fill(torch.ones(T, T).triu(1).bool(), -math.inf)
+                rope_theta = model.config.rope_theta if rope is not None else None
+                logits, _ = reference_attention_logits(attn, h, attn.query(h), scale, model.config.qk_norm, rope_theta)
                 p = logits.softmax(-1)
                 found["attn_logit_max"].append(logits.max().reshape(1))
                 found["attn_logit_mean_max"].append(logits.max(-1).values.flatten())
@@ -198,6 +191,7 @@ def same(a, b):
     return a == b
 
 
+@pytest.mark.slow
 def test_training_is_identical_with_diagnostics_on_and_off_and_checkpoint_mode_agrees(shakespeare_dir, tmp_path):
     # RoPE + GQA, res_gelu, and dropout, whose masks would move if the diagnostics drew random numbers
     args = ["--max_iters=4", "--eval_interval=2", "--query_mode=res_gelu", "--pos_encoding=rope", "--n_kv_head=1",
@@ -270,6 +264,7 @@ def test_compare_reads_diag_records_and_pools_runs_with_diagnostics_on_and_off(r
     assert load_run(runs[0]).diags[100]["attn_logit_max"] == [2.0, 4.0]
 
 
+@pytest.mark.slow
 def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
     out = run_analyze(*runs, "--format=csv")
     table = {(r["run"], r["diagnostic"]): r for r in csv.DictReader(io.StringIO(out))}
@@ -301,12 +296,6 @@ def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
     assert heat.get_clim() == fig.axes[len(names) + 2].images[0].get_clim() == (1.0, 5.0)  # one color scale
     with pytest.raises(SystemExit, match="--step=50 is not a diag step"):
         run_analyze(*runs, "--step=50")
-
-
-def test_the_qk_norm_arm_differs_from_the_mini_baseline_only_in_qk_norm():
-    base, arm = (read_config_file(os.path.join(REPO, "config", "mini", f"{name}.py"))
-                 for name in ("baseline", "baseline_qk_norm"))
-    assert {k for k in {**base, **arm} if base.get(k) != arm.get(k)} == {"out_dir", "qk_norm"} and arm["qk_norm"]
 
 
 def test_an_fsdp_sharded_model_gives_the_same_diagnostics():

@@ -15,7 +15,7 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from conftest import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
+from helpers import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
 from model import GPT, GPTConfig
 from nonlinear_queries.downstream import GPTLM
 from nonlinear_queries.pretrained import export
@@ -179,6 +179,7 @@ def closed_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["unknown task", "missing file", "unreachable hub"])
 def test_task_errors(assets, tmp_path, case):
     _, model_dir, _ = assets
@@ -201,6 +202,7 @@ def test_task_errors(assets, tmp_path, case):
         assert time.time() - t0 < 30  # no retries against the hub (datasets retries for ~25 s)
 
 
+@pytest.mark.slow
 def test_eval_tasks_during_training(shakespeare_dir, assets, tmp_path):
     _, _, tasks_dir = assets
     args = ["--max_iters=3", "--eval_interval=2"]

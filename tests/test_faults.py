@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
-from conftest import losses_by_step as losses
-from conftest import train as train_tiny
-from conftest import val_losses_by_step as evals
+from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
+from helpers import losses_by_step as losses
+from helpers import train as train_tiny
+from helpers import val_losses_by_step as evals
 from nonlinear_queries.batches import index_file
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
@@ -84,6 +84,7 @@ def unbroken(shakespeare_dir, tmp_path_factory):
 # torchrun
 
 
+@pytest.mark.slow
 def test_two_processes_train_on_the_same_tokens_as_one(shakespeare_dir, tmp_path):
     # the global batch is 4 micro-batches of 2 sequences: 4 micro-steps in one process,
     # 2 per rank in two; dropout on, so its masks must not depend on the process count either
@@ -125,6 +126,7 @@ def test_two_processes_train_on_the_same_tokens_as_one(shakespeare_dir, tmp_path
 # kills and signals
 
 
+@pytest.mark.slow
 def test_sigkill_between_checkpoints_loses_only_the_steps_since_the_last_one(shakespeare_dir, unbroken, tmp_path):
     out = tmp_path / "out"
     proc = start_training(shakespeare_dir, out, "--max_iters=1000")
@@ -138,6 +140,7 @@ def test_sigkill_between_checkpoints_loses_only_the_steps_since_the_last_one(sha
     assert_same_run(out, unbroken, from_step=saved)
 
 
+@pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_and_exits_zero(shakespeare_dir, unbroken, tmp_path):
     out = tmp_path / "out"
     proc = start_training(shakespeare_dir, out, "--max_iters=1000")
@@ -157,6 +160,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_zero(shakespeare_dir, unbroken, t
     assert_same_run(out, unbroken, from_step=saved)
 
 
+@pytest.mark.slow
 def test_kill_during_the_checkpoint_write_leaves_the_previous_checkpoint(shakespeare_dir, tmp_path):
     # a model whose checkpoint takes most of a second to write (173 MB), killed as soon as
     # the temp file of its second checkpoint appears
@@ -183,6 +187,7 @@ def test_kill_during_the_checkpoint_write_leaves_the_previous_checkpoint(shakesp
 # checkpoint files, and resume's refusals
 
 
+@pytest.mark.slow
 def test_step_checkpoints_and_a_corrupt_checkpoint(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=8", "--eval_interval=2", "--keep_last_n=2",
@@ -241,6 +246,7 @@ DAMAGE = {  # what is changed, and how
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damaged, change", [
     ("train.bin", "(same size, different contents)"),
     ("val.bin", "(size {size:,} bytes, now {grown:,})"),
@@ -269,6 +275,7 @@ def test_resume_refuses_changed_data_or_index(four_steps, tmp_path, damaged, cha
     assert sha256(out / "ckpt.pt") == before  # a refusal writes nothing
 
 
+@pytest.mark.slow
 def test_a_torn_last_line_of_metrics_is_cut_on_resume(four_steps, tmp_path):
     # a crash in the middle of a write (disk full, power cut) left half a record at the end of metrics.jsonl
     out = tmp_path / "out"
@@ -288,6 +295,7 @@ def test_a_torn_last_line_of_metrics_is_cut_on_resume(four_steps, tmp_path):
 # divergence
 
 
+@pytest.mark.slow
 def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=4", "--wandb_log=True")

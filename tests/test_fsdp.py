@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
-from conftest import train as train_tiny
-from conftest import val_losses_by_step as evals
+from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
+from helpers import train as train_tiny
+from helpers import val_losses_by_step as evals
 from model import GPT, GPTConfig
 from nonlinear_queries.checkpoint import CheckpointError, load_training_state, read_checkpoint, save_sharded_checkpoint
 from nonlinear_queries.optimizers import build_optimizers
@@ -117,6 +117,7 @@ def one_process(shakespeare_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakespeare_dir, one_process, tmp_path):
     # two processes shard the model; SIGKILL to every process while they write the checkpoint of step 8,
     # so the steps since the checkpoint of step 4 are lost

@@ -3,8 +3,10 @@ summary holds every step and the numbers read from the bench scripts' tables."""
 
 import re
 
+import pytest
+
 import gpu
-from conftest import run_script
+from helpers import run_script
 
 TINY = [
     "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512", "--rounds=2",
@@ -27,6 +29,7 @@ def markdown_rows(text, first_header):
     return rows
 
 
+@pytest.mark.slow
 def test_summary_holds_every_step_and_the_numbers_of_the_bench_tables(tmp_path):
     log = tmp_path / "gpu.log"
     proc = run_script("bench/gpu.py", *TINY, f"--out={log}")
@@ -50,6 +53,7 @@ def test_summary_holds_every_step_and_the_numbers_of_the_bench_tables(tmp_path):
     assert summary["sample_speed: same tokens with and without the KV cache"][:2] == ["yes", "3 of 3 rows"]
 
 
+@pytest.mark.slow
 def test_a_failing_step_is_reported_and_fails_the_run(tmp_path):
     proc = run_script("bench/gpu.py", "--device=cpu", "--steps=train_speed", "--modes=linear,bogus",
                       f"--out={tmp_path / 'gpu.log'}", check=False)

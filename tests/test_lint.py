@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_ruff_finds_nothing():

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import randomize, reference_attention
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.optimizers import configure_optimizers
 
@@ -58,35 +59,18 @@ def test_res_gelu_query_parameters_are_2dr_plus_2d():
     assert QUERY_MODULES["res_gelu"](cfg).w1.weight.shape == (8, 32)
 
 
-def paper_attention_logits(attn, x):
-    """Direct transcription of eq. 2-3 (arXiv:2603.13381) for one attention layer:
-    Q = (x + f(x)) / 2, f(x) = LN(GELU(RMSNorm(x) W1) W2), logits Q K^T / sqrt(d_head)."""
-    qm = attn.query
-    rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * qm.rms.weight
-    h = 0.5 * (rms @ qm.w1.weight.T) * (1 + torch.erf((rms @ qm.w1.weight.T) / math.sqrt(2)))
-    z = h @ qm.w2.weight.T
-    f = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * qm.ln.weight
-    q = (x + f) / 2
-    k = x @ attn.c_kv.weight[: attn.n_embd].T
-    v = x @ attn.c_kv.weight[attn.n_embd :].T
-    B, T, C = x.shape
-    hs = C // attn.n_head
-    q, k, v = (t.view(B, T, attn.n_head, hs).transpose(1, 2) for t in (q, k, v))
-    logits = q @ k.transpose(-2, -1) / math.sqrt(hs)
-    return logits, v
+def gelu(h):
+    """GELU written out: h Phi(h), Phi the standard normal CDF."""
+    return 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))
 
 
-def randomize(module, seed=0):
-    """Give every parameter (norm weights and biases included) random values so nothing is trivially 1 or 0:
-    norm weights around 1, matrices around 0, biases smaller (constant over positions, large ones would swamp
-    what differs from token to token)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+def reference_f(qm, x, act, norm):
+    """f(x) of eq. 3 written out, with `act` for GELU and the two norms optional."""
+    h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * qm.rms.weight if norm else x
+    z = act(h @ qm.w1.weight.T) @ qm.w2.weight.T
+    if norm:
+        z = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * qm.ln.weight
+    return z
 
 
 def test_res_gelu_equals_direct_transcription_of_eq_2_3():
@@ -95,25 +79,11 @@ def test_res_gelu_equals_direct_transcription_of_eq_2_3():
     randomize(model)
     attn = model.transformer.h[0].attn
     x = torch.randn(3, 16, 32)
-    logits, v = paper_attention_logits(attn, x)
-    mask = torch.ones(16, 16, dtype=torch.bool).tril()
-    y = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1) @ v
-    y = attn.c_proj(y.transpose(1, 2).reshape(3, 16, 32))
+    q = (x + reference_f(attn.query, x, gelu, norm=True)) / 2  # eq. 2, with f(x) of eq. 3
+    y = reference_attention(attn, x, q, 1 / math.sqrt(8))  # the paper's plain scale 1/sqrt(d_head)
     torch.testing.assert_close(attn(x), y, rtol=1e-5, atol=1e-5)
-
-
-def test_half_folded_into_scale_gives_the_same_logits():
-    # (x + f(x))/2 with scale s  ==  x + f(x) with scale s/2 (the official code's form)
-    torch.manual_seed(1)
-    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu"))
-    randomize(model, seed=1)
-    attn = model.transformer.h[1].attn
-    x = torch.randn(2, 16, 32)
-    paper_logits, _ = paper_attention_logits(attn, x)
-    q_folded = attn.query(x).view(2, 16, 4, 8).transpose(1, 2)
-    k = (x @ attn.c_kv.weight[:32].T).view(2, 16, 4, 8).transpose(1, 2)
+    # the model computes x + f(x) and folds the 1/2 into the scale (the official code's form)
     assert attn.scale == pytest.approx(1 / (2 * math.sqrt(8)))
-    torch.testing.assert_close(q_folded @ k.transpose(-2, -1) * attn.scale, paper_logits, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------
@@ -139,21 +109,12 @@ def test_ablation_param_counts(variant, expected):
     assert model.get_num_params() == expected
 
 
-def reference_f(qm, x, act, norm):
-    """f(x) of eq. 3 written out, with `act` for GELU and the two norms optional."""
-    h = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * qm.rms.weight if norm else x
-    z = act(h @ qm.w1.weight.T) @ qm.w2.weight.T
-    if norm:
-        z = (z - z.mean(-1, keepdim=True)) / torch.sqrt(z.var(-1, unbiased=False, keepdim=True) + 1e-5) * qm.ln.weight
-    return z
-
-
 @pytest.mark.parametrize(
     "variant, act",
     [
         (dict(query_mode="res_gelu", query_activation="relu"), lambda h: torch.clamp(h, min=0)),
         (dict(query_mode="res_gelu", query_activation="relu2"), lambda h: torch.clamp(h, min=0) ** 2),
-        (dict(query_mode="res_gelu", query_norm=False), lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))),
+        (dict(query_mode="res_gelu", query_norm=False), gelu),
         (dict(query_mode="res_linear"), lambda h: h),
         (dict(query_mode="res_linear", query_norm=False), lambda h: h),
     ],
@@ -177,13 +138,8 @@ def test_qk_norm_attention_equals_direct_transcription(query_mode):
     randomize(model, seed=4)
     attn = model.transformer.h[0].attn
     x = torch.randn(2, 16, 32)
-    q, k, v = attn.query(x), x @ attn.c_kv.weight[:32].T, x @ attn.c_kv.weight[32:].T
-    q, k, v = (t.view(2, 16, 4, 8).transpose(1, 2) for t in (q, k, v))
-    q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.q_norm.weight
-    k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.k_norm.weight
     # the norm cancels res_gelu's 1/2, so every mode uses the plain 1/sqrt(head_dim)
-    logits = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~torch.ones(16, 16, dtype=torch.bool).tril(), -1e9)
-    y = attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(2, 16, 32))
+    y = reference_attention(attn, x, attn.query(x), 1 / math.sqrt(8), qk_norm=True)
     torch.testing.assert_close(attn(x), y, rtol=1e-5, atol=1e-5)
 
 
@@ -425,15 +381,6 @@ def test_biases_start_at_zero_and_anchored_f_at_zero():
     torch.testing.assert_close(attn.query.f(x), torch.zeros(2, 5, 32))
 
 
-def attention_by_hand(attn, x, q, scale):
-    """Causal softmax(q k^T scale) v through c_proj, with k, v from c_kv: x, q (B, T, C) -> (B, T, C)."""
-    B, T, C = x.shape
-    k, v = F.linear(x, attn.c_kv.weight, attn.c_kv.bias).split(C, dim=2)
-    q, k, v = (t.view(B, T, attn.n_head, C // attn.n_head).transpose(1, 2) for t in (q, k, v))
-    logits = (q @ k.transpose(-2, -1) * scale).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -1e9)
-    return attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, T, C))
-
-
 @pytest.mark.parametrize(
     "variant, query, scale",
     [
@@ -444,8 +391,8 @@ def attention_by_hand(attn, x, q, scale):
         # attn_scale overrides the query module's own scale
         (dict(query_mode="linear", attn_scale=0.3), lambda qm, x: x @ qm.w_q.weight.T, 0.3),
         # the anchored query as its docstring writes it: (x W_Q + f(x)) / 2 with the scale 2 / sqrt(head_dim)
-        (dict(query_mode="anchored_res_gelu"), lambda qm, x: (x @ qm.w_q.weight.T + reference_f(qm, x, lambda h: 0.5 * h
-         * (1 + torch.erf(h / math.sqrt(2))), True)) / 2, 2 / math.sqrt(8)),
+        (dict(query_mode="anchored_res_gelu"), lambda qm, x: (x @ qm.w_q.weight.T + reference_f(qm, x, gelu, True)) / 2,
+         2 / math.sqrt(8)),
     ],
     ids=str,
 )
@@ -455,7 +402,7 @@ def test_query_modes_equal_direct_transcription_with_their_scale(variant, query,
     randomize(model, seed=10)
     attn = model.transformer.h[1].attn
     x = torch.randn(2, 16, 32)
-    torch.testing.assert_close(attn(x), attention_by_hand(attn, x, query(attn.query, x), scale), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attn(x), reference_attention(attn, x, query(attn.query, x), scale), rtol=1e-5, atol=1e-5)
 
 
 def test_mlp_activation_gelu_tanh_is_gpt2_gelu_new():

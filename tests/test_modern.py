@@ -11,7 +11,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, train, val_losses_by_step
+from helpers import (
+    ONE_THREAD,
+    REPO,
+    TINY,
+    losses_by_step,
+    randomize,
+    read_metrics,
+    reference_attention,
+    train,
+    val_losses_by_step,
+)
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, model_config_keys, rope_angles
 from nonlinear_queries.configurator import read_config_file
 from nonlinear_queries.optimizers import build_optimizers, muon_parameters, set_learning_rates
@@ -23,14 +33,6 @@ MODERN = dict(pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True)
 # the recipe on train.py's TINY model (n_head=2: one key/value head is multi-query)
 MODERN_ARGS = ["--pos_encoding=rope", "--n_kv_head=1", "--norm=rmsnorm", "--mlp_activation=relu2",
                "--qk_norm=True", "--tie_weights=False", "--optimizer=muon", "--muon_learning_rate=0.02"]
-
-
-def randomize(model, seed):
-    """Random values for every parameter, norm weights around 1, so that nothing is trivially 1 or 0."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
 
 
 # ---------------------------------------------------------------------------------------
@@ -68,28 +70,6 @@ def test_n_kv_head_equal_to_n_head_is_multi_head_exactly():
         assert torch.equal(mha(idx, idx)[0], same(idx, idx)[0])
 
 
-def attention_by_hand(attn, x, rope_theta):
-    """GQA with RoPE and QK-norm written out: every key/value head repeated for its n_head / n_kv_head
-    query heads, RoPE as complex multiplication of the pairs (i, i + head_dim/2), causal softmax with
-    scale 1/sqrt(head_dim), then c_proj. x (B, T, C) -> (B, T, C)."""
-    B, T, C = x.shape
-    H, Hkv = attn.n_head, attn.n_kv_head
-    D = C // H
-    q = attn.query(x).view(B, T, H, D).transpose(1, 2)
-    k, v = (t.view(B, T, Hkv, D).transpose(1, 2) for t in F.linear(x, attn.c_kv.weight).split(Hkv * D, dim=2))
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    turn = torch.polar(torch.ones(T, D // 2), torch.arange(T)[:, None] * rope_theta ** -(torch.arange(0, D, 2) / D))
-
-    def rotate(t):
-        z = torch.complex(t[..., : D // 2], t[..., D // 2 :]) * turn
-        return torch.cat([z.real, z.imag], dim=-1)
-
-    q, k = rotate(q), rotate(k)
-    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-    logits = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), -1e9)
-    return attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, T, C))
-
-
 @pytest.mark.parametrize("n_kv_head", [1, 2])
 def test_gqa_with_rope_equals_direct_transcription(n_kv_head):
     torch.manual_seed(2)
@@ -99,7 +79,8 @@ def test_gqa_with_rope_equals_direct_transcription(n_kv_head):
     assert attn.c_kv.weight.shape == (2 * n_kv_head * 8, 32)
     x = torch.randn(2, 16, 32)
     rope = rope_angles(8, torch.arange(16), 500.0)
-    torch.testing.assert_close(attn(x, rope=rope), attention_by_hand(attn, x, 500.0), rtol=1e-4, atol=1e-4)
+    by_hand = reference_attention(attn, x, attn.query(x), 1 / math.sqrt(8), qk_norm=True, rope_theta=500.0)
+    torch.testing.assert_close(attn(x, rope=rope), by_hand, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,6 +278,7 @@ def test_one_step_equals_torch_muon_and_adamw_applied_by_hand():
 # through train.py: resume, torchrun, a real run
 
 
+@pytest.mark.slow
 def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tmp_path):
     run = [*MODERN_ARGS, "--query_mode=res_gelu", "--lr_decay_iters=6", "--eval_interval=3"]
     train(shakespeare_dir, tmp_path / "unbroken", *run, "--max_iters=6", env=ONE_THREAD)
@@ -318,6 +300,7 @@ def test_muon_run_stopped_and_resumed_equals_an_unbroken_one(shakespeare_dir, tm
     assert proc.returncode == 1 and "holds 2 optimizer states but this config builds 1 (AdamW)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_with_muon(shakespeare_dir, tmp_path):
     run = [*MODERN_ARGS, "--query_mode=res_gelu", "--batch_size=2", "--gradient_accumulation_steps=4",
            "--max_iters=3", "--eval_interval=3"]
@@ -346,6 +329,7 @@ def test_two_processes_train_like_one_with_muon(shakespeare_dir, tmp_path):
     assert abs(val_losses_by_step(tmp_path / "one")[3] - val_losses_by_step(tmp_path / "two")[3]) <= 5e-5
 
 
+@pytest.mark.slow
 def test_tiny_modern_recipe_run_lowers_the_val_loss(shakespeare_dir, tmp_path):
     # 60 steps of 4 x 32 GPT-2 tokens. Measured: 6.96 here; the GPT-2 recipe (learned positions,
     # LayerNorm, GELU, tied head, AdamW at the same 1e-2) reaches 7.08 on the same batches

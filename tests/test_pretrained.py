@@ -15,25 +15,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import TINY, losses_by_step, read_metrics, run_script, train
+from helpers import TINY, losses_by_step, randomize, read_metrics, run_script, train
 from model import GPT, GPTConfig
 from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 IDX = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
-
-
-def randomized(module, seed, biases=True):
-    """module with every parameter random: matrices around 0, norm weights around 1, biases small
-    (or zero with biases=False). Returns the module in eval mode."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05 if biases else torch.zeros(p.shape))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module.eval()
 
 
 def logits(model, idx=IDX):
@@ -46,7 +33,7 @@ def hf_gpt2(seed=0, biases=True, **config):
     """A small random GPT2LMHeadModel (vocab 97, 16 positions, 2 layers of width 32)."""
     config = {**dict(n_layer=2, n_head=4, n_embd=32, n_positions=16, vocab_size=97, bos_token_id=96,
                      eos_token_id=96), **config}
-    return randomized(GPT2LMHeadModel(GPT2Config(**config)), seed, biases)
+    return randomize(GPT2LMHeadModel(GPT2Config(**config)), seed, biases).eval()
 
 
 def save_run(model, directory, step=7):
@@ -115,7 +102,7 @@ def test_gpt2_loads_from_the_local_cache_only(tmp_path, monkeypatch, repo_id):
     ids=str,
 )
 def test_export_round_trip_through_gpt2lmheadmodel(tmp_path, variant):
-    model = randomized(GPT(GPTConfig(**SMALL, **variant)), 3)
+    model = randomize(GPT(GPTConfig(**SMALL, **variant)), 3).eval()
     assert export(model, str(tmp_path)) is None
     hf = GPT2LMHeadModel.from_pretrained(str(tmp_path)).eval()
     torch.testing.assert_close(logits(hf), logits(model), rtol=0, atol=1e-5)
@@ -126,7 +113,7 @@ def test_export_round_trip_through_gpt2lmheadmodel(tmp_path, variant):
 @pytest.mark.parametrize("variant", [dict(query_mode="res_gelu"), dict(query_mode="identity", tie_weights=False),
                                      dict(query_mode="linear", qk_norm=True)], ids=str)
 def test_export_of_what_gpt2_cannot_hold_writes_this_repos_format(tmp_path, variant):
-    model = randomized(GPT(GPTConfig(**SMALL, **variant)), 4)
+    model = randomize(GPT(GPTConfig(**SMALL, **variant)), 4).eval()
     reason = export(model, str(tmp_path))
     assert reason.startswith(("query_mode=", "qk_norm=True"))
     config = json.loads((tmp_path / "config.json").read_text())
@@ -136,9 +123,10 @@ def test_export_of_what_gpt2_cannot_hold_writes_this_repos_format(tmp_path, vari
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_export_script(tmp_path):
-    save_run(randomized(GPT(GPTConfig(**SMALL)), 5), tmp_path / "linear")
-    save_run(randomized(GPT(GPTConfig(**SMALL, query_mode="res_gelu")), 5), tmp_path / "res_gelu")
+    save_run(randomize(GPT(GPTConfig(**SMALL)), 5).eval(), tmp_path / "linear")
+    save_run(randomize(GPT(GPTConfig(**SMALL, query_mode="res_gelu")), 5).eval(), tmp_path / "res_gelu")
     out = run_script("export.py", f"--out_dir={tmp_path / 'linear'}", f"--to={tmp_path / 'hf'}").stdout
     assert "Hugging Face GPT-2 format" in out
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "gpt2"
@@ -195,8 +183,8 @@ def official_checkpoint(model, official_mode, scale, compiled):
 def test_official_checkpoint_gives_the_original_logits(tmp_path, official_mode, query_mode, scale, bias,
                                                         tie_weights):
     attn_scale = 0.0 if scale != 0.2 else 0.2
-    model = randomized(GPT(GPTConfig(**SMALL, query_mode=query_mode, tie_weights=tie_weights, bias=bias,
-                                     attn_scale=attn_scale)), 6)
+    model = randomize(GPT(GPTConfig(**SMALL, query_mode=query_mode, tie_weights=tie_weights, bias=bias,
+                                    attn_scale=attn_scale)), 6).eval()
     torch.save(official_checkpoint(model, official_mode, scale, compiled=tie_weights), tmp_path / "ckpt.pt")
     loaded = load_pretrained(str(tmp_path / "ckpt.pt")).eval()
     assert loaded.config == model.config
@@ -205,7 +193,7 @@ def test_official_checkpoint_gives_the_original_logits(tmp_path, official_mode, 
 
 
 def test_repo_checkpoint_loads_from_file_and_run_directory(tmp_path):
-    model = randomized(GPT(GPTConfig(**SMALL, query_mode="res_gelu", tie_weights=False, bias=True)), 7)
+    model = randomize(GPT(GPTConfig(**SMALL, query_mode="res_gelu", tie_weights=False, bias=True)), 7).eval()
     path = save_run(model, tmp_path / "run", step=7)
     for source in (path, str(tmp_path / "run")):
         loaded = load_pretrained(source).eval()
@@ -216,7 +204,7 @@ def test_repo_checkpoint_loads_from_file_and_run_directory(tmp_path):
 
 def test_repo_checkpoint_from_before_the_official_half_keeps_its_scale(tmp_path):
     # identity used 1/sqrt(head_dim) until issue 12; its model_args had no attn_scale
-    model = randomized(GPT(GPTConfig(**SMALL, query_mode="identity", attn_scale=1 / math.sqrt(8))), 8)
+    model = randomize(GPT(GPTConfig(**SMALL, query_mode="identity", attn_scale=1 / math.sqrt(8))), 8).eval()
     path = save_run(model, tmp_path)
     ckpt = torch.load(path, weights_only=True)
     for key in ("attn_scale", "tie_weights", "bias", "mlp_activation"):
@@ -253,7 +241,7 @@ def test_anchored_query_starts_at_the_pretrained_logits_and_its_gradient_reaches
 
 
 def test_overrides_that_keep_the_weights_meaning(tmp_path):
-    model = randomized(GPT(GPTConfig(**SMALL)), 10)
+    model = randomize(GPT(GPTConfig(**SMALL)), 10).eval()
     path = save_run(model, tmp_path)
     loaded = load_pretrained(path, dropout=0.1, fused_qkv=False, block_size=8, n_layer=2).eval()
     assert (loaded.config.dropout, loaded.config.fused_qkv, loaded.config.block_size) == (0.1, False, 8)
@@ -332,6 +320,7 @@ def test_corrupt_and_foreign_files(tmp_path):
 # train.py and sample.py with --init_from=SOURCE
 
 
+@pytest.mark.slow
 def test_fine_tune_a_gpt2_directory_with_the_anchored_query_then_resume_and_sample(shakespeare_dir, tmp_path):
     # a random GPT-2 with the real vocabulary (Shakespeare's BPE tokens), saved as Hugging Face saves it
     hf = hf_gpt2(3, n_positions=32, vocab_size=50257, bos_token_id=50256, eos_token_id=50256)
@@ -360,6 +349,7 @@ def test_fine_tune_a_gpt2_directory_with_the_anchored_query_then_resume_and_samp
     assert f"loaded {tmp_path / 'hf'}, query_mode=linear" in proc.stdout and "ROMEO." in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, message", [
     ("gpt2", "gpt2 is not in the local Hugging Face cache"),
     ("not-gpt2", "describes model_type='llama': expected a Hugging Face GPT-2"),

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
+from helpers import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.batches import get_batch, index_file, open_tokens
-from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.runs import read_sweep
 from nonlinear_queries.train_config import TrainConfig
 
@@ -28,6 +28,7 @@ def header(out_dir):
 # seed (init and dropout) and data_seed (batches) are independent
 
 
+@pytest.mark.slow
 def test_seed_changes_the_model_and_data_seed_the_batches(shakespeare_dir, tmp_path):
     runs = {(1, 5): tmp_path / "a", (2, 5): tmp_path / "b", (1, 6): tmp_path / "c"}
     for (seed, data_seed), out in runs.items():
@@ -48,6 +49,7 @@ def test_seed_changes_the_model_and_data_seed_the_batches(shakespeare_dir, tmp_p
 # z-loss and the learning-rate schedules
 
 
+@pytest.mark.slow
 def test_z_loss_joins_the_gradient_not_the_logged_loss(shakespeare_dir, tmp_path):
     # training.train_step's z-loss arithmetic is held to a hand-written step in test_training.py; this
     # checks that train.py passes z_loss through: the first step's logged loss and gradient norm,
@@ -92,6 +94,7 @@ def sweep(data_dir, sweep_dir, *args, check=True):
                       check=check, env=ONE_THREAD)
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_point_skips_finished_ones_and_resumes_an_unfinished_one(shakespeare_dir, tmp_path):
     sweep_dir = tmp_path / "sweep"
     names = ["learning_rate=1e-3,seed=1", "learning_rate=1e-3,seed=2", "learning_rate=2e-3,seed=1",
@@ -119,6 +122,7 @@ def test_sweep_runs_every_point_skips_finished_ones_and_resumes_an_unfinished_on
     assert [(r["learning_rate"], r["step"], r["n"]) for r in rows] == [("0.001", "4", "2"), ("0.002", "4", "2")]
 
 
+@pytest.mark.slow
 def test_sweep_skips_a_diverged_point_and_checks_every_config_first(shakespeare_dir, tmp_path):
     sweep_dir = tmp_path / "sweep"
     diverged = sweep_dir / "learning_rate=1e-3,seed=1"
@@ -133,6 +137,7 @@ def test_sweep_skips_a_diverged_point_and_checks_every_config_first(shakespeare_
     assert sorted(os.listdir(sweep_dir)) == ["learning_rate=1e-3,seed=1"]  # nothing ran
 
 
+@pytest.mark.slow
 def test_a_diverged_then_resumed_point_is_done_for_sweep_and_compare_alike(shakespeare_dir, tmp_path):
     # diverged at step 3, then resumed from its step-2 checkpoint (a config record at step 2) and finished at 4:
     # the restart drops the divergence, for sweep.py's status as for compare.py's table
@@ -160,6 +165,7 @@ def test_a_diverged_then_resumed_point_is_done_for_sweep_and_compare_alike(shake
 # character-level Shakespeare and the config/mini arms
 
 
+@pytest.mark.slow
 def test_char_level_shakespeare_round_trips_and_samples(tmp_path):
     data_dir = tmp_path / "chars"
     run_script("data/shakespeare_char/prepare.py", f"--out_dir={data_dir}")
@@ -178,20 +184,6 @@ def test_char_level_shakespeare_round_trips_and_samples(tmp_path):
     assert sample.startswith("ROMEO:") and len(sample) == 6 + 40 + 1 and set(sample) <= set(chars)
     proc = run_script("sample.py", f"--out_dir={out}", "--start=\u00e9t\u00e9", check=False)
     assert proc.returncode == 1 and "never saw" in proc.stderr
-
-
-def test_mini_arms_differ_only_in_the_model():
-    arms = {name: read_config_file(os.path.join(REPO, "config", "mini", f"{name}.py"))
-            for name in ("baseline", "mlp475", "res_gelu")}
-    differing = {name: {k for k in arms["baseline"] if arms[name][k] != arms["baseline"][k]} for name in arms}
-    assert differing == {"baseline": set(), "mlp475": {"out_dir", "mlp_ratio"}, "res_gelu": {"out_dir", "query_mode"}}
-    assert (arms["mlp475"]["mlp_ratio"], arms["res_gelu"]["query_mode"]) == (4.75, "res_gelu")
-    with torch.device("meta"):
-        params = {name: GPT(GPTConfig(**{k: v for k, v in c.items() if k in model_config_keys()})).get_num_params()
-                  for name, c in arms.items()}
-    # d = 128, 4 layers: res_gelu adds 2 d per layer (2 d r = d^2 = W_Q's count), MLP4.75 adds 1.5 d^2 per layer
-    assert params["res_gelu"] - params["baseline"] == 4 * 2 * 128
-    assert params["mlp475"] - params["baseline"] == 4 * 2 * 96 * 128
 
 
 # the ablation study's arms (results/ablations): each the baseline but for these settings, weight decay and

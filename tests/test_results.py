@@ -28,7 +28,7 @@ import pytest
 
 import analyze
 import compare
-from conftest import REPO
+from helpers import REPO
 from nonlinear_queries.runs import diag_value, make_groups, paired_losses, read_runs
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 

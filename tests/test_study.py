@@ -111,6 +111,7 @@ def test_a_bad_study_file_is_one_error_naming_the_key(tmp_path, edit, message):
         write_study(tmp_path, edit(TOML))
 
 
+@pytest.mark.slow
 def test_the_committed_ablations_are_all_done():
     proc = run_script("study.py", "studies/ablations.toml", "--dry_run")
     assert proc.stdout.count(", 0 run(s) left") == 14  # 11 arms at 1000 steps, 3 at 3000

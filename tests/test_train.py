@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
+from helpers import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
 from nonlinear_queries.batches import index_file, row_offsets
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.train_config import TrainConfig
@@ -19,6 +19,7 @@ from nonlinear_queries.training import get_lr
 # fixed-seed batch indices
 
 
+@pytest.mark.slow
 def test_linear_and_res_gelu_runs_see_identical_batches(shakespeare_dir, tmp_path):
     data_dir = tmp_path / "data"
     shutil.copytree(shakespeare_dir, data_dir, ignore=shutil.ignore_patterns("indices"))  # other tests' indices
@@ -61,6 +62,7 @@ def test_no_offset_runs_past_the_data(tmp_path):
 # training
 
 
+@pytest.mark.slow
 def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--query_mode=res_gelu", "--n_embd=64", "--block_size=64",
@@ -74,6 +76,7 @@ def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
     assert evals[-1]["val_loss"] < 7.0, evals
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_unbroken_run(shakespeare_dir, tmp_path):
     common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=4", "--dropout=0.1"]
     train(shakespeare_dir, tmp_path / "full", *common, env=ONE_THREAD)
@@ -91,6 +94,7 @@ def test_resumed_run_equals_unbroken_run(shakespeare_dir, tmp_path):
     assert broken_evals == full_evals  # step 4 logged once, before the break
 
 
+@pytest.mark.slow
 def test_logged_loss_is_mean_over_micro_batches(shakespeare_dir, tmp_path):
     # 8 sequences per step either way, from the same index row: the same losses
     train(shakespeare_dir, tmp_path / "one", "--batch_size=8", "--max_iters=3", "--eval_interval=3")
@@ -101,6 +105,7 @@ def test_logged_loss_is_mean_over_micro_batches(shakespeare_dir, tmp_path):
         assert one[step] == pytest.approx(four[step], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--query_mode=identity")
@@ -114,6 +119,7 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
     assert os.path.exists(out / "ckpt.pt") and not os.path.exists(out / "ckpt.pt.tmp")
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_has_val_loss_history(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=4", "--eval_interval=2", "--wandb_log=True",
@@ -126,6 +132,7 @@ def test_wandb_offline_run_has_val_loss_history(shakespeare_dir, tmp_path):
     assert [v for _, v in val] == pytest.approx([v for _, v in expected], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_full_size_res_gelu_config_trains(shakespeare_dir, tmp_path):
     # the paper's 124M res_gelu model on real tokens, as in the issue's acceptance command; without the
     # diagnostics, whose forward pass and 36 SVDs of 768-wide matrices would add 15 s of CPU to this run's 38 s
@@ -143,6 +150,7 @@ def test_full_size_res_gelu_config_trains(shakespeare_dir, tmp_path):
 # bad input: a clear message naming the problem and a non-zero exit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -157,24 +165,19 @@ def test_full_size_res_gelu_config_trains(shakespeare_dir, tmp_path):
 )
 def test_bad_config_is_a_clear_error(shakespeare_dir, tmp_path, args, message):
     proc = train(shakespeare_dir, tmp_path / "out", *args, check=False)
-    assert proc.returncode != 0
+    # a config error exits 2 (configurator.config_from_argv), data that cannot serve the config 1
+    assert proc.returncode == (1 if "tokens" in message else 2)
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_unknown_key_in_config_file_is_named(shakespeare_dir, tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("learning_rate = 1e-3\nn_layers = 4\n")
-    proc = train(shakespeare_dir, tmp_path / "out", str(bad), check=False)
-    assert proc.returncode == 2
-    assert "bad.py, line 2: unknown config key 'n_layers'; did you mean 'n_layer'?" in proc.stderr
-
-
+@pytest.mark.slow
 def test_missing_data_says_how_to_prepare(tmp_path):
     proc = run_script("train.py", *TINY, f"--data_dir={tmp_path}", f"--out_dir={tmp_path / 'out'}", check=False)
     assert proc.returncode != 0
     assert "train.bin not found" in proc.stderr and "python data/shakespeare/prepare.py" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_different_model_and_scratch_refuses_to_overwrite(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2")
@@ -189,6 +192,7 @@ def test_resume_refuses_a_different_model_and_scratch_refuses_to_overwrite(shake
 # sampling
 
 
+@pytest.mark.slow
 def test_sample_from_checkpoint(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     train(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--query_mode=res_gelu")

@@ -1,0 +1,174 @@
+"""Helpers shared by the tests: the tiny training run, running the repo's programs as a user
+would, readers of what a run writes (metrics.jsonl, markdown tables, .wandb files), and the
+hand-written references the model is held to (random parameters, causal attention written out).
+tests/conftest.py keeps the fixtures and the environment every test runs in."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Multithreaded CPU kernels may sum in another order when the machine is loaded: runs that
+# are compared across processes, bit for bit or to 1e-6, use one thread.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+# A tiny model that still uses the real GPT-2 vocabulary and real Shakespeare tokens.
+TINY = [
+    "--dataset=shakespeare", "--device=cpu", "--compile=False", "--n_layer=2", "--n_head=2",
+    "--n_embd=32", "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1",
+    "--eval_iters=2", "--log_interval=1", "--warmup_iters=2", "--learning_rate=1e-3",
+]
+
+
+def run_script(script, *args, check=True, env=None, cwd=REPO):
+    """Run a repo script (a path from the repo root, or "-m MODULE") with this interpreter, as a
+    user would; returns the CompletedProcess (text output). check=True raises with the script's
+    output if it exits non-zero."""
+    command = script.split() if script.startswith("-m ") else [os.path.join(REPO, script)]
+    proc = subprocess.run(
+        [sys.executable, *command, *args],
+        cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def train(data_dir, out_dir, *args, check=True, env=None):
+    """train.py on the TINY model with data_dir's tokens into out_dir, then `args`; env (e.g.
+    ONE_THREAD, for runs compared with other runs to 1e-6) is added to the environment.
+    Returns the CompletedProcess (see run_script)."""
+    return run_script("train.py", *TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args, check=check,
+                      env=env)
+
+
+def read_metrics(out_dir, kind=None):
+    """Records of out_dir/metrics.jsonl, optionally only those of one type."""
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [r for r in records if kind is None or r["type"] == kind]
+
+
+def last_logged_step(out_dir):
+    """The last train step in out_dir/metrics.jsonl while a run is writing it (0 before the first);
+    a line not yet finished is left out."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.endswith("\n")]
+    return max([r["step"] for r in records if r["type"] == "train"], default=0)
+
+
+def losses_by_step(out_dir):
+    """{step: logged training loss} of a run (a resumed run's later record of a step wins)."""
+    return {r["step"]: r["loss"] for r in read_metrics(out_dir, "train")}
+
+
+def val_losses_by_step(out_dir):
+    """{step: val loss} of a run's evaluations."""
+    return {r["step"]: r["val_loss"] for r in read_metrics(out_dir, "eval")}
+
+
+def markdown_table(stdout, first_header):
+    """{first cell: {header: cell}} of the markdown table in stdout whose header row starts
+    with `first_header`; the rows of the table up to the first line that is not one."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    headers = [c.strip() for c in lines[start].split("|")[1:-1]]
+    table = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        table[cells[0]] = dict(zip(headers, cells))
+    return table
+
+
+def read_wandb_history(run_file):
+    """History rows of a .wandb file: W&B's 7-byte header, then LevelDB-log-format records
+    (crc32, length, type; 32 KiB blocks) holding protobuf `Record`s."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = open(run_file, "rb").read()
+    pos, rows, pending = 7, [], b""
+    while pos + 7 <= len(data):
+        block_left = 32768 - pos % 32768
+        if block_left < 7:
+            pos += block_left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            record = pb.Record.FromString(pending)
+            pending = b""
+            if record.HasField("history"):
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+def randomize(module, seed=0, biases=True):
+    """Give every parameter of `module` random values from `seed`, so that nothing is trivially 1 or 0:
+    matrices N(0, 0.3^2), norm weights 1 + N(0, 0.3^2), biases N(0, 0.05^2) (constant over positions, large
+    ones would swamp what differs from token to token), or zero with biases=False. Drawn in each
+    parameter's dtype. Returns the module."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05 if biases else torch.zeros_like(p))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    return module
+
+
+def reference_attention_logits(attn, x, q, scale, qk_norm=False, rope_theta=None):
+    """The attention logits of one model.py attention layer (CausalSelfAttention) written out from
+    its weights, independently of its forward: keys and values x W_K, x W_V from c_kv (its bias
+    included); with qk_norm, q and k RMS-normalized per head (eps 1e-5) with q_norm's and k_norm's
+    weights; with rope_theta, each head's dimension pairs (i, i + head_dim/2) turned as complex
+    numbers by position * rope_theta^(-2i/head_dim) radians (RoPE); with grouped-query attention,
+    each key/value head repeated for its n_head / n_kv_head query heads; then q k^T * scale, the
+    future masked to -inf.
+
+    x, q: (B, T, C), q being the query the caller writes out (for res_gelu, paper eq. 2-3's
+    Q = (x + f(x)) / 2 with scale 1/sqrt(head_dim)). Returns logits (B, n_head, T, T) and
+    v (B, n_head, T, head_dim)."""
+    B, T, C = x.shape
+    H, Hkv = attn.n_head, attn.n_kv_head
+    D = C // H
+    k, v = torch.nn.functional.linear(x, attn.c_kv.weight, attn.c_kv.bias).split(Hkv * D, dim=2)
+    q = q.view(B, T, H, D).transpose(1, 2)
+    k, v = (t.view(B, T, Hkv, D).transpose(1, 2) for t in (k, v))
+    if qk_norm:
+        q = q / torch.sqrt(q.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.q_norm.weight
+        k = k / torch.sqrt(k.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.k_norm.weight
+    if rope_theta is not None:
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * rope_theta ** -(torch.arange(0, D, 2) / D)
+        turn = torch.polar(torch.ones_like(angle), angle)
+
+        def rotate(t):
+            z = torch.complex(t[..., : D // 2], t[..., D // 2 :])
+            z = z * turn.to(z.dtype)
+            return torch.cat([z.real, z.imag], dim=-1)
+
+        q, k = rotate(q), rotate(k)
+    k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+    future = ~torch.ones(T, T, dtype=torch.bool).tril()
+    return (q @ k.transpose(-2, -1) * scale).masked_fill(future, -torch.inf), v
+
+
+def reference_attention(attn, x, q, scale, qk_norm=False, rope_theta=None):
+    """Causal softmax attention of one model.py attention layer written out: softmax of
+    reference_attention_logits (same arguments) times v, heads joined, then c_proj.
+    x, q: (B, T, C) -> (B, T, C)."""
+    B, T, C = x.shape
+    logits, v = reference_attention_logits(attn, x, q, scale, qk_norm, rope_theta)
+    return attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, T, C))
