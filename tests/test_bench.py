@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch._dynamo.testing
 import train_speed
-from common import fresh_compiler
-from model import GPT, GPTConfig
 
+from common import fresh_compiler
 from conftest import markdown_table, run_script
+from model import GPT, GPTConfig
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
 
