@@ -51,6 +51,23 @@ def resolve_device(args):
     return rt.device, rt.dtype, rt.autocast
 
 
+def fresh_compiler(n_models):
+    """Reset torch.compile (torch._dynamo.reset(): no compiled code of an earlier bench in this
+    process) and size its recompile limit for n_models compiled models that share GPT.forward.
+
+    Each variant's model differs from the others in what dynamo guards on (its config), so each
+    takes one entry of the code's cache; past recompile_limit entries (8 by default) dynamo would
+    run the next variant eager, without a word, and time the wrong thing. The limit is raised to
+    n_models and a variant past it raises (fail_on_recompile_limit_hit). The variants are timed
+    in turns, so every one keeps its compiled code to the end: resetting between them would
+    compile again inside the timed rounds."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(8, n_models)  # 8: dynamo's default
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
 def device_name(device):
     """The GPU's name, or the CPU model and the number of threads torch uses."""
     if device.startswith("cuda"):

@@ -135,9 +135,38 @@ def teardown(rt, clean=True):
         dist.destroy_process_group()
 
 
-def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False):
+def checkpointed(forward):
+    """`forward` (a Block's bound forward) under torch.utils.checkpoint (non-reentrant, Chen et al.
+    2016): the backward pass recomputes the block's activations from its input instead of keeping
+    them. A plain function, not a functools.partial of checkpoint: dynamo traces a call to
+    checkpoint inside a compiled function into its activation-checkpoint operator, and the
+    compiled block then holds the recomputation, whereas a Module.compile()d block whose forward
+    is a partial of checkpoint compiles nothing (checkpoint itself is never traced)."""
+
+    @functools.wraps(forward)
+    def forward_checkpointed(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    return forward_checkpointed
+
+
+def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor"):
     """Spread `model` (a GPT, on rt.device) over the processes of rt. Returns (model, train_model):
     the module that evaluates, and the module the training step calls.
+
+    The three transformations are applied in torchtitan's order (docs/gpu-path.md): activation
+    checkpointing, then torch.compile, then sharding, so that what is compiled is the
+    checkpointed block and what is sharded is the compiled one.
+
+    activation_checkpointing=True: each Block's forward runs under torch.utils.checkpoint
+    (checkpointed()); the dropout masks are replayed (the RNG state is restored), so the
+    gradients are the same.
+
+    compile=True: torch.compile with `backend` (tests pass a counting one). Under ddp the whole
+    model is compiled, one graph. Under fsdp each Block is compiled on its own (one graph that
+    every block reuses) and so is the root, in two graphs: the embeddings, and the LM head with
+    the cross-entropy. FSDP's hooks around each block are not traced (dynamo breaks the root's
+    graph there), and the final norm, called after the loop over the blocks, runs eager.
 
     parallelism='ddp': train_model is PyTorch's DistributedDataParallel around the (compiled)
     model under torchrun, which averages the gradients over the processes once per step; in one
@@ -150,25 +179,21 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     al. 2023, "PyTorch FSDP". On CUDA with bfloat16 the gathered weights are bfloat16 and the
     gradients are reduced in float32 (MixedPrecisionPolicy); on the CPU everything stays float32.
     The model is changed in place (its parameters become DTensor shards, its state-dict names stay)
-    and is returned twice. compile=True compiles each Block before sharding (as torchtitan does);
-    under ddp the whole model is compiled.
-
-    activation_checkpointing=True: each Block's forward runs under torch.utils.checkpoint
-    (non-reentrant, Chen et al. 2016), so the backward pass recomputes a Block's activations from
-    its input instead of keeping them; the dropout masks are replayed (the RNG state is restored),
-    so the gradients are the same.
+    and is returned twice.
     """
     if activation_checkpointing:
         for block in model.transformer.h:
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            block.forward = checkpointed(block.forward)
     if parallelism == "fsdp":
+        if compile:
+            for block in model.transformer.h:
+                block.compile(backend=backend)
+            model.compile(backend=backend)
         mesh = init_device_mesh(rt.device_type, (rt.world_size,))
         low = rt.device_type == "cuda" and rt.dtype == "bfloat16"
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if low else None, reduce_dtype=torch.float32)
         units = [*model.transformer.h, model]
         for unit in units:
-            if compile and unit is not model:
-                unit.compile()
             fully_shard(unit, mesh=mesh, mp_policy=policy)
         if rt.backend == "gloo":
             # Reduce-scatter with SUM, then let FSDP divide by W itself, instead of gloo's AVG: gloo's AVG
@@ -178,7 +203,7 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
                 unit.set_force_sum_reduction_for_comms(True)
         return model, model
     if compile:
-        model = torch.compile(model)
+        model = torch.compile(model, backend=backend)
     if not rt.distributed:
         return model, model
     return model, DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)

@@ -6,9 +6,12 @@ in one run, and recorded in bench/RESULTS.md.
 
 import pytest
 import torch
+import torch._dynamo.testing
 import train_speed
 
+from common import fresh_compiler
 from helpers import markdown_table, run_script
+from model import GPT, GPTConfig
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
 
@@ -76,3 +79,20 @@ def test_diag_cost_gives_the_diagnostics_share_of_an_evaluation():
     for row in rows.values():  # the share of a whole evaluation: the ratio to one batch over its 20 batches
         share = float(row["diag / evaluation"].rstrip("%"))
         assert share == pytest.approx(100 * float(row["diag / eval batch"]) / 20, abs=0.01) and share > 0
+
+
+def test_a_bench_with_more_variants_than_the_recompile_limit_compiles_each_or_fails():
+    x = torch.zeros(1, 8, dtype=torch.long)
+    models = [GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=32, mlp_ratio=4 + k / 4))
+              for k in range(10)]  # ten variants: past dynamo's default limit of 8
+    with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=False):
+        fresh_compiler(len(models))
+        counter = torch._dynamo.testing.CompileCounter()
+        for model in models:
+            torch.compile(model, backend=counter)(x, x)
+        assert counter.frame_count == 10  # every variant compiled, none run eager
+        fresh_compiler(9)
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            for model in models:
+                torch.compile(model, backend="eager")(x, x)
+    torch._dynamo.reset()

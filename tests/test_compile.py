@@ -1,0 +1,175 @@
+"""The compile contract (docs/gpu-path.md), checked on the CPU: what a GPU run compiles, how often
+it recompiles, and the FLOPs behind its MFU.
+
+Dynamo's tracing (graph breaks, guards, recompiles) is the same on every device, so these tests
+trace with backends that run the captured graphs without generating code: 'eager' (dynamo
+alone) or 'aot_eager' (dynamo and AOTAutograd, which also traces the backward pass). Inductor's
+code generation is left to tests/test_cuda.py, on the GPU.
+"""
+
+import os
+
+import pytest
+import torch
+import torch._dynamo
+import torch.distributed as dist
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch.distributed.tensor import DTensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from model import GPT, QUERY_MODULES, GPTConfig
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.optimizers import build_optimizers
+from nonlinear_queries.runtime import parallelize, setup
+from nonlinear_queries.train_config import TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+ONE_LAYER = {**TINY, "n_layer": 1}  # what dynamo traces once per block, at half the tracing time
+BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Every test starts without compiled code and with a recompile limit that fails loudly."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+    torch._dynamo.reset()
+
+
+class Graphs:
+    """A torch.compile backend that keeps every graph dynamo captures and runs it as traced."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+    def calls(self, name):
+        """Calls of operators whose name contains `name` in all captured graphs, the bodies of
+        higher-order operators (activation checkpointing's) included."""
+        return sum(name in str(node.target) for gm in self.graphs for sub in gm.modules()
+                   if isinstance(sub, torch.fx.GraphModule) for node in sub.graph.nodes
+                   if node.op == "call_function")
+
+
+@pytest.fixture
+def process_group_of_one():
+    """This process as a process group of one (gloo), as train.py runs FSDP without torchrun; under
+    ddp it makes parallelize wrap the model in DistributedDataParallel, as under torchrun."""
+    rt = setup("cpu", "float32", parallelism="fsdp")
+    yield rt
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_every_parallelism_compiles_its_blocks(process_group_of_one, parallelism, checkpointing):
+    config = GPTConfig(**TINY, query_mode="res_gelu")
+    x, y = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    reference = GPT(config)
+    loss = reference(x, y)[1]
+    loss.backward()
+    torch.manual_seed(0)
+    graphs = Graphs()
+    model, train_model = parallelize(GPT(config), process_group_of_one, parallelism, compile=True,
+                                     activation_checkpointing=checkpointing, backend=graphs)
+    compiled_loss = train_model(x, y)[1]
+    compiled_loss.backward()
+
+    # ddp: the whole model is one graph with every block in it; fsdp: one graph that every block reuses
+    blocks = TINY["n_layer"] if parallelism == "ddp" else 1
+    assert graphs.calls("scaled_dot_product_attention") == blocks
+    # the recomputation is inside the compiled graph, not around it
+    assert graphs.calls("tag_activation_checkpoint") == (blocks if checkpointing else 0)
+    # and so are the root's embeddings and the LM head with the cross-entropy; the final norm too under
+    # ddp (under fsdp it runs eager, between the blocks' graphs and the head's)
+    assert graphs.calls("embedding") == 1 + (config.pos_encoding == "learned")
+    norms = sum(isinstance(m, torch.nn.LayerNorm) for m in reference.transformer.h[0].modules())  # 3: res_gelu's f
+    assert graphs.calls("layer_norm") == norms * blocks + (parallelism == "ddp")
+    assert graphs.calls("cross_entropy") == 1
+    assert compiled_loss.item() == pytest.approx(loss.item(), rel=1e-6)
+    for (name, p), q in zip(reference.named_parameters(), model.parameters()):
+        grad = q.grad.full_tensor() if isinstance(q.grad, DTensor) else q.grad
+        torch.testing.assert_close(grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def modern_settings():
+    """The GPTConfig settings of the modern recipe (config/modern/baseline.py) and its config."""
+    cfg, _ = parse_config(TrainConfig, [os.path.join(REPO, "config", "modern", "baseline.py")])
+    return {k: v for k, v in cfg.model_settings().items() if k not in (*TINY, "query_mode")}, cfg
+
+
+@pytest.mark.parametrize("recipe, mode", [("gpt2", m) for m in sorted(QUERY_MODULES)]
+                         + [("modern", "linear"), ("modern", "res_gelu")])
+def test_training_with_evaluations_compiles_one_graph_each(recipe, mode):
+    # fullgraph=True: a graph break is an error. bf16 autocast, dropout on, as in training.
+    options, cfg = modern_settings() if recipe == "modern" else ({}, TrainConfig())
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**ONE_LAYER, **options, query_mode=mode, dropout=0.1))
+    optimizers = build_optimizers(model, cfg, "cpu")
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    x, y = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0))
+
+    def train_steps():
+        for _ in range(2):
+            with BF16:
+                loss = compiled(x, y)[1]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad(), BF16:
+            loss = compiled(x, y)[1]
+        model.train()
+        return loss
+
+    train_steps()
+    assert counter.frame_count == 1
+    compiled_eval = evaluate()
+    train_steps()
+    evaluate()
+    train_steps()
+    # the training graph, and the evaluation graph that eval mode's guards call for: nothing more
+    assert counter.frame_count == 2
+    model.eval()
+    with torch.no_grad(), BF16:
+        eager_eval = model(x, y)[1]
+    assert torch.isfinite(compiled_eval) and abs(evaluate() - eager_eval) < 1e-2
+
+
+def test_cached_generation_compiles_prefill_and_decode_once():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**ONE_LAYER, "block_size": 32}, query_mode="res_gelu")).eval()
+    prompt = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
+    want = model.generate(prompt, 8, temperature=0)
+    counter = CompileCounterWithBackend("eager")
+    # as bench/sample_speed.py compiles it: the prompt length and the cache length are symbolic
+    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=True, backend=counter)
+    assert torch.equal(model.generate(prompt, 8, temperature=0), want)
+    assert counter.frame_count == 2  # the prefill (an empty cache) and one decode graph for all 7 tokens
+    model.generate(prompt[:, :3].contiguous(), 12, temperature=0)
+    assert counter.frame_count == 2  # another prompt length and more tokens: the same two graphs
+
+
+@pytest.mark.parametrize("mode", ["linear", "res_gelu"])
+def test_flops_per_token_matches_the_counted_flops_at_gpt2_small(mode):
+    # one forward and backward pass of one 1024-token sequence on the meta device (shapes only).
+    # FlopCounterMode counts the attention's two matmuls over the full T x T square, as
+    # flops_per_token does (PaLM's and nanoGPT's convention; docs/gpu-path.md).
+    with torch.device("meta"):
+        model = GPT(GPTConfig(query_mode=mode))
+        x = torch.zeros(1, model.config.block_size, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        model(x, x)[1].backward()
+    per_token = counter.get_total_flops() / model.config.block_size
+    assert per_token == pytest.approx(model.flops_per_token(), rel=5e-3)
