@@ -62,6 +62,7 @@ from nonlinear_queries.checkpoint import (
 )
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
+from nonlinear_queries.lock import hold_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError, load_pretrained
 from nonlinear_queries.runlog import open_run_log, run_header
@@ -110,7 +111,9 @@ def train(cfg, config_files, rt):
             f"per step)")
     micro_steps = cfg.gradient_accumulation_steps // rt.world_size  # per process
 
-    # the run in out_dir: a new run (from scratch or fine-tuning) never replaces one unasked
+    # the run in out_dir: one at a time, and a new run (from scratch or fine-tuning) never replaces one unasked
+    if rt.master:
+        hold_out_dir(cfg.out_dir)  # held until this process ends (lock.py)
     new_run = cfg.init_from != "resume"
     if new_run and checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
         raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). Continue "
