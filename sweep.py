@@ -42,6 +42,7 @@ launch.json and SLURM's queue (no accounting database needed).
 
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -276,9 +277,12 @@ class PointJob:
         job resumes from it."""
         import submitit
 
-        if self.child is not None and self.child.poll() is None:
+        if self.child is not None and self.child.returncode is None:
             self.child.send_signal(signal.SIGUSR2)
-            self.child.wait()
+            # wait for it to exit without reaping it: __call__'s wait, which this signal handler
+            # interrupted, reaps it (Popen.wait here would deadlock on that wait's lock)
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
         return submitit.helpers.DelayedSubmission(PointJob(self.point, self.train_args, self.procs))
 
 
@@ -309,6 +313,24 @@ def parse_sbatch_options(specs):
     return options
 
 
+def slurm_minutes(spec):
+    """Minutes of a SLURM time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (seconds rounded
+    up). Raises ConfigError for anything else."""
+    days, _, clock = spec.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        if days:
+            hms = (parts + [0, 0])[:3]
+        else:
+            hms = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}[len(parts)]
+        total = int(days or 0) * 1440 + hms[0] * 60 + hms[1] + (hms[2] > 0)
+    except (ValueError, KeyError):
+        total = 0
+    if total <= 0 or len(clock.split(":")) > 3:
+        raise ConfigError(f"--slurm_time={spec!r}: write a time limit as SLURM does, e.g. 240, 4:00:00 or 1-00:00:00")
+    return total
+
+
 def run_slurm(points, train_args, args, on_cuda, record):
     """Submit one job per unfinished point that is not queued or running already; returns 0."""
     import submitit
@@ -323,7 +345,7 @@ def run_slurm(points, train_args, args, on_cuda, record):
             continue
         executor = submitit.SlurmExecutor(folder=os.path.join(point.out_dir, "slurm"), max_num_timeout=1000)
         executor.update_parameters(
-            job_name=point.name, time=args.slurm_time, nodes=args.nodes_per_run, ntasks_per_node=1,
+            job_name=point.name, time=slurm_minutes(args.slurm_time), nodes=args.nodes_per_run, ntasks_per_node=1,
             cpus_per_task=args.cpus_per_task, stderr_to_stdout=True, signal_delay_s=90,
             **({"gpus_per_node": args.gpus_per_run} if args.gpus_per_run else {}),
             **{k: v for k, v in (("partition", args.slurm_partition), ("account", args.slurm_account),
@@ -432,6 +454,7 @@ def main(argv):
         if min(args.jobs, args.procs_per_run, args.nodes_per_run) < 1 or args.gpus_per_run < 0:
             raise ConfigError("--jobs, --procs_per_run and --nodes_per_run are at least 1, --gpus_per_run at least 0")
         args.sbatch_options = parse_sbatch_options(args.slurm_option)
+        slurm_minutes(args.slurm_time)
         axes = parse_grid(args.grid)
         if not axes:
             raise ConfigError("no --grid axis given; e.g. --grid learning_rate=1e-3,2e-3 --grid seed=1,2,3")

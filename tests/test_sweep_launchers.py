@@ -135,7 +135,12 @@ def test_a_grid_on_slurm_finishes_compare_reads_it_and_a_failing_point_stops_not
 
 
 @pytest.mark.slow
-def test_a_job_requeued_mid_run_resumes_to_the_losses_of_a_local_run(slurm_cluster, shakespeare_dir, tmp_path):
+@pytest.mark.parametrize("preemption", ["requeue", "warning"])
+def test_a_job_requeued_mid_run_resumes_to_the_losses_of_a_local_run(slurm_cluster, shakespeare_dir, tmp_path,
+                                                                     preemption):
+    # requeue: SLURM requeues the job (SIGTERM to its processes: train.py checkpoints, SLURM requeues);
+    # warning: the signal SLURM sends before a time limit or a preemption (SIGUSR2: train.py checkpoints,
+    # submitit requeues the job)
     long = ["--max_iters=40", "--eval_interval=5", "--lr_decay_iters=40"]
     local = tmp_path / "local"
     sweep(shakespeare_dir, local, "--grid", "seed=3", *long)
@@ -147,7 +152,10 @@ def test_a_job_requeued_mid_run_resumes_to_the_losses_of_a_local_run(slurm_clust
     metrics = point / "metrics.jsonl"
     wait_until(lambda: metrics.exists() and any(r["type"] == "train" and r["step"] >= 7
                                                 for r in read_metrics(point)), 300, "the job at step 7")
-    slurm_cluster.scontrol("requeue", job)
+    if preemption == "requeue":
+        slurm_cluster.scontrol("requeue", job)
+    else:
+        subprocess.run(["scancel", "--signal=USR2", job], env={**os.environ, **slurm_cluster.env}, check=True)
     wait_until(lambda: status_table(sweep_dir, slurm_cluster.env)["seed=3"]["state"] == "preempted-requeued", 120,
                "the job requeued")
     stopped_at = max(r["step"] for r in read_metrics(point, "train"))
@@ -176,3 +184,12 @@ def test_a_two_process_point_on_slurm_equals_its_one_process_run(slurm_cluster, 
     assert sorted(two) == [1, 2, 3, 4, 5, 6]
     for step in two:
         assert abs(one[step] - two[step]) <= 1e-5, (step, one[step], two[step])
+
+
+def test_slurm_time_limits_are_read_as_slurm_writes_them():
+    from sweep import slurm_minutes
+
+    assert [slurm_minutes(t) for t in ("10", "30:30", "4:00:00", "1-02", "1-00:00:00")] == [10, 31, 240, 1560, 1440]
+    for bad in ("", "0", "4h", "1:2:3:4"):
+        with pytest.raises(Exception, match="write a time limit as SLURM does"):
+            slurm_minutes(bad)
