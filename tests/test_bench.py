@@ -71,3 +71,10 @@ def test_diag_cost_gives_the_diagnostics_share_of_an_evaluation():
     for row in rows.values():  # the share of a whole evaluation: the ratio to one batch over its 20 batches
         share = float(row["diag / evaluation"].rstrip("%"))
         assert share == pytest.approx(100 * float(row["diag / eval batch"]) / 20, abs=0.01) and share > 0
+
+
+def test_sweep_speed_times_each_jobs_value_against_the_first():
+    out = run_script("bench/sweep_speed.py", "--points=2", "--max_iters=2", "--rounds=1", "--n_layer=1").stdout
+    rows = markdown_table(out, "--jobs")
+    assert list(rows) == ["1", "2"] and rows["1"]["vs --jobs=1"] == "1.000"
+    assert float(rows["2"]["wall s (median)"]) > 0 and "command: python bench/sweep_speed.py --points=2" in out

@@ -4,10 +4,12 @@ one-node SLURM cluster (tests/slurm_cluster.py), requeue mid-run, --status."""
 import csv
 import json
 import os
+import signal
 import subprocess
 import time
 
 import pytest
+import torch
 from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
 
 from conftest import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script
@@ -61,6 +63,30 @@ def test_two_jobs_at_a_time_equal_two_sequential_runs_and_a_failing_point_stops_
     table = status_table(tmp_path / "bad")
     assert table[failed]["state"] == "failed (exit status 1)" and table[failed]["log"] == str(log)
     assert table[good]["state"] == "done" and table[good]["step"] == "6/6"
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_lets_every_running_point_write_its_checkpoint(shakespeare_dir, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    long = ["--max_iters=1000", "--eval_interval=500", "--grid", "seed=1,2,3", "--jobs=2"]
+    with open(tmp_path / "sweep.log", "w") as log:
+        proc = subprocess.Popen([os.sys.executable, "sweep.py", *TINY, f"--data_dir={shakespeare_dir}",
+                                 f"--sweep_dir={sweep_dir}", *long], cwd=os.path.dirname(os.path.dirname(__file__)),
+                                env={**os.environ, **ONE_THREAD}, stdout=log, stderr=subprocess.STDOUT)
+    running = [sweep_dir / "seed=1", sweep_dir / "seed=2"]
+    try:
+        wait_until(lambda: all((d / "metrics.jsonl").exists() and read_metrics(d, "train") for d in running), 300,
+                   "both points training")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    for point in running:  # each finished its step and checkpointed it; nothing after the signal started
+        assert torch.load(point / "ckpt.pt", weights_only=True)["step"] == read_metrics(point, "train")[-1]["step"]
+    assert not (sweep_dir / "seed=3").exists()
+    assert "every running point wrote its checkpoint" in (tmp_path / "sweep.log").read_text()
+    table = status_table(sweep_dir)
+    assert [table[f"seed={s}"]["state"] for s in (1, 2, 3)] == ["stopped", "stopped", "not started"]
 
 
 def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):
