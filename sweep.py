@@ -336,7 +336,7 @@ def run_slurm(points, train_args, args, on_cuda, record):
     import submitit
 
     queue = slurm_queue()
-    procs = max(args.gpus_per_run, 1) if on_cuda else args.procs_per_run
+    procs = args.gpus_per_run or args.procs_per_run  # the login node may have no GPU: ask for what is asked
     for i, point in enumerate(points):
         launch = read_json(os.path.join(point.out_dir, "launch.json"))
         job_id = launch.get("job_id")
@@ -394,7 +394,11 @@ def show_status(sweep_dir):
         print(f"error: {sweep_dir} holds no sweep.json: give the --sweep_dir of a sweep", file=sys.stderr)
         return 2
     max_iters = record.get("max_iters", {})
-    points = [Point(name, [], os.path.join(sweep_dir, name), max_iters.get(name, -1)) for name in record["points"]]
+    def planned(name):  # a sweep.json of an older sweep.py has no max_iters: the run's config.json has
+        config = read_json(os.path.join(sweep_dir, name, "config.json")).get("config", {})
+        return max_iters.get(name, config.get("max_iters", -1))
+
+    points = [Point(name, [], os.path.join(sweep_dir, name), planned(name)) for name in record["points"]]
     slurm = any(read_json(os.path.join(p.out_dir, "launch.json")).get("launcher") == "slurm" for p in points)
     try:
         queue = slurm_queue() if slurm else {}
@@ -490,7 +494,7 @@ def main(argv):
         write_record(args.sweep_dir, argv, statuses, points)
 
     write_record(args.sweep_dir, argv, statuses, points)
-    on_cuda = base.device.startswith("cuda")
+    on_cuda = base.device != "cpu"  # 'auto' or 'cuda...': the GPUs this machine has, if any
     run = run_slurm if args.launcher == "slurm" else run_local
     code = run(todo, train_args, args, on_cuda, record)
     if args.launcher == "local":
