@@ -30,13 +30,14 @@ Exit status: 0 ok; 1 bad input; 2 bad command line.
 """
 
 import argparse
-import csv
 import os
 import sys
 
 import numpy as np
 
-from compare import die, layer_mean, line_color, make_groups, read_runs, step_list
+from nonlinear_queries.plots import diagnostics as plot_diagnostics
+from nonlinear_queries.runs import RunsError, layer_mean, make_groups, pooled, read_runs
+from nonlinear_queries.stats import Row, print_table, step_list
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
@@ -51,9 +52,9 @@ def diagnostic_names(records):
     return [n for n in [*ACTIVATIONS, *seen] if n in defined]
 
 
-def pooled(group):
-    """The runs of a group that count: those that did not diverge, or all when every one did (as compare.py)."""
-    return [r for r in group.runs if r.diverged is None] or group.runs
+def die(message):
+    """Print `error: message` to stderr and exit with status 1 (bad input)."""
+    sys.exit(f"error: {message}")
 
 
 def default_step(runs):
@@ -67,9 +68,8 @@ def default_step(runs):
 
 def stats(values):
     """(mean, sample std or None, n) of the values that are not None; (None, None, 0) without any."""
-    values = np.array([v for v in values if v is not None], dtype=float)
-    n = len(values)
-    return (float(values.mean()) if n else None, float(values.std(ddof=1)) if n >= 2 else None, n)
+    row = Row.of([v for v in values if v is not None])
+    return row.mean, row.std, row.n
 
 
 def table(groups, names, step):
@@ -92,34 +92,17 @@ def cell(mean, std, n):
     return f"{mean:.4g}" + (f" ± {std:.3g}" if std is not None else "")
 
 
-def print_rows(header, rows, fmt, left=1):
-    """Print a table (header: column names; rows: lists of cells) as aligned text or a markdown pipe table;
-    the first `left` columns align left, the others right."""
-    if fmt == "markdown":
-        print("| " + " | ".join(header) + " |")
-        print("| " + " | ".join("---" if i < left else "---:" for i in range(len(header))) + " |")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-        return
-    widths = [max(len(c) for c in column) for column in zip(header, *rows)]
-    for line in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip())
-
-
 def print_runs_table(groups, names, step, values, fmt, group_over):
     """The table of the runs at `step` (module docstring)."""
     if fmt == "csv":
-        out = csv.writer(sys.stdout, lineterminator="\n")
-        out.writerow(["run", "step", "diagnostic", "mean", "std", "n"])
-        for group in groups:
-            for name, (mean, std, n) in values[group.label].items():
-                out.writerow([group.label, step, name, mean, std, n])
+        print_table(["run", "step", "diagnostic", "mean", "std", "n"],
+                    [[g.label, step, name, *cells] for g in groups for name, cells in values[g.label].items()], fmt)
         return
     print(f"diagnostics at step {step}: the mean over layers, then mean ± sample std over the group's runs; "
           f"runs pooled over {', '.join(sorted(group_over))}\n")
     header = ["diagnostic"] + [f"{g.label} (n={values[g.label]['attn_logit_max'][2]})" for g in groups]
     rows = [[name] + [cell(*values[g.label][name]) for g in groups] for name in ["val_loss", *names]]
-    print_rows(header, rows, fmt)
+    print_table(header, rows, fmt, [True])
     notes = []
     for group in groups:
         diverged = [r.diverged for r in group.runs if r.diverged is not None]
@@ -131,67 +114,12 @@ def print_runs_table(groups, names, step, values, fmt, group_over):
         print("\n" + "\n".join(notes))
 
 
-def curves(group, name):
-    """(steps, values (runs, steps)) of a diagnostic's layer mean over a group's pooled runs, at the diag steps
-    they all have; values None where the diagnostic is undefined for the group."""
-    runs = pooled(group)
-    steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
-    values = [[layer_mean(r.diags[s].get(name, [])) for s in steps] for r in runs]
-    if all(v is None for row in values for v in row):
-        return steps, None
-    return steps, np.array(values, dtype=float)
-
-
-def plot(groups, names):
-    """The figure (a matplotlib Figure): one panel per diagnostic over the steps, each group a line (its mean
-    over runs, a band from its lowest to its highest run), then per group a layers x steps heatmap of
-    attn_logit_max, the mean over its runs, all heatmaps on one color scale."""
-    # imported here: only --plot needs matplotlib; Figure without pyplot needs no display and no global state
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    cols = 3
-    panel_rows, map_rows = -(-len(names) // cols), -(-len(groups) // cols)
-    fig = Figure(figsize=(4.2 * cols, 3.0 * (panel_rows + map_rows)), layout="constrained")
-    grid = fig.add_gridspec(panel_rows + map_rows, cols)
-    for k, name in enumerate(names):
-        ax = fig.add_subplot(grid[k // cols, k % cols])
-        for i, group in enumerate(groups):
-            steps, values = curves(group, name)
-            if values is None:
-                continue
-            color = line_color(i, len(groups))
-            ax.plot(steps, values.mean(axis=0), marker="o", markersize=2, color=color, label=group.label)
-            if len(values) > 1:
-                ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15, linewidth=0)
-        ax.set_title(f"{name}, mean over layers", fontsize="medium")
-        ax.set_xlabel("step")
-        if k == 0:
-            ax.legend(fontsize="small")
-    maps = []
-    for group in groups:
-        runs = pooled(group)
-        steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
-        maps.append((steps, np.array([[r.diags[s]["attn_logit_max"] for s in steps] for r in runs],
-                                     dtype=float).mean(axis=0)))
-    low, high = min(m.min() for _, m in maps), max(m.max() for _, m in maps)
-    for i, (group, (steps, heat)) in enumerate(zip(groups, maps)):
-        ax = fig.add_subplot(grid[panel_rows + i // cols, i % cols])
-        image = ax.imshow(heat.T, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high,
-                          extent=(-0.5, len(steps) - 0.5, -0.5, heat.shape[1] - 0.5))
-        ticks = np.unique(np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int))
-        ax.set_xticks(ticks, [str(steps[t]) for t in ticks])
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("step")
-        ax.set_ylabel("layer")
-        ax.set_title(f"{group.label}: attn_logit_max", fontsize="medium")
-        fig.colorbar(image, ax=ax)
-    return fig
-
-
 def analyze_runs(args):
     """Read the runs named on the command line, print the table and, with --plot, write the figure."""
-    runs, group_over = read_runs(args.runs, args.group_over)
+    try:
+        runs, group_over = read_runs(args.runs, args.group_over)
+    except RunsError as e:
+        die(str(e))
     empty = [r.out_dir for r in runs if not r.diags]
     if empty:
         die(f"{', '.join(empty)}: no diag records in metrics.jsonl (trained with diagnostics=False, or before "
@@ -207,7 +135,7 @@ def analyze_runs(args):
     names = diagnostic_names([d for r in runs for d in r.diags.values()])
     print_runs_table(groups, names, step, table(groups, names, step), args.format, group_over)
     if args.plot:
-        plot(groups, names).savefig(args.plot, dpi=120)
+        plot_diagnostics(groups, names).savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 
@@ -251,15 +179,12 @@ def analyze_checkpoint(args):
                f"{batches} x {batch_size} sequences of {block_size} tokens of {val.filename} (val_eval, "
                f"data_seed {data_seed}), {rt.device}, {rt.dtype}")
     if args.format == "csv":
-        out = csv.writer(sys.stdout, lineterminator="\n")
-        out.writerow(["layer", *names])
-        for i in range(model.config.n_layer):
-            out.writerow([i, *(diag[n][i] for n in names)])
+        print_table(["layer", *names], [[i, *(diag[n][i] for n in names)] for i in range(model.config.n_layer)], "csv")
         return
     print(caption + "\n")
     rows = [[str(i), *("-" if diag[n][i] is None else f"{diag[n][i]:.4g}" for n in names)]
             for i in range(model.config.n_layer)]
-    print_rows(["layer", *names], rows, args.format)
+    print_table(["layer", *names], rows, args.format, [True])
 
 
 def main():

@@ -57,7 +57,7 @@ from dataclasses import dataclass, fields
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.lock import out_dir_holder
-from nonlinear_queries.runlog import read_metrics
+from nonlinear_queries.runs import history, read_records, run_status
 from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -93,23 +93,15 @@ def point_name(point):
 
 
 def point_progress(out_dir, max_iters):
-    """What a point's run dir says (the one reader of it here): {'status': 'done', 'diverged at
-    step k', 'resume' (a checkpoint to continue from) or 'new'; 'step': the last step trained
-    (0 if none); 'val_loss': the last evaluation's val loss (None if none)}."""
-    step, val_loss, status = 0, None, None
+    """What a point's run dir says (runs.py reads it): {'status': runs.run_status's 'done', 'diverged at
+    step k', 'resume' or 'new'; 'step': the last step trained or evaluated (0 if none); 'val_loss': the last
+    evaluation's val loss (None if none)}."""
     metrics = os.path.join(out_dir, "metrics.jsonl")
-    if os.path.isfile(metrics):
-        records = read_metrics(metrics, warn=False)  # a damaged line is compare.py's to report, not a status
-        step = max((r["step"] for r in records if r["type"] in ("train", "eval")), default=0)
-        val_loss = next((r["val_loss"] for r in reversed(records) if r["type"] == "eval"), None)
-        diverged = [r["step"] for r in records if r["type"] == "diverged"]
-        if diverged:
-            status = f"diverged at step {diverged[-1]}"
-        elif any(r["type"] == "eval" and r["step"] == max_iters for r in records):
-            status = "done"
-    if status is None:
-        status = "resume" if any(os.path.exists(os.path.join(out_dir, n)) for n in ("ckpt.pt", "ckpt.dcp")) else "new"
-    return {"status": status, "step": step, "val_loss": val_loss}
+    records = read_records(metrics, warn=False) if os.path.isfile(metrics) else []
+    evals = history(records)[0]
+    step = max((r["step"] for r in records if r["type"] in ("train", "eval")), default=0)
+    return {"status": run_status(out_dir, max_iters), "step": step,
+            "val_loss": evals[max(evals)][1] if evals else None}
 
 
 def finished(status):

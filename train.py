@@ -52,6 +52,7 @@ from nonlinear_queries.atomic import write_json
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
 from nonlinear_queries.checkpoint import (
     CheckpointError,
+    TrainState,
     check_resumable,
     checkpoint_paths,
     latest_checkpoint,
@@ -96,6 +97,86 @@ def resume_command(rt):
     return launcher + shlex.join([sys.argv[0], *args, "--init_from=resume"])
 
 
+def micro_steps_per_process(cfg, rt):
+    """gradient_accumulation_steps / world size: each process's micro-batches of a step.
+    Raises SetupError when the processes cannot share the step's micro-batches evenly."""
+    if cfg.gradient_accumulation_steps % rt.world_size:
+        raise SetupError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
+            f"{rt.world_size} processes; each process runs gradient_accumulation_steps / {rt.world_size} of the "
+            f"step's micro-batches. Choose a multiple of {rt.world_size} (and adjust batch_size to keep the tokens "
+            f"per step)")
+    return cfg.gradient_accumulation_steps // rt.world_size
+
+
+def resume_checkpoint(cfg):
+    """The checkpoint a resumed run continues from (None for a new run), after checking that a new
+    run (from scratch or fine-tuning) never replaces the run in out_dir unasked. Raises CheckpointError."""
+    if cfg.init_from != "resume":
+        if checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
+            raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). "
+                                  f"Continue it with --init_from=resume, choose another --out_dir, or pass "
+                                  f"--overwrite=True to replace it")
+        return None
+    path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
+    if not os.path.exists(path):
+        raise CheckpointError(f"--init_from=resume but {path} does not exist; start with --init_from=scratch")
+    return path
+
+
+def build_model(cfg, rt, resume_path):
+    """The run's model on rt.device: new from the config (init seeded by cfg.seed), the checkpoint's
+    at resume_path to resume, or a pretrained source's to fine-tune (its new parameters, such as
+    anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg with the model's settings filled in,
+    model, the checkpoint dict or None). Raises CheckpointError or PretrainedError."""
+    torch.manual_seed(cfg.seed)
+    ckpt = read_checkpoint(resume_path, map_location=rt.device) if resume_path else None
+    if cfg.init_from in ("scratch", "resume"):
+        # a checkpoint's model_args win; settings it predates keep the config's values
+        model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **(ckpt["model_args"] if ckpt else {})}
+        model = GPT(GPTConfig(**model_args))
+    else:
+        model = load_pretrained(cfg.init_from, **cfg.model_settings())
+    return replace(cfg, **asdict(model.config)), model.to(rt.device), ckpt
+
+
+def open_data(cfg):
+    """The run's token memmaps and fixed batch index streams (batches.RunData). Raises DataError."""
+    data_dir = cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
+    return open_run_data(data_dir, f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
+                         cfg.batch_size * cfg.gradient_accumulation_steps, cfg.batch_size, cfg.block_size,
+                         cfg.eval_iters, cfg.vocab_size)
+
+
+def prepare_out_dir(cfg, rt):
+    """A new run replaces the run in out_dir (allowed by resume_checkpoint): its checkpoints and
+    metrics.jsonl go, on rank 0, once every check has passed."""
+    if rt.master and cfg.init_from != "resume":
+        remove_checkpoints(cfg.out_dir)
+        if os.path.exists(os.path.join(cfg.out_dir, "metrics.jsonl")):
+            os.remove(os.path.join(cfg.out_dir, "metrics.jsonl"))
+
+
+def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
+    """metrics.jsonl (and wandb, continuing state.wandb_id) with the run's header record, and
+    out_dir/config.json; prints the resolved config. Returns the runlog.RunLog."""
+    out = open_run_log(cfg.out_dir, rt.master, cfg.wandb_log, state.wandb_id or None, project=cfg.wandb_project,
+                       group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
+    state.wandb_id = out.wandb.id or ""
+    header = run_header(state.step, __file__, run_name=run_name, config_files=config_files,
+                        torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
+                        tokens_per_iter=tokens_per_iter, non_embedding_params=model.get_num_params(),
+                        config=asdict(cfg), data=data_fingerprint)
+    out.log(header)
+    if rt.master:
+        write_json(os.path.join(cfg.out_dir, "config.json"), header)
+    out.print(json.dumps(asdict(cfg), indent=2))
+    out.print(f"{run_name}: query_mode={cfg.query_mode}, {model.get_num_params():,} non-embedding parameters, "
+              f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
+              + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else ""))
+    return out
+
+
 def train(cfg, config_files, rt):
     """Train (or resume, or evaluate) the run that `cfg` describes on the processes of `rt`
     (runtime.setup). Returns the exit status: 0 finished or stopped by a signal with a
@@ -103,140 +184,92 @@ def train(cfg, config_files, rt):
     PretrainedError, before anything in out_dir is written, for a run that cannot start."""
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
-    if cfg.gradient_accumulation_steps % rt.world_size:
-        raise SetupError(
-            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
-            f"{rt.world_size} processes; each process runs gradient_accumulation_steps / {rt.world_size} of the "
-            f"step's micro-batches. Choose a multiple of {rt.world_size} (and adjust batch_size to keep the tokens "
-            f"per step)")
-    micro_steps = cfg.gradient_accumulation_steps // rt.world_size  # per process
-
-    # the run in out_dir: one at a time, and a new run (from scratch or fine-tuning) never replaces one unasked
-    if rt.master:
-        hold_out_dir(cfg.out_dir)  # held until this process ends (lock.py)
-    new_run = cfg.init_from != "resume"
-    if new_run and checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
-        raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). Continue "
-                              f"it with --init_from=resume, choose another --out_dir, or pass --overwrite=True to "
-                              f"replace it")
-    resume_path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
-    if not new_run and not os.path.exists(resume_path):
-        raise CheckpointError(f"--init_from=resume but {resume_path} does not exist; start with --init_from=scratch")
-
-    # the model: new from the config, the checkpoint's to resume, or a pretrained one to fine-tune,
-    # whose settings then fill in the config's
-    model_settings = cfg.model_settings()
-    torch.manual_seed(cfg.seed)  # the init, and a fine-tuned model's new parameters (anchored_res_gelu's f)
-    if cfg.init_from == "resume":
-        ckpt = read_checkpoint(resume_path, map_location=rt.device)
-        cfg = replace(cfg, **ckpt["model_args"])
-    if cfg.init_from in ("scratch", "resume"):
-        raw_model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
-    else:
-        raw_model = load_pretrained(cfg.init_from, **model_settings)
-        cfg = replace(cfg, **asdict(raw_model.config))
-    raw_model.to(rt.device)
+    micro_steps = micro_steps_per_process(cfg, rt)
+    if rt.master:  # one run per out_dir, held until this process ends (lock.py)
+        hold_out_dir(cfg.out_dir)
+    resume_path = resume_checkpoint(cfg)
+    model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
+    cfg, raw_model, ckpt = build_model(cfg, rt, resume_path)
     model_args = {k: getattr(cfg, k) for k in model_config_keys()}
     B, T = cfg.batch_size, cfg.block_size
     tokens_per_iter = cfg.gradient_accumulation_steps * B * T
-
-    # data: token memmaps and the fixed batch index streams (batches.py)
-    data_dir = cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
-    data = open_run_data(data_dir, f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
-                         B * cfg.gradient_accumulation_steps, B, T, cfg.eval_iters, cfg.vocab_size)
+    data = open_data(cfg)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = None  # lm-eval's tasks (downstream.py), imported only when asked for; checked here, before the run
     if cfg.eval_tasks:
         from nonlinear_queries.downstream import DownstreamEval
 
         downstream = DownstreamEval(cfg, rt)
-
-    if cfg.init_from == "resume":
+    if ckpt:
         check_resumable(ckpt, resume_path, model_settings, data_fingerprint, data.files())
+
     # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
     # the optimizers are built on what the processes hold (under FSDP, the shards)
     model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing)
     params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
-    start_step, wandb_id, resumed_after_eval, streak = 0, None, False, 0
-    if cfg.init_from == "resume":
+    state = TrainState()
+    if ckpt:
         load_training_state(ckpt, resume_path, raw_model, optimizers)
-        start_step, wandb_id = ckpt["step"], ckpt["wandb_id"] or None
-        resumed_after_eval, streak = ckpt["evaluated"], ckpt["steps_above_threshold"]
+        state = TrainState.from_checkpoint(ckpt)
         del ckpt
-    if start_step > cfg.max_iters:
-        raise CheckpointError(f"the checkpoint is at step {start_step}, past max_iters={cfg.max_iters}")
+    if state.step > cfg.max_iters:
+        raise CheckpointError(f"the checkpoint is at step {state.step}, past max_iters={cfg.max_iters}")
+    start_step, resumed_after_eval = state.step, state.evaluated
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
-    # logging (runlog.py): a new run replaces the run in out_dir (allowed by --overwrite=True above)
-    if rt.master and new_run:
-        remove_checkpoints(cfg.out_dir)
-        if os.path.exists(os.path.join(cfg.out_dir, "metrics.jsonl")):
-            os.remove(os.path.join(cfg.out_dir, "metrics.jsonl"))
-    out = open_run_log(cfg.out_dir, rt.master, cfg.wandb_log, wandb_id, project=cfg.wandb_project,
-                       group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
-    wandb_id = out.wandb.id
-    header = run_header(start_step, __file__, run_name=run_name, config_files=config_files,
-                        torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
-                        tokens_per_iter=tokens_per_iter, non_embedding_params=raw_model.get_num_params(),
-                        config=asdict(cfg), data=data_fingerprint)
-    out.log(header)
-    if rt.master:
-        write_json(os.path.join(cfg.out_dir, "config.json"), header)
-    out.print(json.dumps(asdict(cfg), indent=2))
-    out.print(f"{run_name}: query_mode={cfg.query_mode}, {raw_model.get_num_params():,} non-embedding parameters, "
-              f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
-              + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else ""))
-    if cfg.init_from == "resume":
+    prepare_out_dir(cfg, rt)
+    out = open_log(cfg, rt, state, run_name, config_files, raw_model, data_fingerprint, tokens_per_iter)
+    if resume_path:
         out.print(f"resuming from {resume_path} at step {start_step}")
     elif cfg.init_from != "scratch":
         out.print(f"fine-tuning from {raw_model.loaded_from.path} ({raw_model.loaded_from.kind})")
 
     stop = StopFlag().install()  # acted on after the step in flight, by every rank at the same step
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
-    step, last_ckpt_step = start_step, (start_step if cfg.init_from == "resume" else None)
+    last_ckpt_step = start_step if resume_path else None
     ckpt_path = resume_path  # the newest checkpoint, once this run has written one its own
     t_start = t_last = time.time()
     steps_since_log, stopping = 0, False
     while True:
         # evaluate, then checkpoint what was evaluated
-        evaluated = should_eval(step, cfg, start_step, resumed_after_eval, stopping)
-        if evaluated:
+        state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
+        if state.evaluated:
             losses = evaluate(model, eval_splits, T, rt.device, rt.autocast, rt)
-            out.print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            out.log({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"]})
+            out.print(f"step {state.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+            out.log({"type": "eval", "step": state.step, "train_loss": losses["train"], "val_loss": losses["val"]})
             if cfg.diagnostics:  # on the uncompiled model, in eval mode: no training number changes
                 diag = diagnose(raw_model, data.val, data.val_eval_idx[:cfg.diagnostics_batches], T, rt.device,
                                 rt.autocast)
-                out.log({"type": "diag", "step": step, **diag})
+                out.log({"type": "diag", "step": state.step, **diag})
                 top = max(diag["attn_logit_max"])
-                out.print(f"step {step}: max attention logit {top:.2f} (layer {diag['attn_logit_max'].index(top)}), "
-                          f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
-        if rt.master and downstream and downstream.due(step, start_step, resumed_after_eval, stopping):
-            for record in downstream.evaluate(raw_model, step):
+                out.print(f"step {state.step}: max attention logit {top:.2f} "
+                          f"(layer {diag['attn_logit_max'].index(top)}), attention entropy "
+                          f"{sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
+        if rt.master and downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
+            for record in downstream.evaluate(raw_model, state.step):
                 out.print(downstream.describe(record))
                 out.log(record)
-        if should_save(step, cfg, start_step, evaluated, stopping):
+        if should_save(state.step, cfg, start_step, state.evaluated, stopping):
             ckpt_path = save_training_state(cfg.out_dir, raw_model, optimizers, {
-                "model_args": model_args, "step": step, "evaluated": evaluated, "steps_above_threshold": streak,
-                "config": asdict(cfg), "data": data_fingerprint, "wandb_id": wandb_id or ""},
+                "model_args": model_args, "config": asdict(cfg), "data": data_fingerprint, **state.state_dict()},
                 cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
-            out.print(f"saved checkpoint to {ckpt_path} (step {step})")
-            last_ckpt_step, t_last = step, time.time()
+            out.print(f"saved checkpoint to {ckpt_path} (step {state.step})")
+            last_ckpt_step, t_last = state.step, time.time()
         if stopping:
-            out.print(f"stopped by {stop.signal or 'a signal to another process'} after step {step}; "
+            out.print(f"stopped by {stop.signal or 'a signal to another process'} after step {state.step}; "
                       f"the checkpoint is {ckpt_path}. Resume with:\n  {resume_command(rt)}")
             out.finish(0)
             return 0
-        if step >= cfg.max_iters or cfg.eval_only:
+        if state.step >= cfg.max_iters or cfg.eval_only:
             break
 
         # one step: this rank's contiguous share of row `step` of the train index
-        lr = get_lr(step, cfg)
+        lr = get_lr(state.step, cfg)
         set_learning_rates(optimizers, lr, cfg)
-        row = data.train_idx[step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
-        seeds = [dropout_seed(cfg.seed, step, rt.rank * micro_steps + k) for k in range(micro_steps)]
+        row = data.train_idx[state.step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
+        seeds = [dropout_seed(cfg.seed, state.step, rt.rank * micro_steps + k) for k in range(micro_steps)]
         loss_sum, grad_norm = train_step(train_model, params, optimizers, scaler,
                                          lambda k: get_batch(data.train, row[k * B : (k + 1) * B], T, rt.device),
                                          micro_steps, rt.autocast, seeds, cfg.z_loss, cfg.grad_clip)
@@ -248,14 +281,15 @@ def train(cfg, config_files, rt):
         train_loss, norm, stopping = loss_total / cfg.gradient_accumulation_steps, grad_norm.item(), stop_votes > 0
 
         # the divergence guard, before the update, so a diverged step never reaches the weights
-        diverged, streak = divergence_reason(train_loss, norm, streak, cfg.divergence_threshold,
-                                             cfg.divergence_patience, check_grad_norm=not scaler.is_enabled())
+        diverged, state.steps_above_threshold = divergence_reason(
+            train_loss, norm, state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
+            check_grad_norm=not scaler.is_enabled())
         if diverged:
-            out.log({"type": "diverged", "step": step + 1, "reason": diverged, "loss": train_loss,
+            out.log({"type": "diverged", "step": state.step + 1, "reason": diverged, "loss": train_loss,
                      "grad_norm": norm, "lr": lr, "last_checkpoint_step": last_ckpt_step})
             kept = (f"the last checkpoint, {ckpt_path} (step {last_ckpt_step}), is untouched"
                     if last_ckpt_step is not None else "no checkpoint was written")
-            out.print(f"diverged at step {step + 1}: {diverged}. The run stopped before applying that update; "
+            out.print(f"diverged at step {state.step + 1}: {diverged}. The run stopped before applying that update; "
                       f"{kept}. A lower learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records "
                       f"it as 'diverged'.", file=sys.stderr)
             out.finish(3)
@@ -265,15 +299,15 @@ def train(cfg, config_files, rt):
             scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         scaler.update()
-        step += 1
+        state.step += 1
         steps_since_log += 1
 
-        if step % cfg.log_interval == 0:
+        if state.step % cfg.log_interval == 0:
             dt = (time.time() - t_last) / steps_since_log
             t_last, steps_since_log = time.time(), 0
-            record = {"type": "train", "step": step, "loss": train_loss, "lr": lr, "grad_norm": norm,
+            record = {"type": "train", "step": state.step, "loss": train_loss, "lr": lr, "grad_norm": norm,
                       "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_iter / dt}
-            line = (f"step {step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, "
+            line = (f"step {state.step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, "
                     f"{tokens_per_iter / dt:,.0f} tokens/s")
             if peak:
                 record["mfu"] = mfu(flops_per_token, tokens_per_iter / dt, peak, rt.world_size)
@@ -281,7 +315,7 @@ def train(cfg, config_files, rt):
             out.print(line)
             out.log(record)
 
-    out.print(f"done: step {step}, {time.time() - t_start:.0f} s of training and evaluation")
+    out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
     out.finish(0)
     return 0
 

@@ -41,7 +41,7 @@ import re
 import shutil
 import sys
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,29 @@ from nonlinear_queries.atomic import atomic_path, fsync_path
 from nonlinear_queries.batches import fingerprint_change
 from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
 
-CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "step", "evaluated", "steps_above_threshold", "data", "wandb_id"}
+
+@dataclass
+class TrainState:
+    """The training loop's own state, saved in every checkpoint beside the weights, the optimizer
+    states, the model and training configs and the data fingerprints, and restored as one unit
+    (its fields are checkpoint keys, spelled only here)."""
+
+    step: int = 0  # optimizer updates done
+    evaluated: bool = False  # whether the evaluation of `step` is in metrics.jsonl already
+    steps_above_threshold: int = 0  # the divergence guard's streak at `step` (training.divergence_reason)
+    wandb_id: str = ""  # the wandb run to continue, '' if none
+
+    def state_dict(self):
+        """The checkpoint entries of this state: {field: value}."""
+        return asdict(self)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt):
+        """The state a checkpoint dict (or a sharded checkpoint's meta) was saved with."""
+        return cls(**{f.name: ckpt[f.name] for f in fields(cls)})
+
+
+CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "data", *(f.name for f in fields(TrainState))}
 # what meta.pt of a sharded checkpoint holds: the keys above but the weights and states, which are shards
 SHARDED_KEYS = CHECKPOINT_KEYS - {"model", "optimizer"} | {"optimizers", "param_groups"}
 

@@ -19,13 +19,14 @@ from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
 import analyze
-import compare
 from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, rope_angles
 from nonlinear_queries.checkpoint import load_checkpoint_file
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
 from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
+from nonlinear_queries.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.runlog import RunLog
+from nonlinear_queries.runs import load_run, make_groups
 from nonlinear_queries.runtime import parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
 
@@ -266,7 +267,7 @@ def test_compare_reads_diag_records_and_pools_runs_with_diagnostics_on_and_off(r
     rows = list(csv.DictReader(run_script("compare.py", *runs, off, "--format=csv").stdout.splitlines()))
     assert [(r["run"], r["n"], float(r["val_loss_mean"])) for r in rows] == [
         ("baseline", "3", pytest.approx(3.2)), ("res_gelu", "1", 2.9)]
-    assert compare.load_run(runs[0]).diags[100]["attn_logit_max"] == [2.0, 4.0]
+    assert load_run(runs[0]).diags[100]["attn_logit_max"] == [2.0, 4.0]
 
 
 def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
@@ -288,10 +289,10 @@ def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
     assert lines[0] == "| diagnostic | baseline (n=2) | res_gelu (n=1) |"
     assert "| attn_logit_max | 1.5 ± 0.707 | 1 |" in lines and "| query_cos | - | 0.8 |" in lines
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    loaded = [compare.load_run(r) for r in runs]
-    groups = compare.make_groups(loaded, {"seed"})
+    loaded = [load_run(r) for r in runs]
+    groups = make_groups(loaded, {"seed"})
     names = analyze.diagnostic_names([d for r in loaded for d in r.diags.values()])
-    fig = analyze.plot(groups, names)
+    fig = plot_diagnostics(groups, names)
     # a panel per diagnostic, then a heatmap (with its colorbar) per arm
     assert [ax.get_title() for ax in fig.axes[: len(names)]] == [f"{n}, mean over layers" for n in names]
     assert len(fig.axes) == len(names) + 2 * len(groups)

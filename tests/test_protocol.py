@@ -15,6 +15,7 @@ from conftest import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.batches import get_batch, index_file, open_tokens
 from nonlinear_queries.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.runs import read_sweep
 from nonlinear_queries.train_config import TrainConfig
 
 
@@ -106,7 +107,7 @@ def test_sweep_runs_every_point_skips_finished_ones_and_resumes_an_unfinished_on
         assert [r["step"] for r in read_metrics(sweep_dir / name, "eval")] == [0, 2, 4]
     # resumed from step 2, not restarted: a second config record at step 2, and step 0 evaluated once
     assert [r["step"] for r in read_metrics(unfinished, "config")] == [0, 2]
-    record = json.loads((sweep_dir / "sweep.json").read_text())
+    record = read_sweep(sweep_dir)
     assert record["points"] == {name: "done" for name in names} and "--grid" in record["command"]
 
     before = {name: (sweep_dir / name / "metrics.jsonl").read_bytes() for name in names}
@@ -130,6 +131,29 @@ def test_sweep_skips_a_diverged_point_and_checks_every_config_first(shakespeare_
     proc = run_script("sweep.py", *TINY, "--grid", "learning_rate=1e-3,fast", check=False)
     assert proc.returncode == 2 and "learning_rate must be float" in proc.stderr
     assert sorted(os.listdir(sweep_dir)) == ["learning_rate=1e-3,seed=1"]  # nothing ran
+
+
+def test_a_diverged_then_resumed_point_is_done_for_sweep_and_compare_alike(shakespeare_dir, tmp_path):
+    # diverged at step 3, then resumed from its step-2 checkpoint (a config record at step 2) and finished at 4:
+    # the restart drops the divergence, for sweep.py's status as for compare.py's table
+    sweep_dir = tmp_path / "sweep"
+    point = sweep_dir / "learning_rate=1e-3,seed=1"
+    point.mkdir(parents=True)
+    config = asdict(parse_config(TrainConfig, [*TINY, "--max_iters=4", "--seed=1"])[0])
+    head = {"type": "config", "step": 0, "run_name": "tiny", "non_embedding_params": 1, "config": config}
+    records = [head, {"type": "eval", "step": 2, "train_loss": 5.0, "val_loss": 5.1}, {"type": "diverged", "step": 3},
+               {**head, "step": 2}, {"type": "eval", "step": 2, "train_loss": 5.0, "val_loss": 5.2},
+               {"type": "eval", "step": 4, "train_loss": 4.8, "val_loss": 4.9}]
+    (point / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = sweep(shakespeare_dir, sweep_dir, "--dry_run").stdout
+    assert "learning_rate=1e-3,seed=1: done, skipped" in out and out.count(": starting") == 3
+    rows = list(csv.DictReader(run_script("compare.py", str(point), "--format=csv").stdout.splitlines()))
+    assert [(r["step"], r["val_loss_mean"], r["n"], r["diverged"]) for r in rows] == [("4", "4.9", "1", "")]
+    # without the restart record the same point stays diverged in both
+    (point / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:3]))
+    assert "diverged at step 3, skipped" in sweep(shakespeare_dir, sweep_dir, "--dry_run").stdout
+    proc = run_script("compare.py", str(point), "--format=csv", check=False)
+    assert proc.returncode == 1 and "every run diverged" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,153 @@
+"""
+The figures of compare.py (the paper's Figure 1: loss and relative improvement over steps) and analyze.py (the
+diagnostics over steps and the attn_logit_max heatmaps), as matplotlib Figures (no pyplot: no display, no global
+state; matplotlib is imported inside the functions, since only --plot needs it).
+
+Colours: arms of one family (compare.py: the same query_mode, e.g. the baseline, its QK-norm variant and MLP4.75;
+analyze.py: the same run_name at several rates) share one hue and differ in lightness and marker, and families
+get different hues, so that arms meant to be compared side by side stay apart and related arms look related.
+Legends sit outside the axes, off the data.
+"""
+
+import numpy as np
+
+from nonlinear_queries.runs import layer_mean, pooled
+from nonlinear_queries.stats import step_list
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
+
+
+def styles(keys):
+    """[(color, marker)] for items whose family is keys[i]: each family one hue of matplotlib's tab10 cycle
+    (C0-C9, in order of first appearance; they repeat after 10 families), its members from a darker (mixed 40%
+    with black) to a lighter (mixed 50% with white) shade of it, and each member its own marker."""
+    from matplotlib.colors import to_rgb
+
+    families = list(dict.fromkeys(keys))
+    sizes = {k: keys.count(k) for k in families}
+    seen = {k: 0 for k in families}
+    out = []
+    for key in keys:
+        i, size = seen[key], sizes[key]
+        seen[key] += 1
+        base = np.array(to_rgb(f"C{families.index(key) % 10}"))
+        mix = -0.4 + 0.9 * i / (size - 1) if size > 1 else 0.0
+        color = base * (1 + mix) if mix < 0 else base + (1 - base) * mix
+        out.append((tuple(color), MARKERS[i % len(MARKERS)]))
+    return out
+
+
+def curve(group):
+    """A group's curve: (steps, losses) with losses of shape (runs, steps, 2) holding (train_loss, val_loss) at the
+    eval steps after step 0 that all its pooled runs have (runs.pooled: an all-diverged group keeps its runs, so
+    its curve ends where they stopped)."""
+    runs = pooled(group)
+    steps = sorted(set.intersection(*(set(r.evals) for r in runs)) - {0})
+    losses = np.array([[r.evals[s] for s in steps] for r in runs], dtype=float).reshape(len(runs), len(steps), 2)
+    return np.array(steps, dtype=np.int64), losses
+
+
+def loss_curves(groups, baseline):
+    """Figure 1 of the paper: top, the loss vs step of every group (val solid, train dashed; the mean over its
+    runs, a band from the lowest to the highest run when n > 1); bottom, the relative improvement over the
+    baseline group's mean, 100 (L_base - L) / L_base (%), at the steps both have: the group's mean, and for the
+    val loss a band of ± one sample std of its runs' improvements. Step 0 is left out: the untrained loss, about
+    ln(vocab_size), would squash the y-range. Runs that diverged are left out of a group that has others; a group
+    whose runs all diverged is drawn on top only, up to where they stopped; the legend says which."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 8), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    base_steps, base_losses = curve(baseline)
+    for group, (color, marker) in zip(groups, styles([g.header["config"]["query_mode"] for g in groups])):
+        steps, losses = curve(group)
+        diverged = [r.diverged for r in group.runs if r.diverged is not None]
+        note = f" ({len(diverged)} of {len(group.runs)} diverged, left out)" if diverged else ""
+        if len(diverged) == len(group.runs):
+            note = f" (diverged at {step_list(diverged)})"
+        _, mine, theirs = np.intersect1d(steps, base_steps, return_indices=True)
+        base_mean = base_losses.mean(axis=0)[theirs]
+        for j, style in ((1, "-"), (0, "--")):
+            top.plot(steps, losses[:, :, j].mean(axis=0), style, marker=marker, markersize=3, color=color,
+                     label=None if j == 0 else group.label + note)
+            if len(losses) > 1:
+                top.fill_between(steps, losses[:, :, j].min(axis=0), losses[:, :, j].max(axis=0), color=color,
+                                 alpha=0.15, linewidth=0)
+            # a diverged group's early losses would set the scale of the improvements that matter
+            if len(diverged) < len(group.runs):
+                rel = 100 * (base_mean[:, j] - losses[:, mine, j]) / base_mean[:, j]
+                bottom.plot(steps[mine], rel.mean(axis=0), style, marker=marker, markersize=3, color=color)
+                # the val loss's band only: with the train loss's too, a figure of many arms turns to mud
+                if len(rel) > 1 and j == 1:
+                    spread = rel.std(axis=0, ddof=1)
+                    bottom.fill_between(steps[mine], rel.mean(axis=0) - spread, rel.mean(axis=0) + spread,
+                                        color=color, alpha=0.1, linewidth=0)
+    bottom.axhline(0, color="gray", linewidth=0.8)
+    top.set_ylabel("loss (nats per token)")
+    top.legend(title="val loss solid, train loss dashed", loc="upper left", bbox_to_anchor=(1.01, 1),
+               fontsize="small")
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("rel. improvement (%)")
+    bottom.set_title(f"(L_base - L) / L_base, baseline: {baseline.label}; band: val, ± std over runs",
+                     fontsize="medium")
+    return fig
+
+
+def diagnostic_curve(group, name):
+    """(steps, values (runs, steps)) of a diagnostic's layer mean over a group's pooled runs, at the diag steps
+    they all have; values None where the diagnostic is undefined for the group."""
+    runs = pooled(group)
+    steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
+    values = [[layer_mean(r.diags[s].get(name, [])) for s in steps] for r in runs]
+    if all(v is None for row in values for v in row):
+        return steps, None
+    return steps, np.array(values, dtype=float)
+
+
+def diagnostics(groups, names):
+    """analyze.py's figure: one panel per diagnostic over the steps, each group a line (its mean over runs, a band
+    from its lowest to its highest run; each arm, its run_name, one colour family), the legend above the panels;
+    then per group a layers x steps heatmap of attn_logit_max, the mean over its runs, all on one color scale."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    cols = 3
+    panel_rows, map_rows = -(-len(names) // cols), -(-len(groups) // cols)
+    fig = Figure(figsize=(4.2 * cols, 3.0 * (panel_rows + map_rows) + 0.6), layout="constrained")
+    grid = fig.add_gridspec(panel_rows + map_rows, cols)
+    looks = styles(["/".join(dict.fromkeys(r.header["run_name"] for r in g.runs)) for g in groups])
+    handles = {}
+    for k, name in enumerate(names):
+        ax = fig.add_subplot(grid[k // cols, k % cols])
+        for group, (color, marker) in zip(groups, looks):
+            steps, values = diagnostic_curve(group, name)
+            if values is None:
+                continue
+            (line,) = ax.plot(steps, values.mean(axis=0), marker=marker, markersize=3, color=color,
+                              label=group.label)
+            handles.setdefault(group.label, line)
+            if len(values) > 1:
+                ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15, linewidth=0)
+        ax.set_title(f"{name}, mean over layers", fontsize="medium")
+        ax.set_xlabel("step")
+    fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncols=min(len(handles), 3),
+               fontsize="small")
+    maps = []
+    for group in groups:
+        runs = pooled(group)
+        steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
+        maps.append((steps, np.array([[r.diags[s]["attn_logit_max"] for s in steps] for r in runs],
+                                     dtype=float).mean(axis=0)))
+    low, high = min(m.min() for _, m in maps), max(m.max() for _, m in maps)
+    for i, (group, (steps, heat)) in enumerate(zip(groups, maps)):
+        ax = fig.add_subplot(grid[panel_rows + i // cols, i % cols])
+        image = ax.imshow(heat.T, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high,
+                          extent=(-0.5, len(steps) - 0.5, -0.5, heat.shape[1] - 0.5))
+        ticks = np.unique(np.linspace(0, len(steps) - 1, min(len(steps), 6)).round().astype(int))
+        ax.set_xticks(ticks, [str(steps[t]) for t in ticks])
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{group.label}: attn_logit_max", fontsize="medium")
+        fig.colorbar(image, ax=ax)
+    return fig

@@ -1,0 +1,261 @@
+"""
+The one reader of what train.py and sweep.py leave on disk: a run directory (metrics.jsonl, config.json) and a
+sweep directory (one run per subdirectory, sweep.json). compare.py, analyze.py and sweep.py all read through it,
+so a run has one history and one status wherever it is read.
+
+A run's history is its metrics.jsonl as it stands now: a `config` record at step s (a restart) replaces what an
+earlier session logged after step s, and of records logged twice the later one counts. A line that is not a JSON
+record (torn by a crash, or damaged) is skipped with one warning naming it (runlog.read_metrics).
+"""
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+from nonlinear_queries.runlog import read_metrics
+
+# settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
+IGNORED_KEYS = {
+    "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
+    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
+    "backend", "peak_flops", "device", "eval_tasks", "eval_tasks_interval", "eval_tasks_limit",
+    "eval_tasks_include_path", "parallelism", "activation_checkpointing", "diagnostics", "diagnostics_batches",
+}
+
+
+class RunsError(ValueError):
+    """Run directories that cannot be read as asked; the message says what to pass instead."""
+
+
+@dataclass
+class Run:
+    """One run directory: train.py's config header, its evals {step: (train_loss, val_loss)} (nats per token),
+    the step at which it diverged (None if it did not), its downstream scores {step: {"task/metric": value}} and
+    its diagnostics {step: {name: [value per layer]}} (the `diag` records, diagnostics.py)."""
+
+    out_dir: str
+    header: dict
+    evals: dict
+    diverged: int | None
+    downstream: dict
+    diags: dict = field(default_factory=dict)
+
+    @property
+    def config(self):
+        return self.header["config"]
+
+
+@dataclass
+class Group:
+    """Runs with equal settings apart from the pooled keys (e.g. the seed), under a label unique in a table."""
+
+    label: str
+    runs: list
+
+    @property
+    def header(self):
+        return self.runs[0].header
+
+
+def read_records(path, warn=True):
+    """The records of a metrics.jsonl as the run stands now. A `config` record at step s, written at a restart,
+    drops the records of earlier sessions past step s (the resumed run logs those steps again). warn=False
+    skips damaged lines silently (for a status check; the reader of the numbers reports them)."""
+    records = []
+    for record in read_metrics(path, warn=warn):
+        if record["type"] == "config":
+            records = [r for r in records if r["step"] <= record["step"]]
+        records.append(record)
+    return records
+
+
+def history(records):
+    """(evals, diverged, downstream, diags) of a run's records (read_records): evals {step: (train_loss,
+    val_loss)}, the step of its last `diverged` record or None, downstream {step: {"task/metric": value}},
+    diags {step: {name: [value per layer]}}; a step logged twice keeps its later record."""
+    evals = {r["step"]: (r["train_loss"], r["val_loss"]) for r in records if r["type"] == "eval"}
+    diverged = [r["step"] for r in records if r["type"] == "diverged"]
+    downstream = {}
+    for r in records:
+        if r["type"] == "downstream":
+            downstream.setdefault(r["step"], {}).update(
+                {f"{r['task']}/{k}": v for k, v in r.items() if k not in ("type", "step", "task")})
+    diags = {r["step"]: {k: v for k, v in r.items() if k not in ("type", "step")}
+             for r in records if r["type"] == "diag"}
+    return evals, diverged[-1] if diverged else None, downstream, diags
+
+
+def load_run(path):
+    """Read a run directory into a Run: config.json, else the last `config` record of metrics.jsonl, as the
+    header. Raises RunsError if it has neither."""
+    records = read_records(os.path.join(path, "metrics.jsonl"))
+    headers = [r for r in records if r["type"] == "config"]
+    if os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as f:
+            headers.append(json.load(f))
+    if not headers:
+        raise RunsError(f"{path} has neither config.json nor a config record in metrics.jsonl; pass runs written "
+                        f"by train.py")
+    return Run(path, headers[-1], *history(records))
+
+
+def run_status(out_dir, max_iters):
+    """sweep.py's status of a run directory that should reach max_iters: 'done' (an eval at max_iters),
+    'diverged at step k', 'resume' (a checkpoint to continue from) or 'new', read with the restart rule, so
+    that a run that diverged and was resumed past it counts as compare.py counts it."""
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    if os.path.isfile(metrics):
+        evals, diverged, _, _ = history(read_records(metrics, warn=False))
+        if diverged is not None:
+            return f"diverged at step {diverged}"
+        if max_iters in evals:
+            return "done"
+    return "resume" if any(os.path.exists(os.path.join(out_dir, n)) for n in ("ckpt.pt", "ckpt.dcp")) else "new"
+
+
+def read_sweep(sweep_dir):
+    """The record sweep.py keeps in SWEEP_DIR/sweep.json ({"command": ..., "points": {point: status}}), or None
+    where there is none."""
+    path = os.path.join(sweep_dir, "sweep.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def fill_defaults(runs):
+    """Give a setting that only some runs' configs have (one added to train.py after the others ran) today's
+    default where it is missing: the defaults reproduce what the older code did."""
+    keys = set().union(*(r.config for r in runs))
+    if all(keys <= set(r.config) for r in runs):
+        return
+    # imported only here: train_config imports model, and so torch, which takes seconds
+    from nonlinear_queries.train_config import TrainConfig
+
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    for run in runs:
+        for key in keys - set(run.config):
+            if key in defaults:
+                run.config[key] = defaults[key]
+
+
+def find_run_dirs(paths):
+    """Run directories named in `paths`: a directory holding metrics.jsonl is a run; one that does not but whose
+    subdirectories do (a sweep) stands for those, sorted. A run named twice counts once. Raises RunsError for a
+    path that is neither."""
+    dirs = []
+    for path in paths:
+        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+            dirs.append(path)
+            continue
+        subdirs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
+        runs = [d for d in subdirs if os.path.isfile(os.path.join(d, "metrics.jsonl"))]
+        if not runs:
+            raise RunsError(f"{path} is not a run directory (one holding the metrics.jsonl and config.json that "
+                            f"train.py writes) nor a directory of such runs; pass the out_dir of a train.py run")
+        dirs += runs
+    unique = {}
+    for d in dirs:
+        unique.setdefault(os.path.realpath(d), d)
+    return list(unique.values())
+
+
+def read_runs(paths, group_over):
+    """(runs, the set of keys to pool over): the runs under `paths` (find_run_dirs), their configs filled with
+    train.py's defaults, and `group_over` (comma-separated config keys) checked against them. Raises RunsError
+    naming a key that no run's config has."""
+    runs = [load_run(d) for d in find_run_dirs(paths)]
+    fill_defaults(runs)
+    keys = set(group_over.split(","))
+    unknown = keys - set().union(*(r.config for r in runs))
+    if unknown:
+        raise RunsError(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; pass config "
+                        f"keys such as seed or data_seed")
+    return runs, keys
+
+
+def make_groups(runs, group_over):
+    """Group runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first appearance.
+    Each group's label is its run_name, plus key=value for every setting in which it differs from another group
+    of the same run_name."""
+    skip = IGNORED_KEYS | group_over
+    members = {}
+    for run in runs:
+        key = json.dumps({k: v for k, v in run.config.items() if k not in skip}, sort_keys=True)
+        members.setdefault(key, []).append(run)
+    names = ["/".join(dict.fromkeys(run.header["run_name"] for run in group)) for group in members.values()]
+    groups = []
+    for name, group in zip(names, members.values()):
+        configs = [other[0].config for n, other in zip(names, members.values()) if n == name]
+        keys = [k for k in dict.fromkeys(k for c in configs for k in c)
+                if k not in skip and len({json.dumps(c.get(k, "(unset)")) for c in configs}) > 1]
+        groups.append(Group(" ".join([name] + [f"{k}={group[0].config.get(k, '(unset)')}" for k in keys]), group))
+    return groups
+
+
+def pooled(group):
+    """The runs of a group that count in a curve: those that did not diverge, or all when every one did (then
+    up to where they stopped)."""
+    return [r for r in group.runs if r.diverged is None] or group.runs
+
+
+def paired_losses(group, step, keys):
+    """{values of `keys` (e.g. the seed): val loss at `step`} of the group's runs that did not diverge and have an
+    eval there, the runs a paired comparison matches. Raises RunsError if two runs have the same values of
+    `keys`, since a pair would then be ambiguous."""
+    losses = {}
+    for run in group.runs:
+        if run.diverged is None and step in run.evals:
+            key = tuple(json.dumps(run.config.get(k)) for k in sorted(keys))
+            if key in losses:
+                raise RunsError(f"{group.label}: two runs with {', '.join(sorted(keys))} = {', '.join(key)}; "
+                                f"--paired needs one run per value (a run given twice under two paths?)")
+            losses[key] = run.evals[step][1]
+    return losses
+
+
+def find_baseline(groups, name):
+    """The group named by --baseline (a label or one of the run directories); the first group if name is None.
+    Raises RunsError if there is no such group."""
+    if name is None:
+        return groups[0]
+    for group in groups:
+        if name == group.label or any(os.path.realpath(name) == os.path.realpath(r.out_dir) for r in group.runs):
+            return group
+    raise RunsError(f"--baseline={name} is neither a group label nor a run directory given; "
+        f"labels: {', '.join(repr(g.label) for g in groups)}")
+
+
+def default_step(runs):
+    """The largest eval step that every run that did not diverge has reached; raises RunsError if there is none."""
+    alive = [r for r in runs if r.diverged is None]
+    if not alive:
+        raise RunsError("every run diverged, so no eval step is common to the runs that did not; pass --step=N")
+    common = set.intersection(*(set(r.evals) for r in alive))
+    if not common:
+        raise RunsError("no eval step is common to all runs that did not diverge; pass --step=N, or leave out the "
+                        "runs that have not reached an eval yet")
+    return max(common)
+
+
+def val_loss(run, step):
+    """A run's val loss at `step` (nats per token), None if it has no eval there."""
+    return run.evals[step][1] if step in run.evals else None
+
+
+def downstream_score(metric):
+    """value(run, step) of a downstream score "task/metric", None where the run has none."""
+    return lambda run, step: run.downstream.get(step, {}).get(metric)
+
+
+def diag_value(name):
+    """value(run, step) of a diagnostic (a `diag` record, diagnostics.py): its mean over the layers, None where
+    the run has none."""
+    return lambda run, step: layer_mean(run.diags.get(step, {}).get(name) or [])
+
+
+def layer_mean(values):
+    """The mean over the layers of one diagnostic ([value per layer]); None where it is undefined (None) at every
+    layer, as query_f_ratio is for a query without an f."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,518 @@
+"""
+Run a whole study with the held-out protocol, and run it again to continue it.
+
+    python study.py studies/ablations.toml --dry_run      # the plan: runs done, runs left, the cost
+    python study.py studies/ablations.toml                # run what is left, then write the tables
+
+A study file (TOML, read with the standard library's tomllib) names the arms (a config file
+plus overrides each), the tuning axis and its grid, the tuning seed, the held-out seeds, the
+horizons and sweep.py's launcher options; studies/*.toml are examples with every key. The
+protocol, for each horizon and each arm:
+
+1. tune: the grid on the tuning seed (its own data order: data_seed as configured);
+2. widen: while the best value sits at an edge of the grid, the next value beyond that edge
+   (x2 or /2) joins the grid, up to `max_widen` values per edge;
+3. report: the chosen value on every held-out seed. A held-out seed sets both the init seed
+   and data_seed (the same data order for every arm at that seed), so the spread covers the
+   data order as well as the initialization (`vary_data_order = false` keeps data_seed as
+   configured, as results/ablations was run);
+4. tables: compare.py's markdown with --select_on (choose on the tuning seed, report on the
+   held-out ones), Holm and paired columns, and its figure, written to RESULTS_DIR/TABLES.md and
+   RESULTS_DIR/figure*.png, regenerated on every run; the README beside them is a person's.
+
+Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
+based on in RESULTS_DIR/study.json. The runs go through sweep.py, one sweep per arm and stage, in
+RUNS_DIR/<horizon>/<arm>/<point>: finished points are skipped, interrupted ones resume. With a
+launcher that returns before its jobs finish (SLURM), the study stops after submitting and says
+so; run the same command again once they are done. Exit status: 0 ok (or waiting for jobs),
+1 a sweep failed, 2 a bad study file.
+"""
+
+import argparse
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+
+from nonlinear_queries.atomic import atomic_write, write_json
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.runs import history, read_records
+from nonlinear_queries.train_config import TrainConfig
+
+REPO = os.path.dirname(os.path.abspath(__file__))
+# assumed when no run of the study has finished yet: an H100's dense bf16 peak at a typical MFU
+DEFAULT_PEAK_FLOPS, DEFAULT_MFU = 989e12, 0.40
+
+
+class StudyError(Exception):
+    """A study file that cannot be run; the message names the file and the key."""
+
+
+@dataclass
+class Arm:
+    name: str
+    config: str  # a config file, relative to the repo root
+    overrides: dict = field(default_factory=dict)
+    grid: list = field(default_factory=list)  # this arm's starting tuning grid; [] = the study's
+
+
+@dataclass
+class Table:
+    """One compare.py table of TABLES.md at one horizon: `arms` in order (the first is the baseline
+    unless `args` say otherwise), `args` added to the protocol's flags, and compare.py's figure
+    written to `figure` where one is named."""
+
+    horizon: int  # max_iters of the horizon it compares
+    title: str
+    arms: list
+    args: list
+    figure: str
+
+
+@dataclass
+class Horizon:
+    """A training length (lr_decay_iters follows max_iters) and where its runs go. A horizon with
+    tune=false tunes nothing: its arms run the held-out seeds at the value chosen at the horizon
+    `chosen_from` (results/ablations' long runs were made so; a fair long-horizon answer tunes)."""
+
+    max_iters: int
+    subdir: str  # RUNS_DIR/<subdir>/<arm>; "" puts the arms in RUNS_DIR itself
+    arms: list  # the names of the arms run at this horizon
+    tune: bool
+    chosen_from: int  # with tune=false: the max_iters of the horizon whose chosen values are used
+    seeds: list  # the held-out seeds at this horizon
+
+
+@dataclass
+class Study:
+    """A parsed study file; see the module docstring and studies/*.toml."""
+
+    path: str
+    name: str
+    runs_dir: str
+    results_dir: str
+    arms: list
+    key: str  # the tuning axis, a TrainConfig key
+    grid: list  # its starting values, as written (they name the run directories)
+    max_widen: int
+    tuning_seed: int
+    vary_data_order: bool
+    horizons: list
+    launcher: dict
+    tables: list  # Table
+    peak_flops: float
+    mfu: float
+    seconds_per_step: float  # the cost of a step where no run of the study has finished yet; 0 = from FLOPs
+
+
+def _take(table, key, kind, where, default=None):
+    """table[key] checked to be of `kind`; `default` when absent (None: required). Raises StudyError."""
+    if key not in table:
+        if default is None:
+            raise StudyError(f"{where}: '{key}' is missing")
+        return default
+    value = table.pop(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise StudyError(f"{where}: '{key}' must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _no_more(table, where):
+    if table:
+        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(table))}")
+
+
+def load_study(path):
+    """Parse and check the study file at `path`. Returns a Study. Raises StudyError naming the file and key
+    (a missing or unknown key, a wrong type, an unknown config key, a config file that does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise StudyError(f"{path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise StudyError(f"{path} is not valid TOML: {e}") from None
+    name = _take(raw, "name", str, path, os.path.splitext(os.path.basename(path))[0])
+    results_dir = _take(raw, "results_dir", str, path, os.path.join("results", name))
+    runs_dir = _take(raw, "runs_dir", str, path, results_dir)
+    tuning = _take(raw, "tuning", dict, path)
+    where = f"{path} [tuning]"
+    key = _take(tuning, "key", str, where)
+    grid = [str(v) for v in _take(tuning, "grid", list, where)]
+    max_widen = _take(tuning, "max_widen", int, where, 3)
+    tuning_seed = _take(tuning, "seed", int, where)
+    _no_more(tuning, where)
+    held_out = _take(raw, "held_out", dict, path)
+    where = f"{path} [held_out]"
+    seeds = _take(held_out, "seeds", list, where)
+    vary = _take(held_out, "vary_data_order", bool, where, True)
+    _no_more(held_out, where)
+    if tuning_seed in seeds:
+        raise StudyError(f"{path}: the tuning seed {tuning_seed} is also a held-out seed; a value chosen on a seed "
+                         f"must not be reported on it")
+    raw_horizons = _take(raw, "horizon", list, path)
+    arms = []
+    for i, a in enumerate(_take(raw, "arm", list, path)):
+        where = f"{path} [[arm]] {i + 1}"
+        arm = Arm(_take(a, "name", str, where), _take(a, "config", str, where), _take(a, "overrides", dict, where, {}),
+                  [str(v) for v in _take(a, "grid", list, where, [])])
+        _no_more(a, where)
+        for value in arm.grid or grid:
+            try:
+                float(value)
+            except ValueError:
+                raise StudyError(f"{where}: the tuning grid holds {value!r}; the tuning axis must be numeric") from None
+        if not os.path.isfile(os.path.join(REPO, arm.config)):
+            raise StudyError(f"{where}: config {arm.config} does not exist")
+        arms.append(arm)
+    if len({a.name for a in arms}) != len(arms):
+        raise StudyError(f"{path}: two arms share a name")
+    names = [a.name for a in arms]
+    horizons = []
+    for i, h in enumerate(raw_horizons):
+        where = f"{path} [[horizon]] {i + 1}"
+        horizon = Horizon(_take(h, "max_iters", int, where), _take(h, "subdir", str, where, ""),
+                          _take(h, "arms", list, where, names), _take(h, "tune", bool, where, True),
+                          _take(h, "chosen_from", int, where, 0), _take(h, "seeds", list, where, seeds))
+        _no_more(h, where)
+        if tuning_seed in horizon.seeds:
+            raise StudyError(f"{where}: the tuning seed {tuning_seed} is also a held-out seed")
+        if set(horizon.arms) - set(names):
+            raise StudyError(f"{where}: no arm is named {', '.join(sorted(set(horizon.arms) - set(names)))}")
+        tuned = {x.max_iters: x for x in horizons if x.tune}
+        if not horizon.tune and (horizon.chosen_from not in tuned or set(horizon.arms) - set(
+                tuned.get(horizon.chosen_from, horizon).arms)):
+            raise StudyError(f"{where}: tune = false needs chosen_from = the max_iters of an earlier tuned horizon "
+                             f"that runs the same arms")
+        horizons.append(horizon)
+    launcher = _take(raw, "launcher", dict, path, {})
+    tables = []
+    default_tables = [{"horizon": h.max_iters, "arms": h.arms,
+                       "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]
+    for i, tb in enumerate(_take(raw, "table", list, path, default_tables)):
+        where = f"{path} [[table]] {i + 1}"
+        table = Table(_take(tb, "horizon", int, where, horizons[0].max_iters), _take(tb, "title", str, where, ""),
+                      _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
+                      _take(tb, "figure", str, where, ""))
+        _no_more(tb, where)
+        horizon = next((h for h in horizons if h.max_iters == table.horizon), None)
+        if horizon is None or set(table.arms) - set(horizon.arms):
+            raise StudyError(f"{where}: its horizon {table.horizon} is not one of the study's, or does not run every "
+                             f"arm it names")
+        tables.append(table)
+    cost = _take(raw, "cost", dict, path, {})
+    peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
+    mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
+    per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
+    _no_more(cost, f"{path} [cost]")
+    _no_more(raw, path)
+    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seed, vary, horizons,
+                  launcher, tables, peak, mfu, per_step)
+    for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
+        for horizon in (h for h in horizons if arm.name in h.arms):
+            try:
+                arm_config(study, arm, horizon, {key: (arm.grid or grid)[0], "seed": tuning_seed})
+            except Exception as e:
+                raise StudyError(f"{path}: arm {arm.name}: {e}") from None
+    return study
+
+
+def format_value(value):
+    """A widened grid value as a run directory names it: the shortest mantissa and a power of ten
+    (0.012 -> '1.2e-2', 0.00075 -> '7.5e-4'), as the committed grids are written."""
+    exponent = math.floor(math.log10(value))
+    mantissa = round(value / 10**exponent, 10)
+    return f"{mantissa:g}e{exponent}"
+
+
+def train_args(study, arm, horizon):
+    """The train.py arguments every run of `arm` at `horizon` shares: its config file, its overrides, and the
+    horizon (max_iters, with lr_decay_iters following it)."""
+    overrides = {**arm.overrides, "max_iters": horizon.max_iters, "lr_decay_iters": horizon.max_iters}
+    return [os.path.join(REPO, arm.config), *(f"--{k}={v}" for k, v in overrides.items())]
+
+
+def arm_config(study, arm, horizon, point):
+    """The TrainConfig of one run (raises ConfigError for a setting train.py would refuse)."""
+    args = [*train_args(study, arm, horizon), *(f"--{k}={v}" for k, v in point.items())]
+    return parse_config(TrainConfig, args)[0]
+
+
+def arm_dir(study, arm, horizon):
+    return os.path.join(study.runs_dir, horizon.subdir, arm.name)
+
+
+def held_out_point(study, value, seed):
+    """The point (an ordered dict of axis values, as sweep.py names its directory) of a held-out run."""
+    point = {study.key: value, "seed": seed}
+    if study.vary_data_order:
+        point["data_seed"] = seed
+    return point
+
+
+def point_dir(study, arm, horizon, point):
+    return os.path.join(arm_dir(study, arm, horizon), ",".join(f"{k}={v}" for k, v in point.items()))
+
+
+def final_val_loss(path, max_iters):
+    """A run's val loss at max_iters; inf for a run that diverged; None while it is missing or unfinished."""
+    if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
+        return None
+    evals, diverged, _, _ = history(read_records(os.path.join(path, "metrics.jsonl")))
+    if diverged is not None:
+        return math.inf
+    return evals[max_iters][1] if max_iters in evals else None
+
+
+def seconds_per_step(paths):
+    """The median measured seconds per step over the finished runs in `paths` (None if none has a record)."""
+    times = []
+    for path in paths:
+        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+            times += [r["ms_per_step"] / 1000 for r in read_records(os.path.join(path, "metrics.jsonl"))
+                      if r["type"] == "train" and r.get("ms_per_step")]
+    return statistics.median(times) if times else None
+
+
+@dataclass
+class Stage:
+    """What the protocol has reached for one arm at one horizon (see `advance`)."""
+
+    values: list  # the tuning grid so far, sorted by value
+    tuning: dict  # value -> val loss at max_iters on the tuning seed (None: not finished, inf: diverged)
+    widening: list  # the widening steps taken: {"edge", "added", "best", "because": {value: val loss}}
+    chosen: str | None  # the chosen value, once the tuning runs are done and the best is inside the grid
+    held_out: dict  # seed -> val loss (None: not finished)
+    todo: list  # the points to run next: tuning points, then held-out points; empty once the arm is done
+
+
+def advance(study, arm, horizon):
+    """Follow the protocol as far as the finished runs of `arm` allow, widening where the best tuning value is at
+    an edge. Returns a Stage whose `todo` lists the points to run next: tuning points while the tuning is open,
+    held-out points once a value is chosen, none when the arm is done (or, at an untuned horizon, while the
+    horizon it takes its value from has not chosen one)."""
+    if not horizon.tune:
+        source = next(h for h in study.horizons if h.max_iters == horizon.chosen_from)
+        chosen = advance(study, arm, source).chosen
+        if chosen is None:
+            return Stage([], {}, [], None, {s: None for s in horizon.seeds}, [])
+        return held_out_stage(study, arm, horizon, [], {}, [], chosen)
+    values = sorted(set(arm.grid or study.grid), key=float)
+    widening = []
+    while True:
+        tuning = {v: final_val_loss(point_dir(study, arm, horizon, {study.key: v, "seed": study.tuning_seed}),
+                                    horizon.max_iters) for v in values}
+        missing = [v for v in values if tuning[v] is None]
+        if missing:
+            return Stage(values, tuning, widening, None, {}, [{study.key: v, "seed": study.tuning_seed}
+                                                               for v in missing])
+        best = min(values, key=lambda v: (tuning[v], float(v)))
+        edge = 0 if best == values[0] else len(values) - 1 if best == values[-1] else None
+        widened_here = sum(1 for w in widening if w["edge"] == ("low" if edge == 0 else "high"))
+        if edge is None or widened_here >= study.max_widen:
+            break
+        added = format_value(float(best) / 2 if edge == 0 else float(best) * 2)
+        widening.append({"edge": "low" if edge == 0 else "high", "added": added, "best": best,
+                         "because": {v: tuning[v] for v in values}})
+        values = sorted({*values, added}, key=float)
+    return held_out_stage(study, arm, horizon, values, tuning, widening, best)
+
+
+def held_out_stage(study, arm, horizon, values, tuning, widening, chosen):
+    """The Stage of an arm whose value is chosen: its held-out runs, done or to do."""
+    held_out = {s: final_val_loss(point_dir(study, arm, horizon, held_out_point(study, chosen, s)),
+                                  horizon.max_iters) for s in horizon.seeds}
+    return Stage(values, tuning, widening, chosen, held_out,
+                 [held_out_point(study, chosen, s) for s in horizon.seeds if held_out[s] is None])
+
+
+def sweep_command(study, arm, horizon, points):
+    """The sweep.py command that runs `points` (all with the same keys) of `arm`: one axis per key, and the seeds
+    with data_seed as one zipped axis when the data order varies with them."""
+    keys = list(points[0])
+    grid = []
+    if keys[-1] == "data_seed":
+        values = sorted({p[study.key] for p in points}, key=float)
+        grid += ["--grid", f"{study.key}={','.join(values)}"]
+        grid += ["--grid", "seed,data_seed=" + ",".join(str(s) for s in sorted({p["seed"] for p in points}))]
+    else:
+        for key in keys:
+            values = sorted({str(p[key]) for p in points}, key=float)
+            grid += ["--grid", f"{key}={','.join(values)}"]
+    launcher = [f"--{k}={v}" for k, v in study.launcher.items()]
+    return [sys.executable, os.path.join(REPO, "sweep.py"), *train_args(study, arm, horizon), *grid,
+            f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
+
+
+def estimated_seconds(study, arm, horizon, n_runs):
+    """(seconds for n_runs more runs of `arm`, how it was estimated): the median measured time per step of the
+    study's finished runs, or, with none, the FLOPs of the run at the study's assumed peak and MFU."""
+    per_step = seconds_per_step(run_dirs_of(study))
+    if per_step is not None:
+        return n_runs * horizon.max_iters * per_step, "measured"
+    if study.seconds_per_step:
+        return n_runs * horizon.max_iters * study.seconds_per_step, "given"
+    cfg = arm_config(study, arm, horizon, {study.key: (arm.grid or study.grid)[0], "seed": study.tuning_seed})
+    # imported here: only a study with no finished run needs the model
+    import torch
+
+    from model import GPT, GPTConfig, model_config_keys
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
+    tokens = cfg.batch_size * cfg.gradient_accumulation_steps * cfg.block_size * horizon.max_iters
+    return n_runs * model.flops_per_token() * tokens / (study.peak_flops * study.mfu), "flops"
+
+
+def arms_at(study, horizon):
+    """The Arms run at `horizon`, in the study's order."""
+    return [a for a in study.arms if a.name in horizon.arms]
+
+
+def run_dirs_of(study):
+    dirs = []
+    for horizon in study.horizons:
+        for arm in arms_at(study, horizon):
+            base = arm_dir(study, arm, horizon)
+            if os.path.isdir(base):
+                dirs += [os.path.join(base, d) for d in sorted(os.listdir(base))]
+    return dirs
+
+
+def plan(study):
+    """Print, per horizon and arm, the runs done and the runs to do next with their estimated cost; returns the
+    number of runs still to do (at least: widening can add more)."""
+    left, seconds, how = 0, 0.0, set()
+    for horizon in study.horizons:
+        how_chosen = "tuned" if horizon.tune else f"at the value chosen at {horizon.chosen_from} steps"
+        print(f"horizon {horizon.max_iters} steps, {how_chosen} ({os.path.join(study.runs_dir, horizon.subdir)}):")
+        for arm in arms_at(study, horizon):
+            stage = advance(study, arm, horizon)
+            tuned = sum(v is not None for v in stage.tuning.values())
+            held = sum(v is not None for v in stage.held_out.values())
+            chosen = f"chosen {study.key}={stage.chosen}" if stage.chosen else "not chosen yet"
+            remaining = len(stage.todo) + (0 if stage.chosen else len(horizon.seeds))
+            print(f"  {arm.name}: tuning {tuned}/{len(stage.values)} done, held-out {held}/"
+                  f"{len(horizon.seeds)} done, {chosen}; {remaining} run(s) left"
+                  + (f" (widened: {', '.join(w['added'] for w in stage.widening)})" if stage.widening else ""))
+            if remaining:
+                s, kind = estimated_seconds(study, arm, horizon, remaining)
+                seconds += s
+                how.add(kind)
+            left += remaining
+    done = sum(os.path.isfile(os.path.join(d, "metrics.jsonl")) for d in run_dirs_of(study))
+    print(f"\n{done} run directories exist; at least {left} run(s) left", end="")
+    if left:
+        basis = {"measured": "the median measured time per step of the study's finished runs",
+                 "given": f"{study.seconds_per_step} s per step, the study's [cost] seconds_per_step",
+                 "flops": f"its FLOPs at {study.peak_flops / 1e12:.0f} TFLOP/s and {study.mfu:.0%} MFU per GPU, "
+                          f"the study's [cost]"}
+        # FLOPs give GPU time; a measured step is the wall time of one run, whatever its devices
+        unit = ("GPU-hours" if how == {"flops"} else
+                "run-hours (one run at a time; the wall time divides by the runs in parallel)")
+        print(f", about {seconds / 3600:.1f} {unit}, from {' and '.join(basis[k] for k in sorted(how))} "
+              f"(widening may add runs)")
+    else:
+        print()
+    return left
+
+
+def table_command(study, table, arms):
+    """compare.py's command line for `table`: at a tuned horizon with the held-out protocol's flags (choose on
+    the tuning seed, report the others, Holm, paired), at an untuned one with the paired column."""
+    horizon = next(h for h in study.horizons if h.max_iters == table.horizon)
+    protocol = ([f"--best_over={study.key}", f"--select_on=seed={study.tuning_seed}", "--holm", "--paired"]
+                if horizon.tune else ["--paired"])
+    return ["compare.py", *(arm_dir(study, arms[a], horizon) for a in table.arms), *protocol, *table.args,
+            *(["--group_over=seed,data_seed"] if study.vary_data_order else []), "--format=markdown",
+            *([f"--plot={table.figure}"] if table.figure else [])]
+
+
+def write_tables(study):
+    """RESULTS_DIR/TABLES.md: per horizon, compare.py's table over the arms (baseline first) with the held-out
+    protocol's flags, and its figure; generated, so it is rewritten whole on every run."""
+    os.makedirs(study.results_dir, exist_ok=True)
+    sections = [f"# {study.name}: generated tables\n",
+                f"Written by `python study.py {study.path}` from the runs under {study.runs_dir}; do not edit "
+                f"(a person's notes belong in README.md beside it).\n"]
+    arms = {a.name: a for a in study.arms}
+    for table in study.tables:
+        cmd = table_command(study, table, arms)
+        proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True)
+        if proc.returncode:
+            raise StudyError(f"{shlex.join(['python', *cmd])} failed: {proc.stderr.strip()}")
+        title = f": {table.title}" if table.title else ""
+        sections.append(f"## {table.horizon} steps{title}\n\n```bash\n{shlex.join(['python', *cmd])}\n"
+                        f"```\n\n{proc.stdout.strip()}\n")
+    with atomic_write(os.path.join(study.results_dir, "TABLES.md")) as f:
+        f.write("\n".join(sections))
+
+
+def record(study, stages):
+    """RESULTS_DIR/study.json: every choice and the val losses it was based on (a diverged run's as null)."""
+    finite = lambda losses: {str(k): v if v is None or math.isfinite(v) else None for k, v in losses.items()}  # noqa: E731
+    write_json(os.path.join(study.results_dir, "study.json"), {
+        "study": study.path, "key": study.key, "tuning_seed": study.tuning_seed,
+        "vary_data_order": study.vary_data_order,
+        "horizons": {str(max_iters): {name: {
+            "grid": s.values, "tuning_val_loss": finite(s.tuning), "chosen": s.chosen,
+            "widening": [{**w, "because": finite(w["because"])} for w in s.widening],
+            "held_out_val_loss": finite(s.held_out)} for name, s in arms.items()}
+            for max_iters, arms in stages.items()}})
+
+
+def run(study):
+    """Run the protocol to its end (or until submitted jobs must finish first); then write the tables."""
+    while True:
+        stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
+        pending = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
+                   if stages[h.max_iters][a.name].todo]
+        os.makedirs(study.results_dir, exist_ok=True)
+        record(study, stages)
+        if not pending:
+            write_tables(study)
+            print(f"done: every arm tuned and run on its held-out seeds; tables in "
+                  f"{os.path.join(study.results_dir, 'TABLES.md')}")
+            return 0
+        progressed = False
+        for horizon, arm, stage in pending:
+            cmd = sweep_command(study, arm, horizon, stage.todo)
+            print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s)\n  {shlex.join(cmd)}", flush=True)
+            code = subprocess.run(cmd, cwd=REPO).returncode
+            if code != 0:
+                print(f"error: the sweep of {arm.name} exited with status {code}; fix the cause and run the same "
+                      f"command again (finished runs are kept)", file=sys.stderr)
+                return 1
+            after = advance(study, arm, horizon)
+            progressed |= after.todo != stage.todo
+        if not progressed:
+            print("the remaining runs were submitted and have not finished; run the same command again once they "
+                  "have (python sweep.py --status DIR shows them)")
+            return 0
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study", help="a study file, e.g. studies/ablations.toml")
+    parser.add_argument("--dry_run", action="store_true", help="print the plan and its cost; run nothing")
+    args = parser.parse_args(argv)
+    path = os.path.relpath(os.path.abspath(args.study), REPO)
+    os.chdir(REPO)  # a study file's paths (configs, runs_dir, results_dir) are relative to the repo root
+    try:
+        study = load_study(path)
+    except StudyError as e:
+        print(f"study error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        plan(study)
+        return 0
+    return run(study)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

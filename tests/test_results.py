@@ -1,0 +1,263 @@
+"""Every generated table in results/*/README.md is what its command prints today on the committed runs.
+
+Above each such table a README holds an HTML comment (invisible when rendered) naming the command that made it:
+
+    <!-- table from: python compare.py results/ablations/{baseline,res_gelu} --paired --format=markdown -->
+
+The test runs the command in this process (compare.py's or analyze.py's main) from the repo root and compares
+the committed table with the printed one cell by cell. A README may leave out columns that are the same in
+every row (it says so in its prose): the committed header must then be the printed header with those columns
+removed, in the same order, and each row the printed row with the same columns removed. `(headers renamed)`
+marks a table whose column headers a person rewrote (analyze.py's "baseline learning_rate=0.003 (n=3)" as
+"baseline lr 3e-3"): its header is left out of the comparison, every other line is compared in full.
+
+Tables that put together numbers of several commands (each run's val loss, the relative improvement at several
+steps) are marked `<!-- table built by tests/test_results.py: NAME -->`: BUILDERS[NAME] builds them from the
+committed runs through the same library (nonlinear_queries.runs and .stats), and every cell is compared.
+"""
+
+import contextlib
+import glob
+import io
+import os
+import re
+import shlex
+import sys
+
+import pytest
+
+import analyze
+import compare
+from conftest import REPO
+from nonlinear_queries.runs import diag_value, make_groups, paired_losses, read_runs
+from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
+
+BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
+MARKER = re.compile(r"<!-- table (\(headers renamed\) )?from: python (compare|analyze)\.py (.*) -->$")
+PROGRAMS = {"compare": compare, "analyze": analyze}
+
+
+def brace_expand(word):
+    """bash's expansion of one {a,b,c} group in a word (the READMEs' commands use one at most per word)."""
+    match = re.search(r"\{([^{}]*,[^{}]*)\}", word)
+    if not match:
+        return [word]
+    return [word[: match.start()] + part + word[match.end() :] for part in match.group(1).split(",")]
+
+
+def generated_tables():
+    """[(readme, line number, renamed, program, argv, committed table lines)] for every marker in the READMEs."""
+    found = []
+    for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
+        lines = open(readme).read().splitlines()
+        for i, line in enumerate(lines):
+            match = MARKER.match(line)
+            if match:
+                table = []
+                for row in lines[i + 1 :]:
+                    if not row.startswith("|"):
+                        break
+                    table.append(row)
+                argv = [w for word in shlex.split(match.group(3)) for w in brace_expand(word)]
+                found.append((os.path.relpath(readme, REPO), i + 1, bool(match.group(1)), match.group(2), argv,
+                              table))
+    return found
+
+
+TABLES = generated_tables()
+
+
+def cells(line):
+    """The cells of a markdown table line."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def printed_table(program, argv):
+    """The markdown table lines that `program`.py prints for argv, run from the repo root in this process."""
+    out, cwd, saved = io.StringIO(), os.getcwd(), sys.argv
+    try:
+        os.chdir(REPO)
+        sys.argv = [f"{program}.py", *argv]
+        with contextlib.redirect_stdout(out):
+            PROGRAMS[program].main()
+    finally:
+        os.chdir(cwd)
+        sys.argv = saved
+    return [line for line in out.getvalue().splitlines() if line.startswith("|")]
+
+
+def short_lr(lr):
+    """A rate as the READMEs write it: 3e-3, 7.5e-4, 1.2e-2."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def signed(x):
+    """x with two decimals and a typographic minus, as the READMEs write percentages in prose tables."""
+    return f"{x:.2f}".replace("-", "−")
+
+
+def final_losses(arm_dir, step=1000):
+    """{(rate key, rate): {seed: val loss at step}} of the runs under arm_dir, by their config."""
+    runs, _ = read_runs([os.path.join(REPO, arm_dir)], "seed")
+    out = {}
+    for run in runs:
+        key = "muon_learning_rate" if run.config.get("optimizer") == "muon" else "learning_rate"
+        out.setdefault(run.config[key], {})[run.config["seed"]] = run.evals[step][1]
+    return out
+
+
+ARMS = ["baseline", "baseline_qk_norm", "identity", "residual", "res_linear", "res_gelu", "res_gelu_relu2",
+        "res_gelu_no_norm", "res_gelu_no_half", "res_gelu_qk_norm", "mlp475"]
+
+
+def ablations_tuning():
+    """results/ablations: each arm's seed-0 val loss at step 1000 per rate, the lowest in bold."""
+    losses = {arm: {lr: seeds[0] for lr, seeds in final_losses(f"results/ablations/{arm}").items() if 0 in seeds}
+              for arm in ARMS}
+    rates = sorted({lr for by_lr in losses.values() for lr in by_lr})
+    rows = [["arm", *(f"{lr:g}" for lr in rates)]]
+    for arm, by_lr in losses.items():
+        best = min(by_lr, key=by_lr.get)
+        rows.append([arm, *("" if lr not in by_lr else f"**{by_lr[lr]:.4f}**" if lr == best else f"{by_lr[lr]:.4f}"
+                            for lr in rates)])
+    return rows
+
+
+def ablations_held_out():
+    """results/ablations: every held-out run's val loss at step 1000, at its arm's rate chosen on seed 0."""
+    rows = [["arm", "lr", *(f"seed {s}" for s in range(1, 6))]]
+    for arm in ARMS:
+        losses = final_losses(f"results/ablations/{arm}")
+        lr = min((lr for lr in losses if 0 in losses[lr]), key=lambda lr: losses[lr][0])
+        rows.append([arm, short_lr(lr), *(f"{losses[lr][s]:.4f}" for s in range(1, 6))])
+    return rows
+
+
+def ablations_long_over_time():
+    """results/ablations: res_gelu's and the QK-norm baseline's rel. improvement and Welch p at each step."""
+    runs, group_over = read_runs([os.path.join(REPO, "results/ablations/long", a)
+                                  for a in ("baseline", "baseline_qk_norm", "res_gelu")], "seed")
+    base, qk_norm, res_gelu = make_groups(runs, group_over)
+    steps = [400, 600, 800, 1000, 1400, 2000, 3000]
+    rows = [["step", *map(str, steps)]]
+    for group in (res_gelu, qk_norm):
+        pairs = [(compare.summarize(group, s), compare.summarize(base, s)) for s in steps]
+        rows.append([f"{group.label} (%)", *(signed(rel_improvement(r, b)) for r, b in pairs)])
+        rows.append([f"{group.label}, Welch p", *(f"{welch_p(r, b):.2g}" for r, b in pairs)])
+    return rows
+
+
+def grid(results, arms, header):
+    """A whole grid's val loss at step 1000: per arm and rate the seeds' losses joined by ' / '."""
+    losses = {arm: final_losses(f"{results}/{arm}") for arm in arms}
+    rates = sorted({lr for by_lr in losses.values() for lr in by_lr})
+    rows = [["arm", *(header(lr) for lr in rates)]]
+    for arm, by_lr in losses.items():
+        rows.append([arm, *(" / ".join(f"{by_lr[lr][s]:.4f}" for s in sorted(by_lr[lr])) for lr in rates)])
+    return rows
+
+
+def mini_grid():
+    """results/mini: every run's val loss at step 1000."""
+    return grid("results/mini", ["baseline", "mlp475", "res_gelu"], lambda lr: f"lr {short_lr(lr)}")
+
+
+def mini_modern_grid():
+    """results/mini_modern: every run's val loss at step 1000."""
+    return grid("results/mini_modern", ["modern_baseline", "modern_mlp475", "modern_res_gelu"],
+                lambda lr: f"Muon lr {lr:g}")
+
+
+def diagnostics_steps():
+    """results/diagnostics: per rate and step the val losses, res_gelu's gap to the baseline with Welch's and the
+    paired p, and the largest logit and the entropy (means over the layers, then the seeds)."""
+    runs, group_over = read_runs([os.path.join(REPO, "results/diagnostics", a)
+                                  for a in ("baseline", "res_gelu", "baseline_qk_norm")], "seed")
+    rows = [["lr", "step", "val loss baseline", "val loss res_gelu", "res_gelu vs baseline (%)", "p (Welch / paired)",
+             "val loss qk_norm", "max logit baseline", "max logit res_gelu", "max logit qk_norm", "entropy baseline",
+             "entropy res_gelu", "entropy qk_norm"]]
+    for lr in (3e-3, 6e-3):
+        base, res, qk = make_groups([r for r in runs if r.config["learning_rate"] == lr], group_over)
+        for step in (200, 400, 600, 800, 1000):
+            loss = [compare.summarize(g, step) for g in (base, res, qk)]
+            logit = [compare.summarize(g, step, diag_value("attn_logit_max")).mean for g in (base, res, qk)]
+            entropy = [compare.summarize(g, step, diag_value("attn_entropy")).mean for g in (base, res, qk)]
+            pair = paired_t(paired_losses(res, step, group_over), paired_losses(base, step, group_over))
+            rows.append([short_lr(lr), str(step), f"{loss[0].mean:.4f}", f"{loss[1].mean:.4f}",
+                         f"{rel_improvement(loss[1], loss[0]):.2f}", f"{welch_p(loss[1], loss[0]):.2g} / {pair.p:.2g}",
+                         f"{loss[2].mean:.4f}", *(f"{x:.1f}" for x in logit), *(f"{x:.2f}" for x in entropy)])
+    return rows
+
+
+BUILDERS = {f.__name__: f for f in (ablations_tuning, ablations_held_out, ablations_long_over_time, mini_grid,
+                                    mini_modern_grid, diagnostics_steps)}
+
+
+def built_tables():
+    """[(readme, line number, builder name, committed table lines)] for every `table built by` marker."""
+    found = []
+    for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
+        lines = open(readme).read().splitlines()
+        for i, line in enumerate(lines):
+            match = BUILT.match(line)
+            if match:
+                table = []
+                for row in lines[i + 1 :]:
+                    if not row.startswith("|"):
+                        break
+                    table.append(row)
+                found.append((os.path.relpath(readme, REPO), i + 1, match.group(1), table))
+    return found
+
+
+BUILT_TABLES = built_tables()
+
+
+# tables that hold no measurement: the ablation arms' descriptions
+NOT_GENERATED = {("results/ablations/README.md", "| arm | what changes against the baseline | question |")}
+
+
+def test_every_table_of_numbers_is_generated():
+    for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
+        lines = ["", *open(readme).read().splitlines()]
+        for before, line in zip(lines, lines[1:]):
+            if line.startswith("|") and not before.startswith("|"):
+                name = os.path.relpath(readme, REPO)
+                assert MARKER.match(before) or BUILT.match(before) or (name, line) in NOT_GENERATED, (
+                    f"{name}: the table {line[:60]!r} has no marker naming the command that makes it")
+
+
+def test_every_results_readme_has_generated_tables():
+    readmes = {readme for readme, *_ in TABLES}
+    assert readmes == {f"results/{name}/README.md" for name in ("ablations", "diagnostics", "mini", "mini_modern")}
+    assert sum(readme == "results/ablations/README.md" for readme, *_ in TABLES) == 4
+    assert sorted(name for *_, name, _ in BUILT_TABLES) == sorted(BUILDERS)
+
+
+@pytest.mark.parametrize("readme, line, renamed, program, argv, committed", TABLES,
+                         ids=[f"{readme}:{line}" for readme, line, *_ in TABLES])
+def test_committed_table_equals_what_its_command_prints(readme, line, renamed, program, argv, committed):
+    assert len(committed) >= 3, f"{readme}:{line}: no table below the marker"
+    printed = printed_table(program, argv)
+    assert len(printed) == len(committed), f"{readme}:{line}: {len(printed)} printed lines, {len(committed)} committed"
+    header = cells(printed[0])
+    if renamed:
+        keep = list(range(len(header)))
+        assert len(cells(committed[0])) == len(header)
+    else:
+        shown = cells(committed[0])
+        keep = [i for i, h in enumerate(header) if h in shown]
+        assert [header[i] for i in keep] == shown, f"{readme}:{line}: columns not in the printed order"
+    for number, (mine, theirs) in enumerate(zip(printed, committed)):
+        if renamed and number == 0:
+            continue
+        row = cells(mine)
+        assert [row[i] for i in keep] == cells(theirs), f"{readme}:{line + 1 + number}"
+
+
+@pytest.mark.parametrize("readme, line, name, committed", BUILT_TABLES,
+                         ids=[f"{readme}:{line}" for readme, line, *_ in BUILT_TABLES])
+def test_committed_table_equals_the_one_built_from_the_runs(readme, line, name, committed):
+    built = BUILDERS[name]()
+    assert [cells(row) for row in committed[:1] + committed[2:]] == built, f"{readme}:{line}"

@@ -1,0 +1,143 @@
+"""study.py: the held-out protocol as a program. The widening rule and the choices on hand-made
+runs, the study files' checks, and studies/ablations.toml against the committed runs."""
+
+import json
+import os
+from dataclasses import asdict
+
+import pytest
+from test_results import TABLES, printed_table
+
+import study
+from helpers import REPO, run_script
+from nonlinear_queries.train_config import TrainConfig
+
+TOML = """
+name = "toy"
+results_dir = "{results}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3", "2e-3", "4e-3"]
+seed = 0
+max_widen = 2
+[held_out]
+seeds = [1, 2]
+[[horizon]]
+max_iters = 10
+[[arm]]
+name = "a"
+config = "config/mini/baseline.py"
+[[arm]]
+name = "b"
+config = "config/mini/res_gelu.py"
+grid = ["2e-3"]
+"""
+
+
+def write_study(tmp_path, text=TOML):
+    path = tmp_path / "toy.toml"
+    path.write_text(text.format(results=tmp_path / "results"))
+    return study.load_study(str(path))
+
+
+def fake_run(path, val_loss, max_iters=10, diverged=False):
+    """A run directory as train.py leaves it, with only what the protocol reads: its config and the
+    val loss of the evaluation at max_iters (or a divergence)."""
+    os.makedirs(path)
+    header = {"type": "config", "step": 0, "config": asdict(TrainConfig(max_iters=max_iters))}
+    records = [header, {"type": "diverged", "step": 5, "reason": "loss is nan"} if diverged else
+               {"type": "eval", "step": max_iters, "train_loss": val_loss, "val_loss": val_loss}]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def test_format_value_names_widened_values_as_the_committed_grids_do():
+    assert [study.format_value(v) for v in (0.012, 0.024, 0.00075, 0.000375, 6e-4, 1e-3)] == [
+        "1.2e-2", "2.4e-2", "7.5e-4", "3.75e-4", "6e-4", "1e-3"]
+
+
+def test_the_protocol_widens_at_an_edge_then_reports_the_inside_best_on_held_out_seeds(tmp_path):
+    s = write_study(tmp_path)
+    arm, horizon = s.arms[0], s.horizons[0]
+    tune = lambda v: study.point_dir(s, arm, horizon, {"learning_rate": v, "seed": 0})  # noqa: E731
+    stage = study.advance(s, arm, horizon)
+    assert stage.todo == [{"learning_rate": v, "seed": 0} for v in ("1e-3", "2e-3", "4e-3")] and stage.chosen is None
+    # the best at the high edge: 8e-3 joins the grid
+    for v, loss in (("1e-3", 3.0), ("2e-3", 2.5), ("4e-3", 2.0)):
+        fake_run(tune(v), loss)
+    stage = study.advance(s, arm, horizon)
+    assert stage.todo == [{"learning_rate": "8e-3", "seed": 0}]
+    assert stage.widening == [{"edge": "high", "added": "8e-3", "best": "4e-3",
+                               "because": {"1e-3": 3.0, "2e-3": 2.5, "4e-3": 2.0}}]
+    # 8e-3 diverges: the best, 4e-3, is inside; the held-out seeds vary the data order too
+    fake_run(tune("8e-3"), None, diverged=True)
+    stage = study.advance(s, arm, horizon)
+    assert stage.chosen == "4e-3" and stage.values == ["1e-3", "2e-3", "4e-3", "8e-3"]
+    assert stage.todo == [{"learning_rate": "4e-3", "seed": 1, "data_seed": 1},
+                          {"learning_rate": "4e-3", "seed": 2, "data_seed": 2}]
+    assert study.sweep_command(s, arm, horizon, stage.todo)[-3:] == [
+        "--grid", "seed,data_seed=1,2", f"--sweep_dir={study.arm_dir(s, arm, horizon)}"]
+    for seed in (1, 2):
+        fake_run(study.point_dir(s, arm, horizon, study.held_out_point(s, "4e-3", seed)), 2.0 + seed / 100)
+    stage = study.advance(s, arm, horizon)
+    assert stage.todo == [] and stage.held_out == {1: 2.01, 2: 2.02}
+
+
+def test_widening_stops_at_max_widen_and_an_arm_may_have_its_own_grid(tmp_path):
+    s = write_study(tmp_path)
+    arm, horizon = s.arms[1], s.horizons[0]  # grid ["2e-3"]: both edges at once
+    tune = lambda v: study.point_dir(s, arm, horizon, {"learning_rate": v, "seed": 0})  # noqa: E731
+    losses = {"2e-3": 2.0, "1e-3": 1.9, "5e-4": 1.8}  # always better lower: widen down twice, then stop
+    fake_run(tune("2e-3"), losses["2e-3"])
+    assert study.advance(s, arm, horizon).todo == [{"learning_rate": "1e-3", "seed": 0}]
+    fake_run(tune("1e-3"), losses["1e-3"])
+    assert study.advance(s, arm, horizon).todo == [{"learning_rate": "5e-4", "seed": 0}]
+    fake_run(tune("5e-4"), losses["5e-4"])
+    stage = study.advance(s, arm, horizon)
+    assert stage.chosen == "5e-4" and [w["added"] for w in stage.widening] == ["1e-3", "5e-4"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace('seed = 0\n', 'seed = 1\n'), "also a held-out seed"),
+    (lambda t: t.replace('max_widen = 2', 'max_widen = 2\nwiden = "x2"'), "unknown key(s) widen"),
+    (lambda t: t.replace('key = "learning_rate"\n', ''), "'key' is missing"),
+    (lambda t: t.replace('max_widen = 2', 'max_widen = "2"'), "'max_widen' must be int"),
+    (lambda t: t.replace('config/mini/res_gelu.py', 'config/mini/nope.py'), "config/mini/nope.py does not exist"),
+    (lambda t: t.replace('grid = ["2e-3"]', 'grid = ["fast"]'), "must be numeric"),
+    (lambda t: t.replace('name = "b"', 'name = "b"\noverrides = { n_layers = 2 }'), "n_layers"),
+], ids=["seed-twice", "unknown-key", "missing-key", "wrong-type", "no-config", "not-numeric", "bad-override"])
+def test_a_bad_study_file_is_one_error_naming_the_key(tmp_path, edit, message):
+    with pytest.raises(study.StudyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        write_study(tmp_path, edit(TOML))
+
+
+def test_the_committed_ablations_are_all_done():
+    proc = run_script("study.py", "studies/ablations.toml", "--dry_run")
+    assert proc.stdout.count(", 0 run(s) left") == 14  # 11 arms at 1000 steps, 3 at 3000
+    assert "101 run directories exist; at least 0 run(s) left" in proc.stdout
+    # the widening as it was done by hand: the QK-norm baseline twice down, identity twice up
+    assert ("baseline_qk_norm: tuning 5/5 done, held-out 5/5 done, chosen learning_rate=7.5e-4; 0 run(s) left "
+            "(widened: 7.5e-4, 3.75e-4)") in proc.stdout
+    assert ("identity: tuning 5/5 done, held-out 5/5 done, chosen learning_rate=1.2e-2; 0 run(s) left "
+            "(widened: 1.2e-2, 2.4e-2)") in proc.stdout
+
+
+def test_the_ablations_study_writes_the_committed_tables(tmp_path):
+    """Each table study.py writes for studies/ablations.toml is, line for line, what the command written above
+    the committed table in results/ablations/README.md prints (test_results holds the README to that)."""
+    s = study.load_study(os.path.join(REPO, "studies", "ablations.toml"))
+    s.results_dir = str(tmp_path)
+    for table in s.tables:
+        table.figure = ""
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        study.write_tables(s)
+    finally:
+        os.chdir(cwd)
+    written = [[line for line in section.splitlines() if line.startswith("|")]
+               for section in (tmp_path / "TABLES.md").read_text().split("\n## ")[1:]]
+    committed = [t for t in TABLES if t[0] == "results/ablations/README.md"]
+    assert len(written) == len(committed) == 4
+    for lines, (readme, line, _, program, argv, _) in zip(written, committed):
+        assert lines == printed_table(program, argv), f"the table for {readme}:{line}"
