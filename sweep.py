@@ -1,7 +1,11 @@
 """
-Run train.py over a grid of config values, one run after another, one out_dir per point.
+Run train.py over a grid of config values, one out_dir per point: N points at a time on this
+machine, or one SLURM job per point on a cluster.
 
     python sweep.py config/mini/res_gelu.py --grid learning_rate=1.5e-3,3e-3,6e-3 --grid seed=1,2,3
+    python sweep.py config/mini/res_gelu.py --grid seed=1,2,3,4 --jobs=2          # 2 points at a time
+    python sweep.py config/res_gelu.py --grid seed=1,2,3 --launcher=slurm --gpus_per_run=8 --slurm_partition=gpu
+    python sweep.py --status out-mini/res_gelu                # each point's state, from any shell
     python compare.py out-mini/res_gelu                       # the table of the finished points
 
 Arguments other than sweep.py's own options go to every run as they are: config files
@@ -12,27 +16,52 @@ the config), so compare.py can read SWEEP_DIR directly.
 
 Every point's config is checked before the first run starts. Running the same command
 again skips finished points (an evaluation at max_iters, or a divergence, in the point's
-metrics.jsonl), resumes a point that has a checkpoint, and starts the rest. Ctrl-C or
-SIGTERM lets the current run write its checkpoint, then stops the sweep. A run that fails
-stops the sweep (exit 1); a run that diverges (train.py's exit status 3) is a result, and
-the sweep goes on. SWEEP_DIR/sweep.json records the command and every point's status.
+metrics.jsonl), resumes a point that has a checkpoint, and starts the rest; with
+--launcher=slurm it also skips points whose job is still queued or running. A run that
+diverges (train.py's exit status 3) is a result. A run that fails is reported with its log
+and the other points go on; the sweep then exits 1. SWEEP_DIR/sweep.json records the
+command and every point's status; each point's directory holds its log (train.log, or
+slurm/ for SLURM jobs) and launch.json (the launcher, the SLURM job id, the log, the exit
+status).
+
+--launcher=local (the default) runs --jobs points at a time as processes of this machine,
+the operating system scheduling them: on the CPU each gets OMP_NUM_THREADS = cores / jobs
+unless it is set; on CUDA each gets --gpus_per_run GPUs of its own (CUDA_VISIBLE_DEVICES),
+a torchrun of that many processes. Ctrl-C or SIGTERM reaches every running point, each
+writes its checkpoint, and the sweep stops.
+
+--launcher=slurm submits one job per point through submitit, its logs in the point's
+slurm/ directory: --nodes_per_run nodes with --gpus_per_run GPUs each (a torchrun per node,
+the rendezvous on the job's first node, so train.py's DDP and FSDP paths run unchanged).
+SLURM sends the job SIGUSR2 90 s before its time limit or a preemption: train.py writes its
+checkpoint and exits, and submitit requeues the job, which resumes from that checkpoint. A
+job that SLURM requeues itself (scontrol requeue, preemption with PreemptMode=REQUEUE) gets
+SIGTERM, checkpoints the same way, and resumes when it runs again. The job's state is in
+launch.json and SLURM's queue (no accounting database needed).
 """
 
+
 import argparse
+import contextlib
 import itertools
+import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import fields
+import time
+from dataclasses import dataclass, fields
 
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.runs import run_status
+from nonlinear_queries.lock import out_dir_holder
+from nonlinear_queries.runs import history, read_records, run_status
 from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(REPO, "train.py")
 
 
 def parse_grid(specs):
@@ -63,10 +92,325 @@ def point_name(point):
     return ",".join(f"{k}={v.replace('/', '-')}" for k, v in point)
 
 
-def write_record(sweep_dir, argv, statuses):
-    """SWEEP_DIR/sweep.json: the command and {point: status}, replaced atomically."""
+def point_progress(out_dir, max_iters):
+    """What a point's run dir says (runs.py reads it): {'status': runs.run_status's 'done', 'diverged at
+    step k', 'resume' or 'new'; 'step': the last step trained or evaluated (0 if none); 'val_loss': the last
+    evaluation's val loss (None if none)}."""
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    records = read_records(metrics, warn=False) if os.path.isfile(metrics) else []
+    evals = history(records)[0]
+    step = max((r["step"] for r in records if r["type"] in ("train", "eval")), default=0)
+    return {"status": run_status(out_dir, max_iters), "step": step,
+            "val_loss": evals[max(evals)][1] if evals else None}
+
+
+def finished(status):
+    return status == "done" or status.startswith("diverged")
+
+
+@dataclass
+class Point:
+    """A grid point: its name, [(key, raw value)], out_dir and max_iters."""
+
+    name: str
+    values: list
+    out_dir: str
+    max_iters: int
+
+    def status(self):
+        return point_progress(self.out_dir, self.max_iters)["status"]
+
+    def train_args(self, train_args, resume):
+        """train.py's arguments for this point: the sweep's, the point's values, its out_dir, and
+        --init_from=resume where it has a checkpoint (else --overwrite=True: a new run)."""
+        return [TRAIN, *train_args, *(f"--{k}={v}" for k, v in self.values), f"--out_dir={self.out_dir}",
+                "--init_from=resume" if resume else "--overwrite=True"]
+
+
+def launcher(procs, rendezvous=()):
+    """The command that starts train.py's `procs` processes on this node: python, or torchrun."""
+    if procs == 1 and not rendezvous:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}",
+            *(rendezvous or ["--standalone"])]
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_record(sweep_dir, argv, statuses, points):
+    """SWEEP_DIR/sweep.json: the command, {point: status} and {point: max_iters}, replaced atomically."""
     path = os.path.join(sweep_dir, "sweep.json")
-    write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]), "points": statuses})
+    write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]), "points": statuses,
+                      "max_iters": {p.name: p.max_iters for p in points}})
+
+
+# ---------------------------------------------------------------------------------------
+# --launcher=local: N processes at a time, scheduled by the operating system
+
+
+def visible_gpus():
+    """Indices of the CUDA devices this process may use ([] without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
+
+
+def run_local(points, train_args, args, on_cuda, record):
+    """Run the points `args.jobs` at a time; returns the exit status (0, or 1 if a point failed)."""
+    gpus = visible_gpus() if on_cuda else []
+    procs = max(args.gpus_per_run, 1) if gpus else args.procs_per_run
+    jobs = min(args.jobs, len(gpus) // procs) if gpus else args.jobs
+    if gpus and jobs < 1:
+        print(f"error: a point needs {procs} GPUs and {len(gpus)} are visible", file=sys.stderr)
+        return 1
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (jobs * procs)))
+    running, failed, stop = {}, [], []  # running: Popen -> (point, its GPUs)
+
+    def forward(signum, frame):  # every running point checkpoints and exits; nothing new starts
+        stop.append(signum)
+        for child in running:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    queue = list(points)
+    while (queue and not stop) or running:
+        while queue and not stop and len(running) < jobs:
+            point = queue.pop(0)
+            mine, gpus = gpus[:procs], gpus[procs:]
+            resume = point.status() == "resume"
+            cmd = [*launcher(procs), *point.train_args(train_args, resume)]
+            log = os.path.join(point.out_dir, "train.log")
+            print(f"[{points.index(point) + 1}/{len(points)}] {point.name}: {'resuming' if resume else 'starting'}"
+                  f" (log: {log})\n  {shlex.join(cmd)}", flush=True)
+            os.makedirs(point.out_dir, exist_ok=True)
+            env = {**os.environ, "OMP_NUM_THREADS": threads}
+            if mine:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+            write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "local", "log": log})
+            with open(log, "a") as f:
+                running[subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)] = (point, mine)
+        time.sleep(0.2)
+        for child in [c for c in running if c.poll() is not None]:
+            point, mine = running.pop(child)
+            gpus += mine
+            code, status = child.returncode, point.status()
+            log = os.path.join(point.out_dir, "train.log")
+            write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "local", "log": log,
+                                                                    "exit_status": code})
+            record(point, status)
+            if code not in (0, 3):
+                failed.append(point.name)
+                print(f"error: {point.name} failed (exit status {code}); its log: {log}", file=sys.stderr)
+            else:
+                print(f"{point.name}: {status if finished(status) else 'stopped at its checkpoint'}", flush=True)
+    if stop:
+        print("sweep stopped; every running point wrote its checkpoint. Run the same command again to continue",
+              file=sys.stderr)
+    if failed:
+        print(f"error: {len(failed)} point(s) failed: {', '.join(failed)}. Fix the cause and run the same command "
+              f"again: finished points are skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# --launcher=slurm: one SLURM job per point, through submitit
+
+
+class PointJob:
+    """What a SLURM job of a point runs (submitit pickles it): train.py, resuming from the
+    point's checkpoint if it has one, so that a requeued job continues where it stopped.
+    Raises RuntimeError if train.py fails, which submitit records as the job's failure."""
+
+    def __init__(self, point, train_args, procs):
+        self.point, self.train_args, self.procs, self.child = point, train_args, procs, None
+
+    def __call__(self):
+        import submitit
+
+        env = submitit.JobEnvironment()
+        status = self.point.status()
+        if finished(status):
+            return status
+        rendezvous = ()
+        if env.num_nodes > 1:  # a torchrun per node; the rendezvous on the job's first node
+            rendezvous = [f"--nnodes={env.num_nodes}", f"--node_rank={env.node}", f"--master_addr={env.hostnames[0]}",
+                          f"--master_port={20000 + int(env.job_id.split('_')[0]) % 20000}"]
+        cmd = [*launcher(self.procs, rendezvous), *self.point.train_args(self.train_args, status == "resume")]
+        attempt = os.path.join(self.point.out_dir, "attempt.json")
+        starts = read_json(attempt).get("starts", 0) + 1
+        if env.node == 0:
+            write_json(attempt, {"job_id": env.job_id, "starts": starts, "host": env.hostname})
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
+                                                               // self.procs))
+        print(f"{self.point.name}: {'resuming' if status == 'resume' else 'starting'} (start {starts} of job "
+              f"{env.job_id})\n  {shlex.join(cmd)}", flush=True)
+        self.child = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": threads})
+        code = self.child.wait()
+        if env.node == 0:
+            write_json(attempt, {"job_id": env.job_id, "starts": starts, "host": env.hostname, "exit_status": code})
+        if code not in (0, 3):
+            raise RuntimeError(f"train.py exited with status {code}")
+        return self.point.status()
+
+    def checkpoint(self):
+        """Called by submitit on the scheduler's warning signal (SIGUSR2), before it requeues the
+        job: train.py got the signal too; it writes its checkpoint and exits, then the requeued
+        job resumes from it."""
+        import submitit
+
+        if self.child is not None and self.child.returncode is None:
+            self.child.send_signal(signal.SIGUSR2)
+            # wait for it to exit without reaping it: __call__'s wait, which this signal handler
+            # interrupted, reaps it (Popen.wait here would deadlock on that wait's lock)
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+        return submitit.helpers.DelayedSubmission(PointJob(self.point, self.train_args, self.procs))
+
+
+def slurm_queue():
+    """{job id: state} of SLURM's queue (squeue; PENDING, RUNNING, ...). Raises ConfigError
+    if squeue is missing or the controller does not answer."""
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        raise ConfigError("--launcher=slurm needs SLURM's sbatch and squeue on PATH; run sweep.py on a login node of "
+                          "the cluster (or load its slurm module)")
+    try:
+        proc = subprocess.run(["squeue", "--noheader", "--format=%i %T"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        proc = subprocess.CompletedProcess([], 1, "", "no answer in 60 s")
+    if proc.returncode:
+        raise ConfigError(f"SLURM's controller does not answer (squeue: {proc.stderr.strip()}); check that slurmctld "
+                          f"runs and SLURM_CONF names its config")
+    return dict(line.split() for line in proc.stdout.splitlines() if line.strip())
+
+
+def parse_sbatch_options(specs):
+    """{option: value} from --slurm_option KEY=VALUE (an sbatch option without its dashes; a bare KEY is a flag)."""
+    options = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not key:
+            raise ConfigError(f"--slurm_option {spec!r}: write an sbatch option as key=value, e.g. mem=64G")
+        options[key.lstrip("-")] = value if sep else True
+    return options
+
+
+def slurm_minutes(spec):
+    """Minutes of a SLURM time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (seconds rounded
+    up). Raises ConfigError for anything else."""
+    days, _, clock = spec.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        if days:
+            hms = (parts + [0, 0])[:3]
+        else:
+            hms = {1: [0, parts[0], 0], 2: [0, *parts], 3: parts}[len(parts)]
+        total = int(days or 0) * 1440 + hms[0] * 60 + hms[1] + (hms[2] > 0)
+    except (ValueError, KeyError):
+        total = 0
+    if total <= 0 or len(clock.split(":")) > 3:
+        raise ConfigError(f"--slurm_time={spec!r}: write a time limit as SLURM does, e.g. 240, 4:00:00 or 1-00:00:00")
+    return total
+
+
+def run_slurm(points, train_args, args, on_cuda, record):
+    """Submit one job per unfinished point that is not queued or running already; returns 0."""
+    import submitit
+
+    queue = slurm_queue()
+    procs = args.gpus_per_run or args.procs_per_run  # the login node may have no GPU: ask for what is asked
+    for i, point in enumerate(points):
+        launch = read_json(os.path.join(point.out_dir, "launch.json"))
+        job_id = launch.get("job_id")
+        if job_id in queue:
+            print(f"[{i + 1}/{len(points)}] {point.name}: job {job_id} is {queue[job_id].lower()}, not submitted again")
+            continue
+        executor = submitit.SlurmExecutor(folder=os.path.join(point.out_dir, "slurm"), max_num_timeout=1000)
+        executor.update_parameters(
+            job_name=point.name, time=slurm_minutes(args.slurm_time), nodes=args.nodes_per_run, ntasks_per_node=1,
+            cpus_per_task=args.cpus_per_task, stderr_to_stdout=True, signal_delay_s=90,
+            **({"gpus_per_node": args.gpus_per_run} if args.gpus_per_run else {}),
+            **{k: v for k, v in (("partition", args.slurm_partition), ("account", args.slurm_account),
+                                 ("qos", args.slurm_qos)) if v},
+            setup=args.slurm_setup, additional_parameters=args.sbatch_options)
+        os.makedirs(point.out_dir, exist_ok=True)
+        job = executor.submit(PointJob(point, train_args, procs))
+        log = str(job.paths.stdout)
+        write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "slurm", "job_id": job.job_id,
+                                                                "log": log})
+        record(point, f"submitted as job {job.job_id}")
+        print(f"[{i + 1}/{len(points)}] {point.name}: submitted as job {job.job_id} (log: {log})", flush=True)
+    print(f"\nFollow the sweep with:\n  python sweep.py --status {shlex.quote(args.sweep_dir)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# --status
+
+
+def point_state(point, queue):
+    """(state, log) of a point: done, diverged, running, queued, preempted-requeued, failed,
+    stopped (a checkpoint to resume from) or not started; log: its log file where it failed."""
+    progress = point_progress(point.out_dir, point.max_iters)
+    launch = read_json(os.path.join(point.out_dir, "launch.json"))
+    attempt = read_json(os.path.join(point.out_dir, "attempt.json"))
+    exit_status = attempt.get("exit_status", launch.get("exit_status"))
+    state = queue.get(launch.get("job_id"), "") if launch.get("launcher") == "slurm" else ""
+    if finished(progress["status"]):
+        return progress["status"].split(" at ")[0], None
+    if state in ("RUNNING", "COMPLETING", "CONFIGURING") or (not state and out_dir_holder(point.out_dir)):
+        return "running", None
+    if state:  # PENDING, REQUEUED, REQUEUE_HOLD, SUSPENDED...
+        return ("preempted-requeued" if attempt.get("starts") else "queued"), None
+    if exit_status not in (None, 0, 3):
+        return f"failed (exit status {exit_status})", launch.get("log")
+    if launch.get("launcher") == "slurm" and attempt.get("starts") and exit_status is None:
+        return "failed (the job ended without train.py's exit status)", launch.get("log")
+    return ("stopped" if progress["status"] == "resume" else "not started"), None
+
+
+def show_status(sweep_dir):
+    """Print the table of a sweep's points (SWEEP_DIR/sweep.json); returns the exit status."""
+    record = read_json(os.path.join(sweep_dir, "sweep.json"))
+    if not record:
+        print(f"error: {sweep_dir} holds no sweep.json: give the --sweep_dir of a sweep", file=sys.stderr)
+        return 2
+    max_iters = record.get("max_iters", {})
+    def planned(name):  # a sweep.json of an older sweep.py has no max_iters: the run's config.json has
+        config = read_json(os.path.join(sweep_dir, name, "config.json")).get("config", {})
+        return max_iters.get(name, config.get("max_iters", -1))
+
+    points = [Point(name, [], os.path.join(sweep_dir, name), planned(name)) for name in record["points"]]
+    slurm = any(read_json(os.path.join(p.out_dir, "launch.json")).get("launcher") == "slurm" for p in points)
+    try:
+        queue = slurm_queue() if slurm else {}
+    except ConfigError as e:
+        print(f"warning: {e}; SLURM states are left out", file=sys.stderr)
+        queue = {}
+    rows = [("point", "state", "step", "val loss", "SLURM job", "log of a failed point")]
+    for point in points:
+        state, log = point_state(point, queue)
+        progress = point_progress(point.out_dir, point.max_iters)
+        job = read_json(os.path.join(point.out_dir, "launch.json")).get("job_id") or ""
+        val = f"{progress['val_loss']:.4f}" if progress["val_loss"] is not None else ""
+        rows.append((point.name, state, f"{progress['step']}/{point.max_iters}", val, job, log or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
 
 
 def main(argv):
@@ -76,75 +420,80 @@ def main(argv):
                         help="an axis of the grid (repeat for more)")
     parser.add_argument("--sweep_dir", default="",
                         help="parent of the points' out_dirs (default: the config's out_dir)")
-    parser.add_argument("--launcher", default="python",
-                        help="how to start train.py, e.g. 'torchrun --standalone --nproc_per_node=8' (default: python)")
+    parser.add_argument("--status", metavar="SWEEP_DIR", help="print the state of every point of a sweep, and exit")
+    parser.add_argument("--launcher", default="local", help="local (this machine) or slurm (default: local)")
+    parser.add_argument("--jobs", type=int, default=1, help="local: points run at a time (default: 1)")
+    parser.add_argument("--gpus_per_run", type=int, default=0,
+                        help="GPUs of a point (per node), one process each (default: 1 on CUDA)")
+    parser.add_argument("--procs_per_run", type=int, default=1,
+                        help="processes of a point on the CPU (gloo), per node (default: 1)")
+    parser.add_argument("--nodes_per_run", type=int, default=1, help="slurm: nodes of a point (default: 1)")
+    parser.add_argument("--cpus_per_task", type=int, default=None, help="slurm: CPUs of a point's job on each node")
+    parser.add_argument("--slurm_partition", default="", help="slurm: the partition")
+    parser.add_argument("--slurm_time", default="4:00:00",
+                        help="slurm: a job's time limit; a point that needs longer is requeued from its checkpoint "
+                             "(default: 4:00:00)")
+    parser.add_argument("--slurm_account", default="", help="slurm: the account to charge")
+    parser.add_argument("--slurm_qos", default="", help="slurm: the quality of service")
+    parser.add_argument("--slurm_setup", action="append", default=[], metavar="LINE",
+                        help="slurm: a shell line run in the job before train.py, e.g. 'module load cuda' (repeat)")
+    parser.add_argument("--slurm_option", action="append", default=[], metavar="KEY=VALUE",
+                        help="slurm: any other sbatch option, e.g. mem=64G or constraint=h100 (repeat)")
     parser.add_argument("--dry_run", action="store_true", help="print each point's status and command; run nothing")
     args, train_args = parser.parse_known_args(argv)
+    if args.status:
+        return show_status(args.status)
     try:
+        if args.launcher not in ("local", "slurm"):
+            raise ConfigError(f"--launcher={args.launcher!r}: choose local or slurm (a point's torchrun is "
+                              f"--gpus_per_run=N, or --procs_per_run=N on the CPU)")
+        if min(args.jobs, args.procs_per_run, args.nodes_per_run) < 1 or args.gpus_per_run < 0:
+            raise ConfigError("--jobs, --procs_per_run and --nodes_per_run are at least 1, --gpus_per_run at least 0")
+        args.sbatch_options = parse_sbatch_options(args.slurm_option)
+        slurm_minutes(args.slurm_time)
         axes = parse_grid(args.grid)
         if not axes:
             raise ConfigError("no --grid axis given; e.g. --grid learning_rate=1e-3,2e-3 --grid seed=1,2,3")
         base, _ = parse_config(TrainConfig, train_args)
-        sweep_dir = args.sweep_dir or base.out_dir
-        points = [list(zip([k for k, _ in axes], values)) for values in itertools.product(*(v for _, v in axes))]
-        configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in points]
+        args.sweep_dir = args.sweep_dir or base.out_dir
+        values = [list(zip([k for k, _ in axes], v)) for v in itertools.product(*(v for _, v in axes))]
+        configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in values]
+        if args.launcher == "slurm" and not args.dry_run:
+            slurm_queue()  # sbatch there and the controller answering, before anything is submitted
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    launcher = [sys.executable] if args.launcher == "python" else shlex.split(args.launcher)
-    statuses = {}
-    # a signal reaches the run in flight (from the terminal, or forwarded below); the sweep
-    # waits for it to checkpoint and exit, then stops
-    stop = []
+    points = [Point(point_name(v), v, os.path.join(args.sweep_dir, point_name(v)), c.max_iters)
+              for v, c in zip(values, configs)]
+    statuses = {p.name: p.status() for p in points}
+    todo = []
+    for i, point in enumerate(points):
+        status = statuses[point.name]
+        if finished(status):
+            print(f"[{i + 1}/{len(points)}] {point.name}: {status}, skipped")
+        elif args.dry_run:
+            print(f"[{i + 1}/{len(points)}] {point.name}: {'resuming' if status == 'resume' else 'starting'}\n  "
+                  f"{shlex.join(point.train_args(train_args, status == 'resume'))}")
+        else:
+            todo.append(point)
+    if args.dry_run:
+        return 0
+    os.makedirs(args.sweep_dir, exist_ok=True)
 
-    def forward(signum, frame):
-        stop.append(signum)
-        if child is not None:
-            child.send_signal(signum)
+    def record(point, status):
+        statuses[point.name] = status
+        write_record(args.sweep_dir, argv, statuses, points)
 
-    child = None
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
-    if not args.dry_run:
-        os.makedirs(sweep_dir, exist_ok=True)
-    for i, (point, cfg) in enumerate(zip(points, configs)):
-        name = point_name(point)
-        out_dir = os.path.join(sweep_dir, name)
-        status = run_status(out_dir, cfg.max_iters)
-        if status == "done" or status.startswith("diverged"):
-            statuses[name] = status
-            print(f"[{i + 1}/{len(points)}] {name}: {status}, skipped")
-            continue
-        start = ["--init_from=resume"] if status == "resume" else ["--overwrite=True"]
-        cmd = [*launcher, os.path.join(REPO, "train.py"), *train_args, *(f"--{k}={v}" for k, v in point),
-               f"--out_dir={out_dir}", *start]
-        action = "resuming" if status == "resume" else "starting"
-        print(f"[{i + 1}/{len(points)}] {name}: {action}\n  {shlex.join(cmd)}", flush=True)
-        if args.dry_run:
-            statuses[name] = status
-            continue
-        child = subprocess.Popen(cmd)
-        code = child.wait()
-        child = None
-        statuses[name] = run_status(out_dir, cfg.max_iters)
-        write_record(sweep_dir, argv, statuses)
-        if code not in (0, 3) or (code == 0 and statuses[name] != "done"):
-            if stop or code == 0:
-                print(f"sweep stopped at {name}; run the same command again to continue", file=sys.stderr)
-                return 0
-            print(f"error: {name} failed (exit status {code}); the sweep stopped. Fix the cause and run the same "
-                  f"command again: finished points are skipped", file=sys.stderr)
-            return 1
-        if stop:
-            print(f"sweep stopped after {name}; run the same command again to continue", file=sys.stderr)
-            return 0
-    if not args.dry_run:
-        write_record(sweep_dir, argv, statuses)
-    print(f"\n{sum(s == 'done' for s in statuses.values())} of {len(points)} points done, "
-          f"{sum(s.startswith('diverged') for s in statuses.values())} diverged. Compare them with:\n"
-          f"  python compare.py {shlex.quote(sweep_dir)}")
-    return 0
+    write_record(args.sweep_dir, argv, statuses, points)
+    on_cuda = base.device != "cpu"  # 'auto' or 'cuda...': the GPUs this machine has, if any
+    run = run_slurm if args.launcher == "slurm" else run_local
+    code = run(todo, train_args, args, on_cuda, record)
+    if args.launcher == "local":
+        print(f"\n{sum(s == 'done' for s in statuses.values())} of {len(points)} points done, "
+              f"{sum(s.startswith('diverged') for s in statuses.values())} diverged. Compare them with:\n"
+              f"  python compare.py {shlex.quote(args.sweep_dir)}")
+    return code
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from nonlinear_queries.checkpoint import (
 )
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
+from nonlinear_queries.lock import hold_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError, load_pretrained
 from nonlinear_queries.runlog import open_run_log, run_header
@@ -184,6 +185,8 @@ def train(cfg, config_files, rt):
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
     micro_steps = micro_steps_per_process(cfg, rt)
+    if rt.master:  # one run per out_dir, held until this process ends (lock.py)
+        hold_out_dir(cfg.out_dir)
     resume_path = resume_checkpoint(cfg)
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model, ckpt = build_model(cfg, rt, resume_path)

@@ -33,6 +33,7 @@ The shards and meta.pt are read with torch.load(weights_only=True); DCP reads it
 .metadata index with pickle, so load sharded checkpoints only from directories you trust.
 """
 
+import errno
 import math
 import os
 import pickle
@@ -81,7 +82,11 @@ SHARDED_KEYS = CHECKPOINT_KEYS - {"model", "optimizer"} | {"optimizers", "param_
 
 
 class CheckpointError(Exception):
-    """A checkpoint that cannot be read, or that does not belong to the run being resumed."""
+    """A checkpoint that cannot be read or written, or that does not belong to the run being resumed."""
+
+
+class DiskFullError(CheckpointError):
+    """No room on the disk for a checkpoint; the previous checkpoint is left as it was."""
 
 
 def step_checkpoints(out_dir, kinds=(".pt",)):
@@ -131,10 +136,58 @@ def latest_checkpoint(out_dir, parallelism):
     return paths[other if steps[other] > steps[parallelism] else parallelism]
 
 
+def tensor_bytes(obj, seen=None):
+    """Bytes of the tensor storages in a nested dict/list/tuple, each storage once (tied weights
+    share one): what torch.save writes, less its small framing (names, pickled containers)."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+    if isinstance(obj, dict):
+        obj = obj.values()
+    if isinstance(obj, (list, tuple, type({}.values()))):
+        return sum(tensor_bytes(v, seen) for v in obj)
+    return 0
+
+
+def _disk_full(path, need, cause=""):
+    directory = os.path.dirname(os.path.abspath(path))
+    free = shutil.disk_usage(directory).free
+    kept = (f"the previous checkpoint, {path}, is intact" if os.path.exists(path)
+            else "no earlier checkpoint of this run was written")
+    return DiskFullError(f"no space to write the checkpoint {path}{cause}: it needs {need / 2**20:,.1f} MiB and "
+                         f"{directory} has {free / 2**20:,.1f} MiB free; nothing was left half written and {kept}. "
+                         f"Free space there, then continue the run with --init_from=resume")
+
+
+def _is_disk_full(e):
+    """Whether a write failed for want of space: ENOSPC/EDQUOT, or torch.save's writer failing
+    (it reports a short write as a RuntimeError, 'enforce fail at inline_container.cc')."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in ("inline_container", "PytorchStreamWriter",
+                                                                     "file write failed"))
+
+
 def _save_file(obj, path):
-    """torch.save to path.tmp, fsync, rename over path (atomic: path is the old or the new file)."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """torch.save to path.tmp, fsync, rename over path (atomic: path is the old or the new file).
+    Raises DiskFullError, before writing, if the disk has less free space than the tensors
+    take (plus 1% and 1 MiB for the framing), or if the write runs out of space; either way no
+    partial file is left and path is untouched."""
+    need = int(tensor_bytes(obj) * 1.01) + 2**20
+    if shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free < need:
+        raise _disk_full(path, need)
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(obj, tmp)
+    except (OSError, RuntimeError) as e:
+        if not _is_disk_full(e):
+            raise
+        raise _disk_full(path, need, f" (the disk filled while it was written: {str(e).splitlines()[0][:100]})"
+                         ) from None
 
 
 def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):

@@ -96,3 +96,11 @@ def test_a_bench_with_more_variants_than_the_recompile_limit_compiles_each_or_fa
             for model in models:
                 torch.compile(model, backend="eager")(x, x)
     torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_sweep_speed_times_each_jobs_value_against_the_first():
+    out = run_script("bench/sweep_speed.py", "--points=2", "--max_iters=2", "--rounds=1", "--n_layer=1").stdout
+    rows = markdown_table(out, "--jobs")
+    assert list(rows) == ["1", "2"] and rows["1"]["vs --jobs=1"] == "1.000"
+    assert float(rows["2"]["wall s (median)"]) > 0 and "command: python bench/sweep_speed.py --points=2" in out

@@ -309,7 +309,7 @@ def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_
     assert record["type"] == "diverged" and record["step"] == 6 and record["last_checkpoint_step"] == 4
     assert max(losses(out)) == 5  # the diverged step's update was never applied, nor logged as trained
     assert sha256(out / "ckpt.pt") == before
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_000004.pt", "config.json", "metrics.jsonl", "wandb"]
+    assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "ckpt_000004.pt", "config.json", "metrics.jsonl", "wandb"]
 
     # learning rate 10: the loss explodes (1453 after one update) and stays above 12, for
     # the third step in a row at step 8; a checkpoint is written at step 6, mid-streak

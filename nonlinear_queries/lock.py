@@ -1,0 +1,76 @@
+"""
+One run per out_dir: a run holds an exclusive lock on out_dir/.lock for its whole life.
+
+The lock is the operating system's (flock(2)), held through an open file, so it dies with
+the process: a run that is killed, crashes or is requeued by a scheduler never leaves a
+stale lock behind. The lock file names its holder (host, PID, start time) for the error a
+second run gets. Under torchrun only rank 0 takes it. flock works across the machines of
+an NFS mount on Linux (it is emulated with byte-range locks there).
+"""
+
+import datetime
+import errno
+import fcntl
+import os
+import socket
+import time
+
+from nonlinear_queries.runtime import SetupError
+
+
+class OutDirBusy(SetupError):
+    """out_dir is held by another live run."""
+
+
+_HELD = {}  # out_dir -> its open lock file, for the life of the process
+
+
+def lock_path(out_dir):
+    return os.path.join(out_dir, ".lock")
+
+
+def hold_out_dir(out_dir):
+    """Take the exclusive lock of out_dir (created if missing) for the rest of this process's
+    life and write the holder into the lock file. Raises OutDirBusy, naming the holder, if
+    another process holds it. Taking it again in the same process does nothing."""
+    if out_dir in _HELD:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    f = open(lock_path(out_dir), "a+")
+    for _ in range(20):  # out_dir_holder's probe holds it for microseconds: try for half a second
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            time.sleep(0.025)
+    else:
+        f.seek(0)
+        holder = f.read().strip() or "another process (it has not written its name yet)"
+        f.close()
+        raise OutDirBusy(f"{out_dir} is in use by a running training run: {holder}. Two runs in one out_dir would "
+                         f"mix their metrics and overwrite each other's checkpoints; wait for it to end (or stop it), "
+                         f"or choose another --out_dir") from None
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    f.seek(0)
+    f.truncate()
+    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
+    f.flush()
+    _HELD[out_dir] = f
+
+
+def out_dir_holder(out_dir):
+    """The holder written in out_dir's lock file if a live process holds the lock, else None.
+    It asks for a shared lock without waiting, and gives it back at once."""
+    try:
+        f = open(lock_path(out_dir))
+    except FileNotFoundError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "a process"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None

@@ -1,0 +1,174 @@
+"""Two faults that clusters make common (issue 26): a second run started on a live run's out_dir,
+and a disk that fills while a checkpoint is written."""
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, train
+from nonlinear_queries import checkpoint
+from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
+from nonlinear_queries.lock import OutDirBusy, hold_out_dir, out_dir_holder
+
+RUN = ["--lr_decay_iters=24", "--eval_interval=4"]
+
+
+def start_training(data_dir, out_dir, *args):
+    with open(f"{out_dir}.log", "w") as log:
+        return subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *TINY, *RUN, f"--data_dir={data_dir}",
+                                 f"--out_dir={out_dir}", *args], cwd=REPO, env={**os.environ, **ONE_THREAD},
+                                stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_step(out_dir, step, proc, timeout=300):
+    start = time.time()
+    while last_logged_step(out_dir) < step:
+        if proc.poll() is not None or time.time() - start > timeout:
+            proc.kill()
+            raise AssertionError(f"train.py ended ({proc.wait()}) or ran {timeout} s before step {step}")
+        time.sleep(0.01)
+
+
+def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale_lock(shakespeare_dir, tmp_path):
+    out = tmp_path / "out"
+    first = start_training(shakespeare_dir, out, "--max_iters=1000", "--seed=1")
+    try:
+        wait_for_step(out, 2, first)
+        second = train(shakespeare_dir, out, *RUN, "--max_iters=8", "--seed=2", "--overwrite=True", check=False,
+                       env=ONE_THREAD)
+        assert second.returncode == 1
+        assert f"is in use by a running training run: host {socket.gethostname()}, PID {first.pid}, started " \
+               in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        assert out_dir_holder(out).startswith(f"host {socket.gethostname()}, PID {first.pid}")
+        first.send_signal(signal.SIGKILL)  # as a scheduler's kill or a node's crash: no chance to clean up
+        assert first.wait() == -signal.SIGKILL
+    finally:
+        first.kill()
+    # the first run's metrics are its own alone: one header, every step once, seed 1
+    headers = read_metrics(out, "config")
+    assert len(headers) == 1 and headers[0]["config"]["seed"] == 1
+    steps = [r["step"] for r in read_metrics(out, "train")]
+    assert steps == list(range(1, len(steps) + 1))
+    # the kill released the lock with the process: the run resumes at once
+    assert out_dir_holder(out) is None
+    saved = read_checkpoint(str(out / "ckpt.pt"))["step"]
+    train(shakespeare_dir, out, *RUN, f"--max_iters={saved + 2}", "--init_from=resume", env=ONE_THREAD)
+    assert [r["step"] for r in read_metrics(out, "config")] == [0, saved]
+    assert read_metrics(out, "train")[-1]["step"] == saved + 2
+
+
+def test_the_lock_is_held_once_per_process_and_names_its_holder(tmp_path):
+    hold_out_dir(str(tmp_path))
+    hold_out_dir(str(tmp_path))  # again in the same process: nothing to refuse
+    probe = subprocess.run([sys.executable, "-c", "import sys; from nonlinear_queries.lock import hold_out_dir; "
+                            "hold_out_dir(sys.argv[1])", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert probe.returncode == 1 and "OutDirBusy" in probe.stderr and f"PID {os.getpid()}" in probe.stderr
+    assert issubclass(OutDirBusy, Exception)
+
+
+# ---------------------------------------------------------------------------------------
+# a full disk during a checkpoint
+
+
+def small_state(n):
+    return {"model": {"w": torch.arange(n, dtype=torch.float32)}, "step": n}
+
+
+def test_a_write_that_runs_out_of_space_raises_one_clear_error_and_leaves_the_previous_checkpoint(tmp_path,
+                                                                                                    monkeypatch):
+    save_checkpoint(str(tmp_path), small_state(1000), keep_last_n=2)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    real_save = torch.save
+
+    def save_then_fail(obj, path):  # half the file, then torch.save's writer gives up as on a full disk
+        real_save(obj, path)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4096 vs 1024")
+
+    monkeypatch.setattr(torch, "save", save_then_fail)
+    with pytest.raises(DiskFullError) as e:
+        save_checkpoint(str(tmp_path), small_state(2000), keep_last_n=2)
+    message = str(e.value)
+    assert f"no space to write the checkpoint {tmp_path / 'ckpt.pt'}" in message
+    assert "the previous checkpoint" in message and "is intact" in message and "--init_from=resume" in message
+    assert "MiB free" in message and "it needs 1.0 MiB" in message
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt_001000.pt"]  # no .tmp left holding the space
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 1000
+
+    def enospc(obj, path):
+        open(path, "wb").close()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", enospc)
+    with pytest.raises(DiskFullError):
+        save_checkpoint(str(tmp_path), small_state(2000), keep_last_n=2)
+    monkeypatch.setattr(torch, "save", lambda obj, path: (_ for _ in ()).throw(RuntimeError("another failure")))
+    with pytest.raises(RuntimeError, match="another failure"):  # not every error is a full disk
+        save_checkpoint(str(tmp_path), small_state(2000), keep_last_n=2)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt_001000.pt"]
+
+
+def test_the_checkpoint_size_counts_each_storage_once():
+    w = torch.zeros(100)
+    state = {"wte": w, "lm_head": w, "moments": [torch.zeros(10, dtype=torch.float64)], "step": 3}
+    assert tensor_bytes(state) == 400 + 80
+
+
+@contextlib.contextmanager
+def tmpfs(path, size):
+    """A tmpfs of `size` mounted at path (root only), unmounted afterwards."""
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+
+
+@needs_root
+def test_a_real_full_disk_during_the_write_is_the_same_clear_error(tmp_path, monkeypatch):
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        save_checkpoint(str(disk), small_state(50_000), keep_last_n=1)  # 200 kB
+        # the free-space check believes there is room; the disk says otherwise half way through
+        monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=2**40))
+        with pytest.raises(DiskFullError, match="the disk filled while it was written"):
+            save_checkpoint(str(disk), small_state(1_000_000), keep_last_n=1)  # 4 MB
+        assert sorted(os.listdir(disk)) == ["ckpt.pt", "ckpt_050000.pt"]
+        assert torch.load(disk / "ckpt.pt", weights_only=True)["step"] == 50_000
+
+
+@needs_root
+@pytest.mark.slow
+def test_train_on_a_full_disk_stops_with_the_error_and_resumes_once_space_is_freed(shakespeare_dir, tmp_path):
+    # the tiny model's checkpoint is 19.7 MB; keep_last_n=2 holds two: the third does not fit in 50 MB
+    with tmpfs(tmp_path / "disk", "50m") as disk:
+        out = disk / "out"
+        proc = train(shakespeare_dir, out, *RUN, "--max_iters=12", "--wandb_log=True", check=False, env=ONE_THREAD)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in proc.stderr
+        assert f"error: no space to write the checkpoint {out / 'ckpt.pt'}: it needs" in errors[0]
+        assert "the previous checkpoint" in errors[0] and "--init_from=resume" in errors[0]
+        assert len(proc.stderr.splitlines()) < 20, proc.stderr  # no wandb spew
+        assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+        saved = int(proc.stdout.rsplit("saved checkpoint to", 1)[1].split("(step ")[1].split(")")[0])
+        assert 0 < saved < 12 and read_checkpoint(str(out / "ckpt.pt"))["step"] == saved
+        for _, older in checkpoint.step_checkpoints(str(out))[1:]:  # free space, then resume
+            os.remove(older)
+        train(shakespeare_dir, out, *RUN, "--max_iters=12", "--keep_last_n=1", "--init_from=resume", env=ONE_THREAD)
+        assert read_checkpoint(str(out / "ckpt.pt"))["step"] == 12

@@ -1,0 +1,221 @@
+"""sweep.py beyond one process (issue 26): --launcher=local --jobs=N, --launcher=slurm on a real
+one-node SLURM cluster (tests/slurm_cluster.py), requeue mid-run, --status."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
+
+from conftest import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script
+
+GRID = ["--max_iters=6", "--eval_interval=3", "--lr_decay_iters=12", "--dropout=0.1"]
+
+
+def sweep(data_dir, sweep_dir, *args, check=True, env=ONE_THREAD):
+    return run_script("sweep.py", *TINY, *GRID, f"--data_dir={data_dir}", f"--sweep_dir={sweep_dir}", *args,
+                      check=check, env=env)
+
+
+def status_table(sweep_dir, env=None):
+    """{point: {column: cell}} of `sweep.py --status`."""
+    lines = run_script("sweep.py", "--status", str(sweep_dir), env=env).stdout.splitlines()
+    header = lines[0]
+    starts = [header.index(c) for c in ("point", "state", "step", "val loss", "SLURM job", "log of a failed point")]
+    cells = [[line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])] for line in lines[1:]]
+    return {row[0]: dict(zip(["point", "state", "step", "val loss", "SLURM job", "log"], row)) for row in cells}
+
+
+@pytest.mark.slow
+def test_two_jobs_at_a_time_equal_two_sequential_runs_and_a_failing_point_stops_nothing(shakespeare_dir, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    sweep(shakespeare_dir, one, "--grid", "seed=1,2")
+    start = time.time()
+    proc = sweep(shakespeare_dir, two, "--grid", "seed=1,2", "--jobs=2", env={})  # threads: 2 cores / 2 jobs
+    assert time.time() - start < 600
+    for name in ("seed=1", "seed=2"):
+        assert losses_by_step(two / name) == losses_by_step(one / name)  # bit for bit
+        assert sorted(losses_by_step(two / name)) == [1, 2, 3, 4, 5, 6]
+        assert f"{name}: done" in proc.stdout
+    # both ran at once: each started before the other ended
+    spans = {name: (os.path.getmtime(two / name / "config.json"), os.path.getmtime(two / name / "ckpt.pt"))
+             for name in ("seed=1", "seed=2")}
+    assert spans["seed=1"][0] < spans["seed=2"][1] and spans["seed=2"][0] < spans["seed=1"][1]
+    assert losses_by_step(one / "seed=1") != losses_by_step(one / "seed=2")
+    assert status_table(two)["seed=2"]["state"] == "done"
+
+    # a point that fails (its data dir is missing) is reported with its log; the other finishes
+    bad = sweep(shakespeare_dir, tmp_path / "bad", "--grid", f"data_dir={shakespeare_dir},/nonexistent", "--jobs=2",
+                check=False)
+    assert bad.returncode == 1
+    names = sorted(os.listdir(tmp_path / "bad"))
+    failed = next(n for n in names if "nonexistent" in n)
+    log = tmp_path / "bad" / failed / "train.log"
+    assert f"error: data_dir={shakespeare_dir.replace('/', '-')}" not in bad.stderr
+    assert f"failed (exit status 1); its log: {log}" in bad.stderr and "nonexistent" in log.read_text()
+    good = next(n for n in names if n != failed and n != "sweep.json")
+    assert read_metrics(tmp_path / "bad" / good, "eval")[-1]["step"] == 6
+    table = status_table(tmp_path / "bad")
+    assert table[failed]["state"] == "failed (exit status 1)" and table[failed]["log"] == str(log)
+    assert table[good]["state"] == "done" and table[good]["step"] == "6/6"
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_lets_every_running_point_write_its_checkpoint(shakespeare_dir, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    long = ["--max_iters=1000", "--eval_interval=500", "--grid", "seed=1,2,3", "--jobs=2"]
+    with open(tmp_path / "sweep.log", "w") as log:
+        proc = subprocess.Popen([os.sys.executable, "sweep.py", *TINY, f"--data_dir={shakespeare_dir}",
+                                 f"--sweep_dir={sweep_dir}", *long], cwd=os.path.dirname(os.path.dirname(__file__)),
+                                env={**os.environ, **ONE_THREAD}, stdout=log, stderr=subprocess.STDOUT)
+    running = [sweep_dir / "seed=1", sweep_dir / "seed=2"]
+    try:
+        wait_until(lambda: all((d / "metrics.jsonl").exists() and read_metrics(d, "train") for d in running), 300,
+                   "both points training")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    for point in running:  # each finished its step and checkpointed it; nothing after the signal started
+        assert torch.load(point / "ckpt.pt", weights_only=True)["step"] == read_metrics(point, "train")[-1]["step"]
+    assert not (sweep_dir / "seed=3").exists()
+    assert "every running point wrote its checkpoint" in (tmp_path / "sweep.log").read_text()
+    table = status_table(sweep_dir)
+    assert [table[f"seed={s}"]["state"] for s in (1, 2, 3)] == ["stopped", "stopped", "not started"]
+
+
+def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):
+    proc = run_script("sweep.py", *TINY, "--grid", "seed=1,2", f"--sweep_dir={tmp_path / 's'}",
+                      "--launcher=torchrun --standalone", check=False)
+    assert proc.returncode == 2 and "--launcher='torchrun --standalone': choose local or slurm" in proc.stderr
+    env = {"PATH": "/nonexistent"}  # no sbatch on PATH
+    proc = subprocess.run([os.sys.executable, "sweep.py", *TINY, "--grid", "seed=1,2",
+                           f"--sweep_dir={tmp_path / 's'}", "--launcher=slurm"],
+                          capture_output=True, text=True, env={**os.environ, **env},
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 2 and "--launcher=slurm needs SLURM's sbatch and squeue on PATH" in proc.stderr
+    assert not os.path.exists(tmp_path / "s")
+    proc = run_script("sweep.py", "--status", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "holds no sweep.json" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# SLURM
+
+
+def wait_until(condition, timeout, what):
+    start = time.time()
+    while not condition():
+        if time.time() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.5)
+
+
+def job_id(point_dir):
+    return json.loads((point_dir / "launch.json").read_text())["job_id"]
+
+
+@pytest.mark.slow
+def test_a_grid_on_slurm_finishes_compare_reads_it_and_a_failing_point_stops_nothing(slurm_cluster, shakespeare_dir,
+                                                                                     tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    grid = ["--grid", "learning_rate=1e-3,2e-3", "--launcher=slurm", "--cpus_per_task=1", "--slurm_time=10"]
+    proc = sweep(shakespeare_dir, sweep_dir, *grid, env={**ONE_THREAD, **slurm_cluster.env})
+    assert proc.stdout.count("submitted as job") == 2
+    names = ["learning_rate=1e-3", "learning_rate=2e-3"]
+    # submitting again while they are queued or running submits nothing
+    again = sweep(shakespeare_dir, sweep_dir, *grid, env={**ONE_THREAD, **slurm_cluster.env}).stdout
+    assert again.count("submitted as job") + again.count("done, skipped") == 0 or "not submitted again" in again
+    assert "submitted as job" not in again
+    wait_until(lambda: all(status_table(sweep_dir, slurm_cluster.env)[n]["state"] == "done" for n in names), 300,
+               "both points done")
+    table = status_table(sweep_dir, slurm_cluster.env)
+    for name in names:
+        assert table[name]["step"] == "6/6" and table[name]["SLURM job"] == job_id(sweep_dir / name)
+        assert (sweep_dir / name / "slurm").is_dir()
+    rows = list(csv.DictReader(run_script("compare.py", str(sweep_dir), "--format=csv").stdout.splitlines()))
+    assert [(r["learning_rate"], r["step"]) for r in rows] == [("0.001", "6"), ("0.002", "6")]
+
+    # a failing point is reported with its log; the other point finishes
+    bad_dir = tmp_path / "bad"
+    sweep(shakespeare_dir, bad_dir, "--grid", f"data_dir={shakespeare_dir},/nonexistent", "--launcher=slurm",
+          "--cpus_per_task=1", "--slurm_time=10", env={**ONE_THREAD, **slurm_cluster.env})
+    names = sorted(n for n in os.listdir(bad_dir) if n != "sweep.json")
+    failed = next(n for n in names if "nonexistent" in n)
+
+    def settled():
+        states = [row["state"] for row in status_table(bad_dir, slurm_cluster.env).values()]
+        return all(s == "done" or s.startswith("failed") for s in states)
+
+    wait_until(settled, 300, "one point done, one failed")
+    table = status_table(bad_dir, slurm_cluster.env)
+    assert table[failed]["state"] == "failed (exit status 1)"
+    log = table[failed]["log"]
+    assert log.startswith(str(bad_dir / failed / "slurm")) and "nonexistent" in open(log).read()
+    assert [row["state"] for n, row in table.items() if n != failed] == ["done"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preemption", ["requeue", "warning"])
+def test_a_job_requeued_mid_run_resumes_to_the_losses_of_a_local_run(slurm_cluster, shakespeare_dir, tmp_path,
+                                                                     preemption):
+    # requeue: SLURM requeues the job (SIGTERM to its processes: train.py checkpoints, SLURM requeues);
+    # warning: the signal SLURM sends before a time limit or a preemption (SIGUSR2: train.py checkpoints,
+    # submitit requeues the job)
+    long = ["--max_iters=40", "--eval_interval=5", "--lr_decay_iters=40"]
+    local = tmp_path / "local"
+    sweep(shakespeare_dir, local, "--grid", "seed=3", *long)
+    sweep_dir = tmp_path / "slurm"
+    sweep(shakespeare_dir, sweep_dir, "--grid", "seed=3", *long, "--launcher=slurm", "--cpus_per_task=1",
+          "--slurm_time=10", env={**ONE_THREAD, **slurm_cluster.env})
+    point = sweep_dir / "seed=3"
+    job = job_id(point)
+    metrics = point / "metrics.jsonl"
+    wait_until(lambda: metrics.exists() and any(r["type"] == "train" and r["step"] >= 7
+                                                for r in read_metrics(point)), 300, "the job at step 7")
+    if preemption == "requeue":
+        slurm_cluster.scontrol("requeue", job)
+    else:
+        subprocess.run(["scancel", "--signal=USR2", job], env={**os.environ, **slurm_cluster.env}, check=True)
+    wait_until(lambda: status_table(sweep_dir, slurm_cluster.env)["seed=3"]["state"] == "preempted-requeued", 120,
+               "the job requeued")
+    stopped_at = max(r["step"] for r in read_metrics(point, "train"))
+    assert stopped_at < 40
+    slurm_cluster.scontrol("update", f"JobId={job}", "StartTime=now")  # else SLURM waits ~2 min to start it again
+    wait_until(lambda: status_table(sweep_dir, slurm_cluster.env)["seed=3"]["state"] == "done", 300, "the job done")
+    starts = [r["step"] for r in read_metrics(point, "config")]
+    assert len(starts) == 2 and 0 < starts[1] <= stopped_at  # resumed from its checkpoint, not restarted
+    assert losses_by_step(point) == losses_by_step(local / "seed=3")  # bit for bit
+    assert json.loads((point / "attempt.json").read_text())["starts"] == 2
+
+
+@pytest.mark.slow
+def test_a_two_process_point_on_slurm_equals_its_one_process_run(slurm_cluster, shakespeare_dir, tmp_path):
+    batch = ["--batch_size=2", "--gradient_accumulation_steps=4", "--grid", "seed=1"]
+    sweep(shakespeare_dir, tmp_path / "one", *batch)
+    sweep_dir = tmp_path / "two"
+    sweep(shakespeare_dir, sweep_dir, *batch, "--launcher=slurm", "--procs_per_run=2", "--cpus_per_task=2",
+          "--slurm_time=10", env={**ONE_THREAD, **slurm_cluster.env})
+    wait_until(lambda: status_table(sweep_dir, slurm_cluster.env)["seed=1"]["state"] in ("done", "failed"), 300,
+               "the point done")
+    assert status_table(sweep_dir, slurm_cluster.env)["seed=1"]["state"] == "done"
+    log = json.loads((sweep_dir / "seed=1" / "launch.json").read_text())["log"]
+    assert "x 2 processes (gloo)" in open(log).read()
+    one, two = losses_by_step(tmp_path / "one" / "seed=1"), losses_by_step(sweep_dir / "seed=1")
+    assert sorted(two) == [1, 2, 3, 4, 5, 6]
+    for step in two:
+        assert abs(one[step] - two[step]) <= 1e-5, (step, one[step], two[step])
+
+
+def test_slurm_time_limits_are_read_as_slurm_writes_them():
+    from sweep import slurm_minutes
+
+    assert [slurm_minutes(t) for t in ("10", "30:30", "4:00:00", "1-02", "1-00:00:00")] == [10, 31, 240, 1560, 1440]
+    for bad in ("", "0", "4h", "1:2:3:4"):
+        with pytest.raises(Exception, match="write a time limit as SLURM does"):
+            slurm_minutes(bad)
