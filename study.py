@@ -447,8 +447,9 @@ def write_tables(study):
         if proc.returncode:
             raise StudyError(f"{shlex.join(['python', *cmd])} failed: {proc.stderr.strip()}")
         title = f": {table.title}" if table.title else ""
+        printed = "\n".join(line for line in proc.stdout.strip().splitlines() if not line.startswith("wrote "))
         sections.append(f"## {table.horizon} steps{title}\n\n```bash\n{shlex.join(['python', *cmd])}\n"
-                        f"```\n\n{proc.stdout.strip()}\n")
+                        f"```\n\n{printed}\n")
     with atomic_write(os.path.join(study.results_dir, "TABLES.md")) as f:
         f.write("\n".join(sections))
 
@@ -502,6 +503,7 @@ def main(argv):
     parser.add_argument("--dry_run", action="store_true", help="print the plan and its cost; run nothing")
     args = parser.parse_args(argv)
     path = os.path.relpath(os.path.abspath(args.study), REPO)
+    path = os.path.abspath(args.study) if path.startswith("..") else path
     os.chdir(REPO)  # a study file's paths (configs, runs_dir, results_dir) are relative to the repo root
     try:
         study = load_study(path)

@@ -10,7 +10,8 @@ machine, or one SLURM job per point on a cluster.
 
 Arguments other than sweep.py's own options go to every run as they are: config files
 and --key=value overrides, as for train.py. Each `--grid key=v1,v2,...` adds an axis; the
-points are the product of the axes, in order. Point `learning_rate=2e-3, seed=1` trains in
+points are the product of the axes, in order (`--grid seed,data_seed=1,2,3` is one axis that
+sets both keys to each value). Point `learning_rate=2e-3, seed=1` trains in
 SWEEP_DIR/learning_rate=2e-3,seed=1 (SWEEP_DIR: --sweep_dir, by default the out_dir of
 the config), so compare.py can read SWEEP_DIR directly.
 
@@ -65,25 +66,29 @@ TRAIN = os.path.join(REPO, "train.py")
 
 
 def parse_grid(specs):
-    """[(key, [raw values])] from `key=v1,v2,...` strings, in order. Raises ConfigError for
-    a malformed axis, an unknown key, a key given twice or an empty value. Values stay as
+    """[(keys, [raw values])] from `key=v1,v2,...` strings, in order; `key1,key2=v1,v2,...` is one axis
+    whose every value sets all its keys (seed,data_seed=1,2: seed and data_seed move together). Raises
+    ConfigError for a malformed axis, an unknown key, a key given twice or an empty value. Values stay as
     typed (they name the point's directory); train.py parses them."""
-    keys = {f.name for f in fields(TrainConfig)}
-    axes = []
+    known = {f.name for f in fields(TrainConfig)}
+    axes, seen = [], set()
     for spec in specs:
-        key, sep, values = spec.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--grid {spec!r}: write an axis as key=v1,v2,...")
-        if key not in keys:
-            raise ConfigError(f"--grid {spec!r}: unknown config key {key!r}")
-        if key in ("out_dir", "init_from", "resume_from", "overwrite"):
-            raise ConfigError(f"--grid {spec!r}: sweep.py sets {key} itself")
-        if key in (k for k, _ in axes):
-            raise ConfigError(f"--grid {spec!r}: {key} is already an axis")
+        names, sep, values = spec.partition("=")
+        keys = tuple(names.split(","))
+        if not sep or not all(keys):
+            raise ConfigError(f"--grid {spec!r}: write an axis as key=v1,v2,... (or key1,key2=v1,v2,...)")
+        for key in keys:
+            if key not in known:
+                raise ConfigError(f"--grid {spec!r}: unknown config key {key!r}")
+            if key in ("out_dir", "init_from", "resume_from", "overwrite"):
+                raise ConfigError(f"--grid {spec!r}: sweep.py sets {key} itself")
+            if key in seen:
+                raise ConfigError(f"--grid {spec!r}: {key} is already an axis")
+            seen.add(key)
         raws = values.split(",")
         if not all(raws):
             raise ConfigError(f"--grid {spec!r}: empty value")
-        axes.append((key, raws))
+        axes.append((keys, raws))
     return axes
 
 
@@ -456,7 +461,8 @@ def main(argv):
             raise ConfigError("no --grid axis given; e.g. --grid learning_rate=1e-3,2e-3 --grid seed=1,2,3")
         base, _ = parse_config(TrainConfig, train_args)
         args.sweep_dir = args.sweep_dir or base.out_dir
-        values = [list(zip([k for k, _ in axes], v)) for v in itertools.product(*(v for _, v in axes))]
+        values = [[(k, v) for (keys, _), v in zip(axes, combo) for k in keys]
+                  for combo in itertools.product(*(raws for _, raws in axes))]
         configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in values]
         if args.launcher == "slurm" and not args.dry_run:
             slurm_queue()  # sbatch there and the controller answering, before anything is submitted

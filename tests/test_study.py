@@ -9,7 +9,8 @@ import pytest
 from test_results import TABLES, printed_table
 
 import study
-from helpers import REPO, run_script
+from helpers import ONE_THREAD, REPO, run_script
+from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.train_config import TrainConfig
 
 TOML = """
@@ -141,3 +142,67 @@ def test_the_ablations_study_writes_the_committed_tables(tmp_path):
     assert len(written) == len(committed) == 4
     for lines, (readme, line, _, program, argv, _) in zip(written, committed):
         assert lines == printed_table(program, argv), f"the table for {readme}:{line}"
+
+
+def test_a_zipped_grid_axis_sets_its_keys_together():
+    import sweep
+
+    axes = sweep.parse_grid(["learning_rate=1e-3,2e-3", "seed,data_seed=1,2"])
+    assert axes == [(("learning_rate",), ["1e-3", "2e-3"]), (("seed", "data_seed"), ["1", "2"])]
+    for bad, message in (["seed,seed=1"], "already an axis"), (["seed,nope=1"], "unknown config key 'nope'"), \
+            (["seed,=1"], "write an axis"):
+        with pytest.raises(ConfigError, match=message):
+            sweep.parse_grid(bad)
+    proc = run_script("sweep.py", "config/mini/baseline.py", "--grid", "learning_rate=3e-3", "--grid",
+                      "seed,data_seed=1,2", "--sweep_dir=unused", "--dry_run")
+    assert "learning_rate=3e-3,seed=2,data_seed=2: starting" in proc.stdout
+    assert "--learning_rate=3e-3 --seed=2 --data_seed=2 --out_dir=unused/learning_rate=3e-3,seed=2,data_seed=2" \
+        in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_tiny_study_runs_to_its_tables_and_a_second_run_trains_nothing(tmp_path, shakespeare_dir):
+    tiny = (f'data_dir = "{shakespeare_dir}", n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, batch_size = 2, '
+            f'eval_iters = 2, eval_interval = 2, warmup_iters = 1, log_interval = 1, wandb_log = false')
+    path = tmp_path / "tiny.toml"
+    path.write_text(f"""
+name = "tiny"
+results_dir = "{tmp_path / 'results'}"
+runs_dir = "{tmp_path / 'runs'}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3", "2e-2"]
+seed = 0
+max_widen = 0
+[held_out]
+seeds = [1, 2]
+[[horizon]]
+max_iters = 4
+[launcher]
+jobs = 2
+[[arm]]
+name = "linear"
+config = "config/quickstart.py"
+overrides = {{ query_mode = "linear", {tiny} }}
+[[arm]]
+name = "res_gelu"
+config = "config/quickstart.py"
+overrides = {{ {tiny} }}
+""")
+    run_script("study.py", str(path), env=ONE_THREAD)
+    record = json.loads((tmp_path / "results" / "study.json").read_text())["horizons"]["4"]
+    for arm in ("linear", "res_gelu"):
+        losses = record[arm]["tuning_val_loss"]
+        assert record[arm]["chosen"] == min(losses, key=losses.get) and record[arm]["widening"] == []
+        for seed in (1, 2):  # a held-out seed sets the data order too
+            run = tmp_path / "runs" / arm / f"learning_rate={record[arm]['chosen']},seed={seed},data_seed={seed}"
+            config = json.loads((run / "config.json").read_text())["config"]
+            assert (config["seed"], config["data_seed"], config["max_iters"]) == (seed, seed, 4)
+    tables = (tmp_path / "results" / "TABLES.md").read_text()
+    assert "--select_on=seed=0 --holm --paired --group_over=seed,data_seed" in tables
+    assert "| quickstart query_mode=linear learning_rate=" in tables and "wrote " not in tables
+    assert (tmp_path / "results" / "figure_4.png").is_file()
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("metrics.jsonl")}
+    assert len(before) == 8
+    assert "done: every arm" in run_script("study.py", str(path), env=ONE_THREAD).stdout
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("metrics.jsonl")} == before
