@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from conftest import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, train
+from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, train
 from nonlinear_queries import checkpoint
 from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
 from nonlinear_queries.lock import OutDirBusy, hold_out_dir, out_dir_holder
@@ -38,6 +38,7 @@ def wait_for_step(out_dir, step, proc, timeout=300):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale_lock(shakespeare_dir, tmp_path):
     out = tmp_path / "out"
     first = start_training(shakespeare_dir, out, "--max_iters=1000", "--seed=1")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
 
-from conftest import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script
+from helpers import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script
 
 GRID = ["--max_iters=6", "--eval_interval=3", "--lr_decay_iters=12", "--dropout=0.1"]
 
