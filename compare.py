@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from nonlinear_queries.figures import Curve, figure2
 from nonlinear_queries.runlog import read_metrics
 
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
@@ -575,6 +576,8 @@ def main():
                              f"layers, then over the runs (default names: {', '.join(DEFAULT_DIAG)})")
     parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     parser.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
+    parser.add_argument("--figure2", metavar="PNG", help="also draw Figure 2 here: each group's rel. improvement over "
+                        "the baseline vs step, labelled with its non-embedding parameters (docs/official.md)")
     parser.add_argument("--metric", default="", metavar="TASK/METRIC",
                         help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                              "column each, at the same step, mean ± std over each row's runs")
@@ -657,6 +660,13 @@ def main():
         plot(groups, baseline).savefig(args.plot, dpi=150)
         # the csv on stdout stays machine-readable
         print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+    if args.figure2:  # the groups with a run that did not diverge, each its mean val loss
+        arms = [(g, *curve(g)) for g in groups if any(r.diverged is None for r in g.runs)]
+        if all(g is not baseline for g, _, _ in arms):
+            die(f"--figure2: every run of the baseline {baseline.label} diverged; choose another with --baseline")
+        curves = [Curve(g.label, g.header["non_embedding_params"], s, v[:, :, 1].mean(axis=0)) for g, s, v in arms]
+        figure2(curves, baseline.label).savefig(args.figure2, dpi=150)
+        print(f"wrote {args.figure2}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 
 if __name__ == "__main__":
