@@ -268,3 +268,18 @@ def test_figure2_from_a_tiny_points_sweep(shakespeare_dir, tmp_path):
         np.testing.assert_allclose(line.get_ydata(), [100 * (base[s] - run.evals[s][1]) / base[s] for s in (2, 4)])
         steps, values = relative_improvement(next(c for c in curves if c.label == run.header["run_name"]), curves[0])
         np.testing.assert_allclose(line.get_ydata(), values)
+
+
+def test_docs_table_shows_each_twins_settings_and_parameters():
+    rows = {}
+    with open(os.path.join(REPO, "docs", "official.md")) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cells[0].startswith("configs_"):
+                rows[cells[0].split("/")[1]] = cells
+    assert set(rows) == set(TABLE)
+    for stem, cells in rows.items():
+        model = build(resolve(f"config/official/{stem}.py"))
+        assert cells[3] == str(TABLE[stem][4])  # MLP hidden
+        assert cells[4] == f"{model.get_num_params():,}"
+        assert cells[8] == f"{TABLE[stem][11]:,} / {TABLE[stem][10]:,}"  # max_iters / lr_decay_iters
