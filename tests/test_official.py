@@ -203,6 +203,19 @@ def test_figure2_controls_are_the_twins():
         assert {k for k, v in asdict(cfg).items() if getattr(twin, k) != v} == {"out_dir"}
 
 
+def test_points_cross_the_grid_axes(tmp_path):
+    points = tmp_path / "p.toml"
+    points.write_text('max_iters = 7\n\n[a]\nlearning_rate = 1e-3\n\n[b]\nmlp_ratio = 4.5\n')
+    out = run_script("sweep.py", "config/mini/baseline.py", f"--points={points}", "--grid", "seed=1,2",
+                     f"--sweep_dir={tmp_path / 's'}", "--dry_run").stdout
+    commands = [line.strip() for line in out.splitlines() if "train.py" in line]
+    assert [line.split("] ", 1)[1].split(":")[0] for line in out.splitlines() if line.startswith("[")] == [
+        "a,seed=1", "a,seed=2", "b,seed=1", "b,seed=2"]
+    assert all("--max_iters=7 " in c for c in commands)
+    assert "--wandb_run_name=a --learning_rate=0.001 --seed=2 " in commands[1]
+    assert f"--wandb_run_name=b --mlp_ratio=4.5 --seed=1 --out_dir={tmp_path / 's' / 'b,seed=1'} " in commands[2]
+
+
 def test_points_file_errors_are_clear(tmp_path):
     cases = {"[a]\nlerning_rate = 1e-3\n": "unknown config key 'lerning_rate'",
              "[a]\nout_dir = 'x'\n": "sweep.py sets out_dir itself",
