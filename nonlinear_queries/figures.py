@@ -40,8 +40,7 @@ def figure2(curves, baseline):
     `baseline`, drawn as the zero line), its relative improvement over the baseline (relative_improvement)
     against the step, labelled by params_label. Arms with at least 1% more non-embedding parameters than the
     baseline (the MLP-widened controls: 5.6% and more) are dashed, the others solid (res_gelu's norm weights
-    add 0.02%). Raises ValueError if no curve has the label
-    `baseline`."""
+    add 0.02%). Raises ValueError if no curve has the label `baseline`."""
     # imported here: only a figure needs matplotlib; Figure without pyplot needs no display and no global state
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -50,18 +49,19 @@ def figure2(curves, baseline):
     if base is None:
         raise ValueError(f"no curve is labelled {baseline!r}; labels: {', '.join(c.label for c in curves)}")
     arms = [c for c in curves if c is not base]
-    fig = Figure(figsize=(9, 6), layout="constrained")
+    # one legend line per arm beside the axes, so the height grows with the number of arms
+    fig = Figure(figsize=(14, max(6.0, 0.24 * (len(arms) + 1))), layout="constrained")
     ax = fig.subplots()
     ax.axhline(0, color="gray", linewidth=0.8, label=f"baseline: {params_label(base)}")
     for i, arm in enumerate(arms):
-        # matplotlib's default cycle repeats after 10 colors; tab20 has 20
-        color = f"C{i}" if len(arms) <= 10 else colormaps["tab20"](i % 20)
+        # matplotlib's default cycle repeats after 10 colors; the grid and its controls are 34 arms
+        color = f"C{i}" if len(arms) <= 10 else colormaps["turbo"](i / (len(arms) - 1))
         steps, improvement = relative_improvement(arm, base)
         style = "--" if arm.non_embedding_params >= 1.01 * base.non_embedding_params else "-"
         ax.plot(steps, improvement, style, marker="o", markersize=2, color=color, label=params_label(arm))
     ax.set_xlabel("step")
     ax.set_ylabel("rel. improvement over the baseline (%)")
-    ax.set_title("(L_base - L) / L_base of the validation loss; dashed: 1% or more non-embedding parameters",
+    ax.set_title("(L_base - L) / L_base of the val loss; dashed: >= 1% more non-embedding parameters",
                  fontsize="medium")
-    ax.legend(fontsize="small", ncol=2 if len(arms) > 12 else 1)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
