@@ -244,6 +244,10 @@ def test_figure2_plots_the_relative_improvement_labelled_with_parameters():
     assert (res_line.get_linestyle(), mlp_line.get_linestyle()) == ("-", "--")  # +12.5% parameters: dashed
     with pytest.raises(ValueError, match="no curve is labelled 'linear'"):
         figure2([base, res], "linear")
+    # the grid and the controls: 34 arms, each its own color
+    many = [Curve(f"arm{i}", 84_972_288, steps, np.array([3.5, 3.1, 2.9]) + i / 1000) for i in range(34)]
+    lines = figure2([base, *many], "baseline").axes[0].lines[1:]
+    assert len({tuple(line.get_color()) for line in lines}) == 34
 
 
 @pytest.mark.slow
