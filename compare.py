@@ -33,7 +33,7 @@ import sys
 
 from nonlinear_queries import runs as rd
 from nonlinear_queries import stats
-from nonlinear_queries.plots import loss_curves
+from nonlinear_queries.plots import Curve, curve, figure2, loss_curves
 
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
           "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
@@ -226,6 +226,8 @@ def parser():
                         f"layers, then over the runs (default names: {', '.join(DEFAULT_DIAG)})")
     p.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     p.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
+    p.add_argument("--figure2", metavar="PNG", help="also draw Figure 2 here: each group's rel. improvement over "
+                   "the baseline vs step, labelled with its non-embedding parameters (docs/official.md)")
     p.add_argument("--metric", default="", metavar="TASK/METRIC",
                    help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                         "column each, at the same step, mean ± std over each row's runs")
@@ -334,6 +336,13 @@ def report(args):
         loss_curves(groups, baseline).savefig(args.plot, dpi=150)
         # the csv on stdout stays machine-readable
         print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+    if args.figure2:  # the groups with a run that did not diverge, each its mean val loss
+        arms = [(g, *curve(g)) for g in groups if any(r.diverged is None for r in g.runs)]
+        if all(g is not baseline for g, _, _ in arms):
+            die(f"--figure2: every run of the baseline {baseline.label} diverged; choose another with --baseline")
+        curves = [Curve(g.label, g.header["non_embedding_params"], s, v[:, :, 1].mean(axis=0)) for g, s, v in arms]
+        figure2(curves, baseline.label).savefig(args.figure2, dpi=150)
+        print(f"wrote {args.figure2}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,14 @@ sets both keys to each value). Point `learning_rate=2e-3, seed=1` trains in
 SWEEP_DIR/learning_rate=2e-3,seed=1 (SWEEP_DIR: --sweep_dir, by default the out_dir of
 the config), so compare.py can read SWEEP_DIR directly.
 
+`--points FILE` gives points that are not a product, each by name: a TOML file whose tables
+[NAME] hold a point's settings and whose top-level `key = value` settings go to every run (an
+`out_dir` there is the default SWEEP_DIR). Point NAME trains in SWEEP_DIR/NAME with the run
+name NAME (wandb_run_name, recorded in its config.json); each is crossed with the --grid axes,
+if any (NAME,seed=1, ...). The official res_gelu grid (docs/official.md) is one such file:
+
+    python sweep.py config/res_gelu.py --points config/official/res_gelu_grid.toml
+
 Every point's config is checked before the first run starts. Running the same command
 again skips finished points (an evaluation at max_iters, or a divergence, in the point's
 metrics.jsonl), resumes a point that has a checkpoint, and starts the rest; with
@@ -53,6 +61,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, fields
 
 from nonlinear_queries.atomic import write_json
@@ -63,6 +72,7 @@ from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(REPO, "train.py")
+SET_BY_SWEEP = ("out_dir", "init_from", "resume_from", "overwrite")  # where and how each point's run starts
 
 
 def parse_grid(specs):
@@ -80,7 +90,7 @@ def parse_grid(specs):
         for key in keys:
             if key not in known:
                 raise ConfigError(f"--grid {spec!r}: unknown config key {key!r}")
-            if key in ("out_dir", "init_from", "resume_from", "overwrite"):
+            if key in SET_BY_SWEEP:
                 raise ConfigError(f"--grid {spec!r}: sweep.py sets {key} itself")
             if key in seen:
                 raise ConfigError(f"--grid {spec!r}: {key} is already an axis")
@@ -90,6 +100,40 @@ def parse_grid(specs):
             raise ConfigError(f"--grid {spec!r}: empty value")
         axes.append((keys, raws))
     return axes
+
+
+def read_points(path):
+    """(shared, points) of a --points file (TOML): shared, [(key, raw value)], its top-level settings, for every
+    run; points, [(name, [(key, raw value)])], one per table [name], in file order. A raw value is the TOML
+    value as train.py parses it (a string as it is, else its repr). Raises ConfigError for a file that cannot
+    be read or is not TOML, an unknown key, a key sweep.py sets itself (out_dir only at the top level), a
+    name that cannot be a directory name, or a file without a point."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"--points {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--points {path}: not a TOML file: {e}") from None
+    keys = {f.name for f in fields(TrainConfig)}
+
+    def settings(table, where, own=()):
+        for key in table:
+            if key not in keys:
+                raise ConfigError(f"--points {path}: {where}: unknown config key {key!r}")
+            if key in SET_BY_SWEEP and key not in own:
+                raise ConfigError(f"--points {path}: {where}: sweep.py sets {key} itself")
+        return [(k, v if isinstance(v, str) else repr(v)) for k, v in table.items()]
+
+    shared = settings({k: v for k, v in data.items() if not isinstance(v, dict)}, "top level", own=("out_dir",))
+    points = [(name, settings(table, f"[{name}]")) for name, table in data.items() if isinstance(table, dict)]
+    for name, _ in points:
+        if "/" in name or name.startswith(".") or "=" in name:
+            raise ConfigError(f"--points {path}: [{name}]: a point's name is its directory's: no '/', '=' or "
+                              f"leading '.'")
+    if not points:
+        raise ConfigError(f"--points {path}: no point; write each as a table [NAME] of its settings")
+    return shared, points
 
 
 def point_name(point):
@@ -423,6 +467,7 @@ def main(argv):
                                      allow_abbrev=False)
     parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
                         help="an axis of the grid (repeat for more)")
+    parser.add_argument("--points", metavar="FILE", help="a TOML file of named points (see above)")
     parser.add_argument("--sweep_dir", default="",
                         help="parent of the points' out_dirs (default: the config's out_dir)")
     parser.add_argument("--status", metavar="SWEEP_DIR", help="print the state of every point of a sweep, and exit")
@@ -457,12 +502,18 @@ def main(argv):
         args.sbatch_options = parse_sbatch_options(args.slurm_option)
         slurm_minutes(args.slurm_time)
         axes = parse_grid(args.grid)
-        if not axes:
-            raise ConfigError("no --grid axis given; e.g. --grid learning_rate=1e-3,2e-3 --grid seed=1,2,3")
+        if not axes and not args.points:
+            raise ConfigError("no --grid axis or --points file given; e.g. --grid learning_rate=1e-3,2e-3 "
+                              "--grid seed=1,2,3")
+        shared, named = read_points(args.points) if args.points else ([], [(None, [])])
+        train_args = [*train_args, *(f"--{k}={v}" for k, v in shared if k != "out_dir")]
         base, _ = parse_config(TrainConfig, train_args)
-        args.sweep_dir = args.sweep_dir or base.out_dir
-        values = [[(k, v) for (keys, _), v in zip(axes, combo) for k in keys]
-                  for combo in itertools.product(*(raws for _, raws in axes))]
+        args.sweep_dir = args.sweep_dir or dict(shared).get("out_dir", base.out_dir)
+        grid = [[(k, v) for (keys, _), v in zip(axes, combo) for k in keys]
+                for combo in itertools.product(*(raws for _, raws in axes))]
+        # a named point's run is named after it; its settings, then the grid's, override the config
+        values = [([("wandb_run_name", label)] if label else []) + [*own, *g] for label, own in named for g in grid]
+        names = [",".join(filter(None, [label, point_name(g)])) for label, _ in named for g in grid]
         configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in values]
         if args.launcher == "slurm" and not args.dry_run:
             slurm_queue()  # sbatch there and the controller answering, before anything is submitted
@@ -470,8 +521,8 @@ def main(argv):
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    points = [Point(point_name(v), v, os.path.join(args.sweep_dir, point_name(v)), c.max_iters)
-              for v, c in zip(values, configs)]
+    points = [Point(name, v, os.path.join(args.sweep_dir, name), c.max_iters)
+              for name, v, c in zip(names, values, configs)]
     statuses = {p.name: p.status() for p in points}
     todo = []
     for i, point in enumerate(points):

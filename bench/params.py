@@ -1,14 +1,15 @@
 """
 Print the parameter table (the paper's Table 1 / Figure 2; docs/design.md) for every config in config/,
-config/modern/ (the modern recipe, named modern/<config>) and config/gpt3/ (the GPT-3 sizes,
-named gpt3/<config>).
+config/modern/ (the modern recipe, named modern/<config>), config/gpt3/ (the GPT-3 sizes,
+named gpt3/<config>) and config/official/ (the official runs' twins, named official/<config>; docs/official.md).
 
     python bench/params.py
 
 Models are built on the meta device (shapes only), so this takes a second on any
 machine. "non-emb" is GPT.get_num_params(non_embedding=True): every parameter except
 the token embedding (tied to the LM head), the positional embedding and an untied LM head.
-"vs baseline" compares with the baseline of the same folder and the same L x d.
+"vs baseline" compares with the baseline of the same folder and the same L x d (in official/,
+config_tiedw_original).
 """
 
 import glob
@@ -22,7 +23,7 @@ from nonlinear_queries.configurator import read_config_file
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 rows = []
-for folder in ("", "modern/", "gpt3/"):
+for folder in ("", "modern/", "gpt3/", "official/"):
     paths = sorted(glob.glob(os.path.join(REPO, "config", folder, "*.py")))
     if folder == "gpt3/":  # by size, as the GPT-3 paper's table
         paths.sort(key=lambda p: ["medium", "large", "xl", "2p7b"].index(os.path.basename(p).split("_")[0]))
@@ -36,7 +37,8 @@ for folder in ("", "modern/", "gpt3/"):
                      values.get("learning_rate"), values.get("min_lr"), values.get("weight_decay")))
 
 # {(folder, L x d): non-emb} of the baselines
-baselines = {(row[0][: row[0].rfind("/") + 1], row[2]): row[4] for row in rows if row[0].endswith("baseline")}
+baselines = {(row[0][: row[0].rfind("/") + 1], row[2]): row[4] for row in rows
+             if row[0].endswith("baseline") or row[0] == "official/config_tiedw_original"}
 header = ("config", "query_mode", "L x d", "mlp_hidden", "non-emb", "vs baseline", "total", "max lr", "min lr", "wd")
 print("| " + " | ".join(header) + " |")
 print("|" + "|".join("---" for _ in header) + "|")

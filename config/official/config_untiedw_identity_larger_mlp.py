@@ -1,0 +1,11 @@
+# Twin of the official configs/configs_untied/config_untiedw_identity_larger_mlp.py
+# (MarkoKarbevski/beyond_query_linearity):
+# W_Q = I, untied, MLP hidden 4.5 * 768 = 3456.
+base = "../identity.py"
+
+out_dir = "out-official/config_untiedw_identity_larger_mlp"
+wandb_group = "official"
+mlp_ratio = 4.5
+max_iters = 105001  # official: 105,001 steps on a 600,000-step cosine schedule (stopped early)
+lr_decay_iters = 600000
+save_checkpoint_steps = (50000, 100000, 105000)  # the official list, whichever steps the run reaches
