@@ -45,23 +45,29 @@ def brace_expand(word):
     return [word[: match.start()] + part + word[match.end() :] for part in match.group(1).split(",")]
 
 
-def generated_tables():
-    """[(readme, line number, renamed, program, argv, committed table lines)] for every marker in the READMEs."""
+def marked_tables(marker):
+    """[(readme, line number, the marker's match, committed table lines)] for every line of a results README that
+    `marker` matches, with the markdown table right below it."""
     found = []
     for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
         lines = open(readme).read().splitlines()
         for i, line in enumerate(lines):
-            match = MARKER.match(line)
+            match = marker.match(line)
             if match:
                 table = []
                 for row in lines[i + 1 :]:
                     if not row.startswith("|"):
                         break
                     table.append(row)
-                argv = [w for word in shlex.split(match.group(3)) for w in brace_expand(word)]
-                found.append((os.path.relpath(readme, REPO), i + 1, bool(match.group(1)), match.group(2), argv,
-                              table))
+                found.append((os.path.relpath(readme, REPO), i + 1, match, table))
     return found
+
+
+def generated_tables():
+    """[(readme, line number, renamed, program, argv, committed table lines)] for every marker in the READMEs."""
+    return [(readme, line, bool(match.group(1)), match.group(2),
+             [w for word in shlex.split(match.group(3)) for w in brace_expand(word)], table)
+            for readme, line, match, table in marked_tables(MARKER)]
 
 
 TABLES = generated_tables()
@@ -196,19 +202,7 @@ BUILDERS = {f.__name__: f for f in (ablations_tuning, ablations_held_out, ablati
 
 def built_tables():
     """[(readme, line number, builder name, committed table lines)] for every `table built by` marker."""
-    found = []
-    for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
-        lines = open(readme).read().splitlines()
-        for i, line in enumerate(lines):
-            match = BUILT.match(line)
-            if match:
-                table = []
-                for row in lines[i + 1 :]:
-                    if not row.startswith("|"):
-                        break
-                    table.append(row)
-                found.append((os.path.relpath(readme, REPO), i + 1, match.group(1), table))
-    return found
+    return [(readme, line, match.group(1), table) for readme, line, match, table in marked_tables(BUILT)]
 
 
 BUILT_TABLES = built_tables()
