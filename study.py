@@ -22,19 +22,25 @@ protocol, for each horizon and each arm:
 
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
 based on in RESULTS_DIR/study.json. The runs go through sweep.py, one sweep per arm and stage, in
-RUNS_DIR/<horizon>/<arm>/<point>: finished points are skipped, interrupted ones resume. With a
+RUNS_DIR/<horizon>/<arm>/<point>: finished points are skipped, interrupted ones resume. On this
+machine with [launcher] jobs = N > 1, the arms share N slots: an arm's next stage starts as soon as
+its last one ends and a slot is free, so no slot waits on another arm's sweep (each sweep's output
+in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which checkpoints. With a
 launcher that returns before its jobs finish (SLURM), the study stops after submitting and says
 so; run the same command again once they are done. Exit status: 0 ok (or waiting for jobs),
-1 a sweep failed, 2 a bad study file.
+1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study file,
+128 + N stopped by signal N.
 """
 
 import argparse
 import math
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass, field
 
@@ -332,9 +338,9 @@ def held_out_stage(study, arm, horizon, values, tuning, widening, chosen):
                  [held_out_point(study, chosen, s) for s in horizon.seeds if held_out[s] is None])
 
 
-def sweep_command(study, arm, horizon, points):
+def sweep_command(study, arm, horizon, points, jobs=None):
     """The sweep.py command that runs `points` (all with the same keys) of `arm`: one axis per key, and the seeds
-    with data_seed as one zipped axis when the data order varies with them."""
+    with data_seed as one zipped axis when the data order varies with them; `jobs` replaces the launcher's."""
     keys = list(points[0])
     grid = []
     if keys[-1] == "data_seed":
@@ -345,7 +351,7 @@ def sweep_command(study, arm, horizon, points):
         for key in keys:
             values = sorted({str(p[key]) for p in points}, key=float)
             grid += ["--grid", f"{key}={','.join(values)}"]
-    launcher = [f"--{k}={v}" for k, v in study.launcher.items()]
+    launcher = [f"--{k}={v}" for k, v in {**study.launcher, **({"jobs": jobs} if jobs else {})}.items()]
     return [sys.executable, os.path.join(REPO, "sweep.py"), *train_args(study, arm, horizon), *grid,
             f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
 
@@ -467,8 +473,107 @@ def record(study, stages):
             for max_iters, arms in stages.items()}})
 
 
-def run(study):
-    """Run the protocol to its end (or until submitted jobs must finish first); then write the tables."""
+def local_slots(study):
+    """The number of points the study runs at a time on this machine: the launcher's `jobs` where it runs
+    locally (sweep.py's default launcher), else 0 (SLURM: the scheduler decides)."""
+    return int(study.launcher.get("jobs", 1)) if study.launcher.get("launcher", "local") == "local" else 0
+
+
+def slot_environment(study, slots):
+    """{slot: the environment overrides of a sweep running in that slot}: on the CPU every point gets
+    OMP_NUM_THREADS = cores / slots (as one sweep of --jobs=slots gives each, unless it is set); on CUDA
+    each slot gets GPUs of its own (--gpus_per_run of them), as CUDA_VISIBLE_DEVICES."""
+    procs = int(study.launcher.get("gpus_per_run") or study.launcher.get("procs_per_run") or 1)
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
+    env = {slot: {"OMP_NUM_THREADS": threads} for slot in range(slots)}
+    on_cuda = any(arm_config(study, a, h, {study.key: (a.grid or study.grid)[0], "seed": study.tuning_seed}).device
+                  != "cpu" for h in study.horizons for a in arms_at(study, h))
+    if on_cuda:
+        from sweep import visible_gpus  # imports torch: only a study that may run on GPUs needs it
+
+        gpus = visible_gpus()
+        for slot in range(min(slots, len(gpus) // procs) if gpus else 0):
+            env[slot]["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * procs:(slot + 1) * procs])
+    return env
+
+
+def run_pooled(study, slots):
+    """Run the protocol on this machine with `slots` points at a time across arms: each arm's next stage starts as
+    soon as its last one ends and a slot is free, so one arm's widening or held-out runs never wait for another
+    arm's sweep, and no slot idles while an arm has runs to do. An arm runs one sweep at a time (each stage
+    depends on the last); a sweep gets one slot while other arms wait for one, else every free slot its points
+    can use. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM reach every running sweep
+    (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a sweep failed (the other arms
+    go on to their end), 128 + the signal number if stopped."""
+    env = slot_environment(study, slots)
+    free, running, failed, stop = list(range(slots)), {}, [], []  # running: Popen -> (horizon, arm, slots, log)
+
+    def forward(signum, frame):
+        stop.append(signum)
+        for child in running:
+            child.send_signal(signum)
+
+    handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            busy = {(h.max_iters, a.name) for h, a, *_ in running.values()}
+            stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
+            record(study, stages)
+            waiting = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
+                       if stages[h.max_iters][a.name].todo and (h.max_iters, a.name) not in busy
+                       and (h.max_iters, a.name) not in failed]
+            while waiting and free and not stop:
+                horizon, arm, stage = waiting.pop(0)
+                take = min(len(stage.todo), max(1, len(free) - len(waiting)))
+                mine, free = free[:take], free[take:]
+                cmd = sweep_command(study, arm, horizon, stage.todo, jobs=take)
+                log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+                os.makedirs(os.path.dirname(log), exist_ok=True)
+                print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s), {take} at a time (log: "
+                      f"{log})\n  {shlex.join(cmd)}", flush=True)
+                with open(log, "a") as f:
+                    child = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                             env={**os.environ, **env[mine[0]]})
+                running[child] = (horizon, arm, mine, log, stage.todo)
+            if not running:
+                break
+            child = wait_any(running)
+            horizon, arm, mine, log, todo = running.pop(child)
+            free = sorted(free + mine)
+            # a sweep that ends well but leaves its runs undone (stopped from outside) is not started again
+            if child.returncode != 0 or (not stop and advance(study, arm, horizon).todo == todo):
+                failed.append((horizon.max_iters, arm.name))
+                how = f"exited with status {child.returncode}" if child.returncode else "left its runs unfinished"
+                print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (its log: {log}); the "
+                      f"other arms go on", file=sys.stderr, flush=True)
+            elif not stop:
+                print(f"{arm.name} @ {horizon.max_iters} steps: sweep ended", flush=True)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    if stop:
+        print("study stopped; every running point wrote its checkpoint. Run the same command again to continue",
+              file=sys.stderr)
+        return 128 + stop[0]
+    if failed:
+        print(f"error: the sweeps of {', '.join(f'{a} @ {h} steps' for h, a in failed)} failed; fix the cause and "
+              f"run the same command again (finished runs are kept)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def wait_any(children):
+    """The first of `children` (Popen objects) to exit, waiting for it."""
+    while True:
+        for child in children:
+            if child.poll() is not None:
+                return child
+        time.sleep(0.5)
+
+
+def run_sequential(study):
+    """Run the protocol one sweep at a time (on SLURM the sweeps submit and return). Returns 0 when every arm is
+    done or the remaining runs are submitted and not finished, 1 if a sweep failed."""
     while True:
         stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
         pending = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
@@ -476,9 +581,6 @@ def run(study):
         os.makedirs(study.results_dir, exist_ok=True)
         record(study, stages)
         if not pending:
-            write_tables(study)
-            print(f"done: every arm tuned and run on its held-out seeds; tables in "
-                  f"{os.path.join(study.results_dir, 'TABLES.md')}")
             return 0
         progressed = False
         for horizon, arm, stage in pending:
@@ -495,6 +597,23 @@ def run(study):
             print("the remaining runs were submitted and have not finished; run the same command again once they "
                   "have (python sweep.py --status DIR shows them)")
             return 0
+
+
+def run(study):
+    """Run the protocol to its end (or until submitted jobs must finish first); then write the tables. On this
+    machine with [launcher] jobs > 1 the arms share the slots (run_pooled), else one sweep at a time."""
+    os.makedirs(study.results_dir, exist_ok=True)
+    slots = local_slots(study)
+    code = run_pooled(study, slots) if slots > 1 else run_sequential(study)
+    if code:
+        return code
+    stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
+    if any(s.todo for arms in stages.values() for s in arms.values()):
+        return 0  # submitted jobs still to finish (run_sequential said so)
+    write_tables(study)
+    print(f"done: every arm tuned and run on its held-out seeds; tables in "
+          f"{os.path.join(study.results_dir, 'TABLES.md')}")
+    return 0
 
 
 def main(argv):

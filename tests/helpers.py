@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -63,6 +64,15 @@ def last_logged_step(out_dir):
     with open(path) as f:
         records = [json.loads(line) for line in f if line.endswith("\n")]
     return max([r["step"] for r in records if r["type"] == "train"], default=0)
+
+
+def wait_until(condition, timeout, what):
+    """Poll `condition()` every 0.5 s until it is true; AssertionError naming `what` after `timeout` seconds."""
+    start = time.time()
+    while not condition():
+        if time.time() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.5)
 
 
 def losses_by_step(out_dir):

@@ -3,13 +3,17 @@ runs, the study files' checks, and studies/ablations.toml against the committed 
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import asdict
 
 import pytest
+import torch
 from test_results import TABLES, printed_table
 
 import study
-from helpers import ONE_THREAD, REPO, run_script
+from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
 from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.train_config import TrainConfig
 
@@ -160,36 +164,47 @@ def test_a_zipped_grid_axis_sets_its_keys_together():
         in proc.stdout
 
 
-@pytest.mark.slow
-def test_a_tiny_study_runs_to_its_tables_and_a_second_run_trains_nothing(tmp_path, shakespeare_dir):
-    tiny = (f'data_dir = "{shakespeare_dir}", n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, batch_size = 2, '
-            f'eval_iters = 2, eval_interval = 2, warmup_iters = 1, log_interval = 1, wandb_log = false')
-    path = tmp_path / "tiny.toml"
+def tiny_study(tmp_path, arms, grid, seeds, max_iters, name="tiny"):
+    """A study file of tiny runs (see helpers.TINY) in tmp_path: `arms` {name: the overrides of
+    config/quickstart.py, as TOML inline-table items}, the tuning `grid` on seed 0 (no widening),
+    the held-out `seeds`, one horizon of `max_iters`, 2 slots. Returns its path."""
+    tiny = ("n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, batch_size = 2, eval_iters = 2, "
+            "warmup_iters = 1, log_interval = 1, wandb_log = false")
+    path = tmp_path / f"{name}.toml"
     path.write_text(f"""
-name = "tiny"
+name = "{name}"
 results_dir = "{tmp_path / 'results'}"
 runs_dir = "{tmp_path / 'runs'}"
 [tuning]
 key = "learning_rate"
-grid = ["1e-3", "2e-2"]
+grid = {json.dumps(grid)}
 seed = 0
 max_widen = 0
 [held_out]
-seeds = [1, 2]
+seeds = {json.dumps(seeds)}
 [[horizon]]
-max_iters = 4
+max_iters = {max_iters}
 [launcher]
 jobs = 2
-[[arm]]
-name = "linear"
+""" + "".join(f"""[[arm]]
+name = "{arm}"
 config = "config/quickstart.py"
-overrides = {{ query_mode = "linear", {tiny} }}
-[[arm]]
-name = "res_gelu"
-config = "config/quickstart.py"
-overrides = {{ {tiny} }}
-""")
-    run_script("study.py", str(path), env=ONE_THREAD)
+overrides = {{ {overrides}, {tiny} }}
+""" for arm, overrides in arms.items()))
+    return path
+
+
+@pytest.mark.slow
+def test_a_tiny_study_runs_to_its_tables_and_a_second_run_trains_nothing(tmp_path, shakespeare_dir):
+    data = f'data_dir = "{shakespeare_dir}", eval_interval = 2'
+    path = tiny_study(tmp_path, {"linear": f'query_mode = "linear", {data}', "res_gelu": data}, ["1e-3", "2e-2"],
+                      [1, 2], 4)
+    out = run_script("study.py", str(path), env=ONE_THREAD).stdout
+    # the two arms share the 2 slots: both tune at once, not one arm's sweep after the other's
+    first_end = out.index("sweep ended")
+    for arm in ("linear", "res_gelu"):
+        assert out.index(f"{arm} @ 4 steps: 2 run(s), 1 at a time") < first_end
+        assert "learning_rate=1e-3,seed=0: starting" in (tmp_path / "runs" / arm / "sweep.log").read_text()
     record = json.loads((tmp_path / "results" / "study.json").read_text())["horizons"]["4"]
     for arm in ("linear", "res_gelu"):
         losses = record[arm]["tuning_val_loss"]
@@ -206,3 +221,43 @@ overrides = {{ {tiny} }}
     assert len(before) == 8
     assert "done: every arm" in run_script("study.py", str(path), env=ONE_THREAD).stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("metrics.jsonl")} == before
+
+
+@pytest.mark.slow
+def test_a_failing_arm_stops_only_itself(tmp_path, shakespeare_dir):
+    path = tiny_study(tmp_path, {"broken": f'data_dir = "{tmp_path / "no_such_data"}", eval_interval = 2',
+                                 "fine": f'data_dir = "{shakespeare_dir}", eval_interval = 2'}, ["1e-3"], [1], 2)
+    proc = run_script("study.py", str(path), env=ONE_THREAD, check=False)
+    assert proc.returncode == 1
+    assert "error: the sweep of broken @ 2 steps exited with status 1" in proc.stderr
+    assert "error: the sweeps of broken @ 2 steps failed" in proc.stderr
+    record = json.loads((tmp_path / "results" / "study.json").read_text())["horizons"]["2"]
+    assert record["broken"]["tuning_val_loss"] == {"1e-3": None} and record["broken"]["chosen"] is None
+    assert record["fine"]["chosen"] == "1e-3" and record["fine"]["held_out_val_loss"]["1"] > 0  # ran to its end
+    assert not (tmp_path / "results" / "TABLES.md").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_study_checkpoints_every_running_point_and_the_same_command_continues(tmp_path,
+                                                                                          shakespeare_dir):
+    data = f'data_dir = "{shakespeare_dir}", eval_interval = 75'
+    path = tiny_study(tmp_path, {"linear": f'query_mode = "linear", {data}', "res_gelu": data}, ["1e-3"], [1], 150)
+    running = [tmp_path / "runs" / arm / "learning_rate=1e-3,seed=0" for arm in ("linear", "res_gelu")]
+    proc = subprocess.Popen([sys.executable, "study.py", str(path)], cwd=REPO, env={**os.environ, **ONE_THREAD},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: all((d / "metrics.jsonl").exists() and read_metrics(d, "train") for d in running), 300,
+                   "both arms' tuning runs training")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "study stopped; every running point wrote its checkpoint" in err
+    stopped = {}
+    for point in running:  # each finished its step and checkpointed it
+        stopped[point] = read_metrics(point, "train")[-1]["step"]
+        assert torch.load(point / "ckpt.pt", weights_only=True)["step"] == stopped[point] < 150
+    assert "done: every arm" in run_script("study.py", str(path), env=ONE_THREAD).stdout
+    for point in running:  # resumed where it stopped, not started again
+        assert [r["step"] for r in read_metrics(point, "config")] == [0, stopped[point]]
+        assert read_metrics(point, "eval")[-1]["step"] == 150

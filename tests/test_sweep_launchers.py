@@ -12,7 +12,7 @@ import pytest
 import torch
 from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
 
-from helpers import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script
+from helpers import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script, wait_until
 
 GRID = ["--max_iters=6", "--eval_interval=3", "--lr_decay_iters=12", "--dropout=0.1"]
 
@@ -106,14 +106,6 @@ def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):
 
 # ---------------------------------------------------------------------------------------
 # SLURM
-
-
-def wait_until(condition, timeout, what):
-    start = time.time()
-    while not condition():
-        if time.time() - start > timeout:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.5)
 
 
 def job_id(point_dir):
