@@ -419,8 +419,10 @@ def plan(study):
                  "flops": f"its FLOPs at {study.peak_flops / 1e12:.0f} TFLOP/s and {study.mfu:.0%} MFU per GPU, "
                           f"the study's [cost]"}
         # FLOPs give GPU time; a measured step is the wall time of one run, whatever its devices
+        slots = local_slots(study)
         unit = ("GPU-hours" if how == {"flops"} else
-                "run-hours (one run at a time; the wall time divides by the runs in parallel)")
+                f"run-hours, about {seconds / 3600 / slots:.1f} hours of wall time at {slots} runs at a time"
+                if slots > 1 else "run-hours (one run at a time; the wall time divides by the runs in parallel)")
         print(f", about {seconds / 3600:.1f} {unit}, from {' and '.join(basis[k] for k in sorted(how))} "
               f"(widening may add runs)")
     else:

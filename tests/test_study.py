@@ -102,6 +102,15 @@ def test_widening_stops_at_max_widen_and_an_arm_may_have_its_own_grid(tmp_path):
     assert stage.chosen == "5e-4" and [w["added"] for w in stage.widening] == ["1e-3", "5e-4"]
 
 
+def test_the_dry_run_costs_the_runs_left_in_run_hours_and_wall_hours_at_the_slots(tmp_path, capsys):
+    toml = TOML.replace("max_iters = 10", "max_iters = 3600") + "[cost]\nseconds_per_step = 0.5\n"
+    # arm a: 3 tuning runs and 2 held-out seeds; arm b: 1 and 2. 8 runs x 3600 steps x 0.5 s = 4 hours
+    assert study.plan(write_study(tmp_path, toml)) == 8
+    assert "at least 8 run(s) left, about 4.0 run-hours (one run at a time;" in capsys.readouterr().out
+    assert study.plan(write_study(tmp_path, toml + "[launcher]\njobs = 2\n")) == 8
+    assert "about 4.0 run-hours, about 2.0 hours of wall time at 2 runs at a time" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace('seed = 0\n', 'seed = 1\n'), "also a held-out seed"),
     (lambda t: t.replace('max_widen = 2', 'max_widen = 2\nwiden = "x2"'), "unknown key(s) widen"),
