@@ -29,7 +29,7 @@ import pytest
 import analyze
 import compare
 from helpers import REPO
-from nonlinear_queries.runs import diag_value, make_groups, paired_losses, read_runs
+from nonlinear_queries.runs import Group, diag_value, make_groups, paired_losses, read_runs
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
@@ -113,14 +113,15 @@ def final_losses(arm_dir, step=1000):
     return out
 
 
-ARMS = ["baseline", "baseline_qk_norm", "identity", "residual", "res_linear", "res_gelu", "res_gelu_relu2",
-        "res_gelu_no_norm", "res_gelu_no_half", "res_gelu_qk_norm", "mlp475"]
+def chosen_rate(losses):
+    """The rate with the lowest val loss on the tuning seed 0, of final_losses' {rate: {seed: loss}}."""
+    return min((lr for lr in losses if 0 in losses[lr]), key=lambda lr: losses[lr][0])
 
 
-def ablations_tuning():
-    """results/ablations: each arm's seed-0 val loss at step 1000 per rate, the lowest in bold."""
-    losses = {arm: {lr: seeds[0] for lr, seeds in final_losses(f"results/ablations/{arm}").items() if 0 in seeds}
-              for arm in ARMS}
+def tuning_table(results, arms, step):
+    """Each arm's seed-0 val loss at `step` per rate, the lowest in bold."""
+    losses = {arm: {lr: seeds[0] for lr, seeds in final_losses(f"{results}/{arm}", step).items() if 0 in seeds}
+              for arm in arms}
     rates = sorted({lr for by_lr in losses.values() for lr in by_lr})
     rows = [["arm", *(f"{lr:g}" for lr in rates)]]
     for arm, by_lr in losses.items():
@@ -130,14 +131,51 @@ def ablations_tuning():
     return rows
 
 
+def held_out_table(results, arms, step, seeds):
+    """Every held-out run's val loss at `step`, at its arm's rate chosen on seed 0."""
+    rows = [["arm", "lr", *(f"seed {s}" for s in seeds)]]
+    for arm in arms:
+        losses = final_losses(f"{results}/{arm}", step)
+        lr = chosen_rate(losses)
+        rows.append([arm, short_lr(lr), *(f"{losses[lr][s]:.4f}" for s in seeds)])
+    return rows
+
+
+def held_out_groups(results, arms, step):
+    """({arm: the Group of its held-out runs at the rate chosen on seed 0 at `step`}, the keys a pair shares)."""
+    runs, keys = read_runs([os.path.join(REPO, results, a) for a in arms], "seed,data_seed")
+    groups = {}
+    for arm in arms:
+        mine = [r for r in runs if os.path.basename(os.path.dirname(os.path.normpath(r.out_dir))) == arm]
+        lr = chosen_rate({r.config["learning_rate"]: {0: r.evals[step][1]} for r in mine if r.config["seed"] == 0})
+        groups[arm] = Group(arm, [r for r in mine if r.config["seed"] != 0 and r.config["learning_rate"] == lr])
+    return groups, keys
+
+
+def over_time(groups, base, steps):
+    """Each group's rel. improvement over `base` and Welch's p at each of `steps`."""
+    rows = [["step", *map(str, steps)]]
+    for group in groups:
+        pairs = [(compare.summarize(group, s), compare.summarize(base, s)) for s in steps]
+        rows.append([f"{group.label} (%)", *(signed(rel_improvement(r, b)) for r, b in pairs)])
+        rows.append([f"{group.label}, Welch p", *(f"{welch_p(r, b):.2g}" for r, b in pairs)])
+    return rows
+
+
+ARMS = ["baseline", "baseline_qk_norm", "identity", "residual", "res_linear", "res_gelu", "res_gelu_relu2",
+        "res_gelu_no_norm", "res_gelu_no_half", "res_gelu_qk_norm", "mlp475"]
+LONG_ARMS = ["baseline", "baseline_qk_norm", "res_gelu", "res_gelu_wd", "res_gelu_no_half", "baseline_temp2",
+             "baseline_qk_norm_temp"]
+
+
+def ablations_tuning():
+    """results/ablations: each arm's seed-0 val loss at step 1000 per rate, the lowest in bold."""
+    return tuning_table("results/ablations", ARMS, 1000)
+
+
 def ablations_held_out():
     """results/ablations: every held-out run's val loss at step 1000, at its arm's rate chosen on seed 0."""
-    rows = [["arm", "lr", *(f"seed {s}" for s in range(1, 6))]]
-    for arm in ARMS:
-        losses = final_losses(f"results/ablations/{arm}")
-        lr = min((lr for lr in losses if 0 in losses[lr]), key=lambda lr: losses[lr][0])
-        rows.append([arm, short_lr(lr), *(f"{losses[lr][s]:.4f}" for s in range(1, 6))])
-    return rows
+    return held_out_table("results/ablations", ARMS, 1000, range(1, 6))
 
 
 def ablations_long_over_time():
@@ -145,12 +183,44 @@ def ablations_long_over_time():
     runs, group_over = read_runs([os.path.join(REPO, "results/ablations/long", a)
                                   for a in ("baseline", "baseline_qk_norm", "res_gelu")], "seed")
     base, qk_norm, res_gelu = make_groups(runs, group_over)
-    steps = [400, 600, 800, 1000, 1400, 2000, 3000]
-    rows = [["step", *map(str, steps)]]
-    for group in (res_gelu, qk_norm):
-        pairs = [(compare.summarize(group, s), compare.summarize(base, s)) for s in steps]
-        rows.append([f"{group.label} (%)", *(signed(rel_improvement(r, b)) for r, b in pairs)])
-        rows.append([f"{group.label}, Welch p", *(f"{welch_p(r, b):.2g}" for r, b in pairs)])
+    return over_time([res_gelu, qk_norm], base, [400, 600, 800, 1000, 1400, 2000, 3000])
+
+
+def long_horizon_tuning():
+    """results/long_horizon: each arm's seed-0 val loss at step 3000 per rate, the lowest in bold."""
+    return tuning_table("results/long_horizon", LONG_ARMS, 3000)
+
+
+def long_horizon_held_out():
+    """results/long_horizon: every held-out run's val loss at step 3000 (seed s: init and data order s)."""
+    return held_out_table("results/long_horizon", LONG_ARMS, 3000, range(1, 6))
+
+
+def long_horizon_over_time():
+    """results/long_horizon: every arm's rel. improvement over the tuned baseline and Welch p during training."""
+    groups, _ = held_out_groups("results/long_horizon", LONG_ARMS, 3000)
+    base = groups.pop("baseline")
+    return over_time(groups.values(), base, [600, 1000, 1400, 2000, 2600, 3000])
+
+
+def long_horizon_temperature():
+    """results/long_horizon: per held-out seed, what dropping the 1/2 does to res_gelu (Δ½ = no_half - res_gelu)
+    beside what doubling the softmax scale does to the baseline (ΔT = temp2 - baseline), and their difference;
+    the last row: mean ± std and the paired t-test's p of each difference (of Δ½ - ΔT: the two effects differ)."""
+    groups, keys = held_out_groups("results/long_horizon", LONG_ARMS, 3000)
+    loss = {arm: paired_losses(groups[arm], 3000, keys) for arm in
+            ("res_gelu", "res_gelu_no_half", "baseline", "baseline_temp2")}
+    half = {k: loss["res_gelu_no_half"][k] - loss["res_gelu"][k] for k in loss["res_gelu"]}
+    temp = {k: loss["baseline_temp2"][k] - loss["baseline"][k] for k in loss["baseline"]}
+    rows = [["seed", "res_gelu", "res_gelu_no_half", "Δ½", "baseline", "baseline_temp2", "ΔT", "Δ½ − ΔT"]]
+    for k in sorted(half, key=lambda k: int(k[0])):  # keys: (data_seed, seed) as JSON
+        rows.append([k[0], *(f"{x:.4f}" for x in (loss["res_gelu"][k], loss["res_gelu_no_half"][k], half[k],
+                                                   loss["baseline"][k], loss["baseline_temp2"][k], temp[k],
+                                                   half[k] - temp[k]))])
+    tests = [paired_t(loss["res_gelu_no_half"], loss["res_gelu"]), paired_t(loss["baseline_temp2"], loss["baseline"]),
+             paired_t(half, temp)]
+    cell = [f"{t.mean:.4f} ± {t.std:.4f}, p = {t.p:.2g}".replace("-", "−") for t in tests]
+    rows.append(["mean ± std, paired p", "", "", cell[0], "", "", cell[1], cell[2]])
     return rows
 
 
@@ -197,7 +267,8 @@ def diagnostics_steps():
 
 
 BUILDERS = {f.__name__: f for f in (ablations_tuning, ablations_held_out, ablations_long_over_time, mini_grid,
-                                    mini_modern_grid, diagnostics_steps)}
+                                    mini_modern_grid, diagnostics_steps, long_horizon_tuning, long_horizon_held_out,
+                                    long_horizon_over_time, long_horizon_temperature)}
 
 
 def built_tables():
