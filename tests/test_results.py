@@ -164,8 +164,8 @@ def over_time(groups, base, steps):
 
 ARMS = ["baseline", "baseline_qk_norm", "identity", "residual", "res_linear", "res_gelu", "res_gelu_relu2",
         "res_gelu_no_norm", "res_gelu_no_half", "res_gelu_qk_norm", "mlp475"]
-# the arms of results/long_horizon whose runs are all done (baseline_qk_norm_temp is still running)
-LONG_ARMS = ["baseline", "baseline_qk_norm", "res_gelu", "res_gelu_wd", "res_gelu_no_half", "baseline_temp2"]
+LONG_ARMS = ["baseline", "baseline_qk_norm", "res_gelu", "res_gelu_wd", "res_gelu_no_half", "baseline_temp2",
+             "baseline_qk_norm_temp"]
 
 
 def ablations_tuning():
