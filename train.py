@@ -128,13 +128,17 @@ def build_model(cfg, rt, resume_path):
     """The run's model on rt.device: new from the config (init seeded by cfg.seed), the checkpoint's
     at resume_path to resume, or a pretrained source's to fine-tune (its new parameters, such as
     anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg with the model's settings filled in,
-    model, the checkpoint dict or None). Raises CheckpointError or PretrainedError."""
+    model, the checkpoint dict or None). Raises CheckpointError, PretrainedError, or SetupError for a
+    model μP cannot classify."""
     torch.manual_seed(cfg.seed)
     ckpt = read_checkpoint(resume_path, map_location=rt.device) if resume_path else None
     if cfg.init_from in ("scratch", "resume"):
         # a checkpoint's model_args win; settings it predates keep the config's values
         model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **(ckpt["model_args"] if ckpt else {})}
-        model = GPT(GPTConfig(**model_args))
+        try:
+            model = GPT(GPTConfig(**model_args))
+        except ValueError as e:  # a parameter μP cannot classify (model.GPT._mup_roles)
+            raise SetupError(str(e)) from None
     else:
         model = load_pretrained(cfg.init_from, **cfg.model_settings())
     return replace(cfg, **asdict(model.config)), model.to(rt.device), ckpt

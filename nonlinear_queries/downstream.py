@@ -158,7 +158,7 @@ class GPTLM(TemplateLM):
             spans = [(len(rows[i][0]) - len(rows[i][1]), len(rows[i][0])) for i in batch]
             with self.autocast:
                 hidden = self.model.hidden_states(idx.to(self.device))
-                logits = self.model.lm_head(torch.cat([hidden[r, a:b] for r, (a, b) in enumerate(spans)]))
+                logits = self.model.logits(torch.cat([hidden[r, a:b] for r, (a, b) in enumerate(spans)]))
             logprobs = F.log_softmax(logits.float(), dim=-1).split([b - a for a, b in spans])
             for i, lp in zip(batch, logprobs):
                 target = torch.tensor(rows[i][1], device=self.device)

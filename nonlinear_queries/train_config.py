@@ -120,6 +120,10 @@ class TrainConfig(GPTConfig):
                              "and the GradScaler checks for overflow in the gradients it sees, which under FSDP are "
                              "this process's shard only, so the processes could skip different steps. Use "
                              "dtype='bfloat16' (no loss scaling) or parallelism='ddp'")
+        if self.parametrization == "mup" and self.init_from not in ("scratch", "resume"):
+            raise ValueError(f"parametrization='mup' trains a model from scratch (or resumes one); init_from="
+                             f"{self.init_from!r} loads weights trained under SP, whose logits and rates μP would "
+                             f"rescale. Fine-tune with parametrization='sp'")
         if self.parallelism == "fsdp" and self.eval_tasks:
             raise ValueError("eval_tasks with parallelism='fsdp' cannot work here: the tasks run on rank 0 alone, "
                              "which holds only its shard of the weights. Leave eval_tasks empty and run eval.py on "
