@@ -413,7 +413,7 @@ def sweep_command(study, arm, horizon, points, jobs=None):
 
 
 def run_flops(study, arm, horizon):
-    """(training FLOPs of one run of `arm` at `horizon`: model.GPT.flops_per_token times its tokens, its TrainConfig)."""
+    """(training FLOPs of one run of `arm` at `horizon`, model.GPT.flops_per_token times its tokens; its config)."""
     cfg = arm_config(study, arm, horizon, {study.key: arm.value or (arm.grid or study.grid)[0],
                                            "seed": study.tuning_seed})
     # imported here: only a cost estimate needs the model
@@ -576,7 +576,8 @@ def record(study, stages):
     finite = lambda losses: {str(k): v if v is None or math.isfinite(v) else None for k, v in losses.items()}  # noqa: E731
     write_json(os.path.join(study.results_dir, "study.json"), {
         "study": study.path, "key": study.key,
-        **({"tuning_seed": study.tuning_seed} if len(study.tuning_seeds) == 1 else {"tuning_seeds": study.tuning_seeds}),
+        **({"tuning_seed": study.tuning_seed} if len(study.tuning_seeds) == 1
+           else {"tuning_seeds": study.tuning_seeds}),
         "vary_data_order": study.vary_data_order,
         "horizons": {str(max_iters): {name: {
             "grid": s.values, "tuning_val_loss": finite(s.tuning), "chosen": s.chosen,
