@@ -91,8 +91,10 @@ def loss_curves(groups, baseline):
                fontsize="small")
     bottom.set_xlabel("step")
     bottom.set_ylabel("rel. improvement (%)")
-    bottom.set_title(f"(L_base - L) / L_base, baseline: {baseline.label}; band: val, ± std over runs",
-                     fontsize="medium")
+    # the baseline's label can be as wide as the axes (a study's arms differ in several settings): it gets a line
+    # of its own, wrapped at its spaces where it is wider still (wrap: at draw time, to the figure's width)
+    bottom.set_title(f"(L_base - L) / L_base; band: val, ± std over runs\n"
+                     f"baseline: {baseline.label}", fontsize="medium", wrap=True)
     return fig
 
 
@@ -207,6 +209,6 @@ def figure2(curves, baseline):
     ax.set_xlabel("step")
     ax.set_ylabel("rel. improvement over the baseline (%)")
     ax.set_title("(L_base - L) / L_base of the val loss; dashed: >= 1% more non-embedding parameters",
-                 fontsize="medium")
+                 fontsize="medium", wrap=True)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
