@@ -230,8 +230,10 @@ def train(cfg, config_files, rt):
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     last_ckpt_step = start_step if resume_path else None
     ckpt_path = resume_path  # the newest checkpoint, once this run has written one its own
-    t_start = t_last = time.time()
-    steps_since_log, stopping = 0, False
+    t_start = time.time()
+    # ms_per_step, tokens_per_s and MFU time the training steps alone, from a step's batch to its update,
+    # summed since the last log: evaluations, lm-eval tasks and checkpoints between them are left out
+    steps_since_log, step_time, stopping = 0, 0.0, False
     while True:
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
@@ -256,7 +258,7 @@ def train(cfg, config_files, rt):
                 "model_args": model_args, "config": asdict(cfg), "data": data_fingerprint, **state.state_dict()},
                 cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
             out.print(f"saved checkpoint to {ckpt_path} (step {state.step})")
-            last_ckpt_step, t_last = state.step, time.time()
+            last_ckpt_step = state.step
         if stopping:
             out.print(f"stopped by {stop.signal or 'a signal to another process'} after step {state.step}; "
                       f"the checkpoint is {ckpt_path}. Resume with:\n  {resume_command(rt)}")
@@ -266,6 +268,7 @@ def train(cfg, config_files, rt):
             break
 
         # one step: this rank's contiguous share of row `step` of the train index
+        t_step = time.time()
         lr = get_lr(state.step, cfg)
         set_learning_rates(optimizers, lr, cfg)
         row = data.train_idx[state.step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
@@ -299,12 +302,13 @@ def train(cfg, config_files, rt):
             scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         scaler.update()
+        step_time += time.time() - t_step
         state.step += 1
         steps_since_log += 1
 
         if state.step % cfg.log_interval == 0:
-            dt = (time.time() - t_last) / steps_since_log
-            t_last, steps_since_log = time.time(), 0
+            dt = step_time / steps_since_log
+            step_time, steps_since_log = 0.0, 0
             record = {"type": "train", "step": state.step, "loss": train_loss, "lr": lr, "grad_norm": norm,
                       "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_iter / dt}
             line = (f"step {state.step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, "

@@ -48,6 +48,29 @@ def train(data_dir, out_dir, *args, check=True, env=None):
                       env=env)
 
 
+def train_in_process(data_dir, out_dir, *args):
+    """train.py's train() on the TINY model with data_dir's tokens into out_dir, then `args`, in this process,
+    so that a test can patch what it calls (train.py's names, seen as the module `train`). The signal handlers
+    the run installs are put back afterwards. Returns the exit status; raises what train() raises."""
+    import importlib
+    import signal
+
+    from nonlinear_queries.configurator import parse_config
+    from nonlinear_queries.runtime import setup, teardown
+    from nonlinear_queries.train_config import TrainConfig
+
+    script = importlib.import_module("train")
+    cfg, files = parse_config(TrainConfig, [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args])
+    rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        return script.train(cfg, files, rt)
+    finally:
+        teardown(rt)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
 def read_metrics(out_dir, kind=None):
     """Records of out_dir/metrics.jsonl, optionally only those of one type."""
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
