@@ -185,7 +185,7 @@ def train(cfg, config_files, rt):
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
     micro_steps = micro_steps_per_process(cfg, rt)
-    if rt.master:  # one run per out_dir, held until this process ends (lock.py)
+    if rt.master and cfg.lock_out_dir:  # one run per out_dir, held until this process ends (lock.py)
         hold_out_dir(cfg.out_dir)
     resume_path = resume_checkpoint(cfg)
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume

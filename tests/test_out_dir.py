@@ -14,10 +14,11 @@ import types
 import pytest
 import torch
 
-from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, train
-from nonlinear_queries import checkpoint
+from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, train, train_in_process
+from nonlinear_queries import checkpoint, lock
 from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
 from nonlinear_queries.lock import OutDirBusy, hold_out_dir, out_dir_holder
+from nonlinear_queries.runtime import SetupError
 
 RUN = ["--lr_decay_iters=24", "--eval_interval=4"]
 
@@ -75,6 +76,39 @@ def test_the_lock_is_held_once_per_process_and_names_its_holder(tmp_path):
                             "hold_out_dir(sys.argv[1])", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert probe.returncode == 1 and "OutDirBusy" in probe.stderr and f"PID {os.getpid()}" in probe.stderr
     assert issubclass(OutDirBusy, Exception)
+
+
+# Lustre mounted without -o flock answers flock with ENOSYS; a file system without lock support EOPNOTSUPP; NFS
+# whose lock manager cannot be reached ENOLCK
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK])
+def test_a_file_system_without_file_locks_is_one_clear_error(tmp_path, monkeypatch, code):
+    def no_locks(f, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)
+    out = str(tmp_path / "out")
+    with pytest.raises(SetupError) as e:  # what train.py reports as one line, `error: ...`, exit status 1
+        hold_out_dir(out)
+    assert str(e.value) == (
+        f"cannot lock {out}/.lock: its file system has no file locks (flock: {os.strerror(code)}), so train.py cannot "
+        f"make sure that no other run writes to {out}. Mount it with locks (Lustre: -o flock), choose an --out_dir "
+        f"on another file system, or pass --lock_out_dir=False and see to it yourself that one run at a time uses "
+        f"each out_dir")
+    assert out not in lock._HELD
+    assert out_dir_holder(out) is None  # no process can hold a lock there: sweep.py does not wait for one
+
+
+def test_lock_out_dir_false_trains_on_a_file_system_without_file_locks(shakespeare_dir, tmp_path, monkeypatch):
+    def no_locks(f, operation):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)
+    out = tmp_path / "out"
+    with pytest.raises(SetupError, match="pass --lock_out_dir=False"):
+        train_in_process(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2")
+    assert not os.path.exists(out / "metrics.jsonl")  # refused before the run started
+    assert train_in_process(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--lock_out_dir=False") == 0
+    assert [r["step"] for r in read_metrics(out, "train")] == [1, 2]
 
 
 # ---------------------------------------------------------------------------------------
