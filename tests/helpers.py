@@ -71,6 +71,16 @@ def train_in_process(data_dir, out_dir, *args):
             signal.signal(s, handler)
 
 
+def patched_train(path, prelude):
+    """Write a script at `path` that runs the Python code `prelude` (which patches what train.py calls), then
+    train.py as its __main__ with the script's arguments: a run a test changes from outside, in one process or
+    in each of torchrun's. Returns the script's path."""
+    with open(path, "w") as f:
+        f.write(f"import runpy, sys\nsys.path.insert(0, {REPO!r})\n{prelude}\n"
+                f"sys.argv[0] = {os.path.join(REPO, 'train.py')!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    return str(path)
+
+
 def read_metrics(out_dir, kind=None):
     """Records of out_dir/metrics.jsonl, optionally only those of one type."""
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
