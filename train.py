@@ -249,8 +249,8 @@ def train(cfg, config_files, rt):
                 out.print(f"step {state.step}: max attention logit {top:.2f} "
                           f"(layer {diag['attn_logit_max'].index(top)}), attention entropy "
                           f"{sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
-        if rt.master and downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
-            for record in downstream.evaluate(raw_model, state.step):
+        if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
+            for record in downstream.evaluate(raw_model, state.step):  # on rank 0, the other ranks waiting for it
                 out.print(downstream.describe(record))
                 out.log(record)
         if should_save(state.step, cfg, start_step, state.evaluated, stopping):
