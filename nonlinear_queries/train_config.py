@@ -16,6 +16,9 @@ class TrainConfig(GPTConfig):
     # I/O
     out_dir: str = "out"
     overwrite: bool = False  # allow a scratch run to replace an existing run in out_dir
+    # hold out_dir/.lock (flock) for the run's life, so that a second run on out_dir is refused (lock.py); False
+    # on a file system without file locks (Lustre mounted without -o flock), where you see to one run per out_dir
+    lock_out_dir: bool = True
     eval_interval: int = 1000
     log_interval: int = 10
     eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
