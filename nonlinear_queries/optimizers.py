@@ -34,8 +34,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     weights, embeddings) and none on norm weights and biases (the paper's recipe, after GPT-2's
     and nanoGPT's). Fused kernel on CUDA. `exclude`: parameters another optimizer updates
     (Muon's matrices). Returns a torch.optim.AdamW whose groups carry `lr_mult`: two groups under
-    SP (both 1.0); under μP three, the hidden matrices' first (lr_mult 1/m, weight decay wd * m;
-    see the module docstring), then the other matrices and the vectors."""
+    SP (both 1.0); under μP the hidden matrices' first (lr_mult 1/m, weight decay wd * m; see the
+    module docstring, and none where Muon takes them), then the other matrices and the vectors."""
     excluded = {id(p) for p in exclude}
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in excluded]
     matrices = [p for _, p in named if p.dim() >= 2]
@@ -44,7 +44,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     if model.config.parametrization == "mup":
         hidden = [p for n, p in named if model.mup_roles[n] == "hidden"]
         matrices = [p for n, p in named if p.dim() >= 2 and model.mup_roles[n] != "hidden"]
-        groups.insert(0, {"params": hidden, "weight_decay": weight_decay * m, "lr_mult": 1.0 / m})
+        if hidden:  # none under Muon, which takes the hidden matrices
+            groups.insert(0, {"params": hidden, "weight_decay": weight_decay * m, "lr_mult": 1.0 / m})
     groups.insert(-1, {"params": matrices, "weight_decay": weight_decay, "lr_mult": 1.0})
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
