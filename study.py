@@ -45,6 +45,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from nonlinear_queries.atomic import atomic_write, write_json
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.runs import history, read_records
 from nonlinear_queries.train_config import TrainConfig
@@ -638,4 +639,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

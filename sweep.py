@@ -70,6 +70,7 @@ import tomllib
 from dataclasses import dataclass, fields
 
 from nonlinear_queries.atomic import write_json
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.lock import lock_holder, out_dir_holder, try_lock
 from nonlinear_queries.runs import history, read_records, run_status
@@ -633,4 +634,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

@@ -125,6 +125,18 @@ def test_a_bad_study_file_is_one_error_naming_the_key(tmp_path, edit, message):
         write_study(tmp_path, edit(TOML))
 
 
+@pytest.mark.slow
+def test_the_plan_piped_into_a_reader_that_has_gone_ends_quietly():
+    read, write = os.pipe()
+    os.close(read)  # as `| head` once it has read its lines: every write to the pipe now fails
+    try:
+        proc = subprocess.run([sys.executable, "study.py", "studies/long_horizon.toml", "--dry_run"], cwd=REPO,
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (1, "")  # Python's status on EPIPE, and no traceback
+
+
 def test_the_committed_ablations_are_all_done():
     proc = run_script("study.py", "studies/ablations.toml", "--dry_run")
     assert proc.stdout.count("; 0 run(s) left") == 14  # 11 arms at 1000 steps, 3 at 3000
