@@ -113,6 +113,21 @@ def test_two_sweeps_on_one_sweep_dir_run_each_point_once(shakespeare_dir, tmp_pa
     assert json.loads((sweep_dir / "sweep.json").read_text())["points"] == {"seed=1": "done", "seed=2": "done"}
 
 
+def test_a_claimed_point_is_refused_to_a_second_claim_and_shown_running_until_it_is_let_go(tmp_path):
+    from sweep import Point, point_state
+
+    point = Point("seed=1", [("seed", "1")], str(tmp_path / "seed=1"), 6)
+    claim, other = point.claim("sweep A")
+    assert other is None
+    assert point.claim("sweep B") == (None, "another sweep (sweep A)")  # flock: even from this process's 2nd open
+    assert point.holder() == "another sweep (sweep A)" and point_state(point, {}) == ("running", None)
+    claim.close()
+    assert point.holder() is None and point_state(point, {}) == ("not started", None)
+    claim, other = point.claim("sweep B")
+    assert other is None and point.holder() == "another sweep (sweep B)"
+    claim.close()
+
+
 def test_a_point_given_twice_is_one_point_and_two_points_in_one_directory_are_refused(tmp_path, capsys):
     import sweep
 
