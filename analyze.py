@@ -35,6 +35,7 @@ import sys
 
 import numpy as np
 
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.runs import RunsError, layer_mean, make_groups, pooled, read_runs
 from nonlinear_queries.stats import Row, print_table, step_list
@@ -219,4 +220,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -41,6 +41,7 @@ import sys
 
 from nonlinear_queries import runs as rd
 from nonlinear_queries import stats
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import Curve, curve, figure2, loss_curves
 
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
@@ -422,4 +423,4 @@ def width_report(runs, args):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

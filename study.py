@@ -21,11 +21,12 @@ protocol, for each horizon and each arm:
    RESULTS_DIR/figure*.png, regenerated on every run; the README beside them is a person's.
 
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
-based on in RESULTS_DIR/study.json. The runs go through sweep.py, one sweep per arm and stage, in
-RUNS_DIR/<horizon>/<arm>/<point>: finished points are skipped, interrupted ones resume. On this
-machine with [launcher] jobs = N > 1, the arms share N slots: an arm's next stage starts as soon as
-its last one ends and a slot is free, so no slot waits on another arm's sweep (each sweep's output
-in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which checkpoints. With a
+based on in RESULTS_DIR/study.json. The runs go through sweep.py, in RUNS_DIR/<horizon>/<arm>/<point>:
+finished points are skipped, interrupted ones resume. On this machine with [launcher] jobs = N > 1,
+the arms share N slots (on CUDA each a set of GPUs of its own), each running one point at a time: a
+slot that frees takes the next point waiting in any arm's current stage, so no slot idles while a
+point waits (each point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches
+every point, which checkpoints. With a
 launcher that returns before its jobs finish (SLURM), the study stops after submitting and says
 so; run the same command again once they are done. Exit status: 0 ok (or waiting for jobs),
 1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study file,
@@ -45,6 +46,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from nonlinear_queries.atomic import atomic_write, write_json
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.runs import history, read_records
 from nonlinear_queries.train_config import TrainConfig
@@ -593,74 +595,97 @@ def local_slots(study):
 
 
 def slot_environment(study, slots):
-    """{slot: the environment overrides of a sweep running in that slot}: on the CPU every point gets
-    OMP_NUM_THREADS = cores / slots (as one sweep of --jobs=slots gives each, unless it is set); on CUDA
-    each slot gets GPUs of its own (--gpus_per_run of them), as CUDA_VISIBLE_DEVICES."""
-    procs = int(study.launcher.get("gpus_per_run") or study.launcher.get("procs_per_run") or 1)
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
-    env = {slot: {"OMP_NUM_THREADS": threads} for slot in range(slots)}
+    """[the environment overrides of a point running in each slot], one entry a slot. On CUDA each slot is a set
+    of --gpus_per_run GPUs (1 by default) that no other slot has, as CUDA_VISIBLE_DEVICES (sweep.py's
+    visible_gpus): where the visible GPUs make fewer such sets than `slots`, there are as many slots as sets,
+    and a note says so. Every point gets OMP_NUM_THREADS = cores / (slots x its processes), unless it is set, as
+    one sweep of --jobs=slots gives each. Raises StudyError if a point needs more GPUs than are visible."""
     on_cuda = any(arm_config(study, a, h, {study.key: (a.grid or study.grid)[0], "seed": study.tuning_seed}).device
                   != "cpu" for h in study.horizons for a in arms_at(study, h))
+    gpus = []
     if on_cuda:
         from sweep import visible_gpus  # imports torch: only a study that may run on GPUs needs it
 
         gpus = visible_gpus()
-        for slot in range(min(slots, len(gpus) // procs) if gpus else 0):
-            env[slot]["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * procs:(slot + 1) * procs])
+    procs = max(int(study.launcher.get("gpus_per_run", 0)), 1) if gpus else int(study.launcher.get("procs_per_run", 1))
+    if gpus:
+        if len(gpus) < procs:
+            raise StudyError(f"a point needs {procs} GPUs (gpus_per_run) and {len(gpus)} are visible")
+        if len(gpus) // procs < slots:
+            print(f"note: {len(gpus)} visible GPU(s) make {len(gpus) // procs} slot(s) of {procs}; the study runs "
+                  f"{len(gpus) // procs} point(s) at a time, not [launcher] jobs = {slots}", flush=True)
+        slots = len(gpus) // procs
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
+    env = [{"OMP_NUM_THREADS": threads} for _ in range(slots)]
+    if gpus:
+        for slot, overrides in enumerate(env):
+            overrides["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * procs:(slot + 1) * procs])
     return env
 
 
 def run_pooled(study, slots):
-    """Run the protocol on this machine with `slots` points at a time across arms: each arm's next stage starts as
-    soon as its last one ends and a slot is free, so one arm's widening or held-out runs never wait for another
-    arm's sweep, and no slot idles while an arm has runs to do. An arm runs one sweep at a time (each stage
-    depends on the last); a sweep gets one slot while other arms wait for one, else every free slot its points
-    can use. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM reach every running sweep
-    (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a sweep failed (the other arms
-    go on to their end), 128 + the signal number if stopped."""
-    env = slot_environment(study, slots)
-    free, running, failed, stop = list(range(slots)), {}, [], []  # running: Popen -> (horizon, arm, slots, log)
+    """Run the protocol on this machine with `slots` points at a time (slot_environment: on CUDA, as many as the
+    GPUs make) across arms and stages. Each slot runs one point, a sweep.py of that point alone in the slot's
+    environment, and when it ends it takes the next point waiting in any arm: a point of an arm's current stage
+    (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of its
+    stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
+    the study's order (one to each arm with points waiting, then again); an arm's next stage begins when every
+    point of its last one is done. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM
+    reach every running sweep (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a point
+    failed (its arm takes no new point; the other arms go on to their end) or the GPUs are too few, 128 + the
+    signal number if stopped."""
+    try:
+        env = slot_environment(study, slots)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    free, running, failed, stop = list(range(len(env))), {}, [], []  # running: Popen -> (horizon, arm, point, slot)
 
     def forward(signum, frame):
         stop.append(signum)
         for child in running:
             child.send_signal(signum)
 
+    def launch(horizon, arm, point, slot):
+        cmd = sweep_command(study, arm, horizon, [point], jobs=1)
+        log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        name = os.path.basename(point_dir(study, arm, horizon, point))
+        print(f"{arm.name} @ {horizon.max_iters} steps: {name} in slot {slot} (log: {log})\n  {shlex.join(cmd)}",
+              flush=True)
+        with open(log, "a") as f:
+            child = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env[slot]})
+        running[child] = (horizon, arm, point, slot)
+
     handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
-            busy = {(h.max_iters, a.name) for h, a, *_ in running.values()}
             stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
             record(study, stages)
-            waiting = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
-                       if stages[h.max_iters][a.name].todo and (h.max_iters, a.name) not in busy
-                       and (h.max_iters, a.name) not in failed]
-            while waiting and free and not stop:
-                horizon, arm, stage = waiting.pop(0)
-                take = min(len(stage.todo), max(1, len(free) - len(waiting)))
-                mine, free = free[:take], free[take:]
-                cmd = sweep_command(study, arm, horizon, stage.todo, jobs=take)
-                log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
-                os.makedirs(os.path.dirname(log), exist_ok=True)
-                print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s), {take} at a time (log: "
-                      f"{log})\n  {shlex.join(cmd)}", flush=True)
-                with open(log, "a") as f:
-                    child = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                             env={**os.environ, **env[mine[0]]})
-                running[child] = (horizon, arm, mine, log, stage.todo)
+            started = {point_dir(study, a, h, p) for h, a, p, _ in running.values()}
+            waiting = [(h, a, [p for p in stages[h.max_iters][a.name].todo if point_dir(study, a, h, p) not in started])
+                       for h in study.horizons for a in arms_at(study, h) if (h.max_iters, a.name) not in failed]
+            while free and not stop and any(points for _, _, points in waiting):
+                for horizon, arm, points in waiting:
+                    if points and free:
+                        launch(horizon, arm, points.pop(0), free.pop(0))
             if not running:
                 break
             child = wait_any(running)
-            horizon, arm, mine, log, todo = running.pop(child)
-            free = sorted(free + mine)
-            # a sweep that ends well but leaves its runs undone (stopped from outside) is not started again
-            if child.returncode != 0 or (not stop and advance(study, arm, horizon).todo == todo):
-                failed.append((horizon.max_iters, arm.name))
-                how = f"exited with status {child.returncode}" if child.returncode else "left its runs unfinished"
-                print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (its log: {log}); the "
-                      f"other arms go on", file=sys.stderr, flush=True)
+            horizon, arm, point, slot = running.pop(child)
+            free = sorted(free + [slot])
+            name = os.path.basename(point_dir(study, arm, horizon, point))
+            log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+            # a sweep that ends well but leaves its point undone (stopped from outside) is not started again
+            undone = final_val_loss(point_dir(study, arm, horizon, point), horizon.max_iters) is None
+            if child.returncode != 0 or (not stop and undone):
+                if (horizon.max_iters, arm.name) not in failed:
+                    failed.append((horizon.max_iters, arm.name))
+                how = f"exited with status {child.returncode}" if child.returncode else "left its run unfinished"
+                print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (point {name}, its log: "
+                      f"{log}); the other arms go on", file=sys.stderr, flush=True)
             elif not stop:
-                print(f"{arm.name} @ {horizon.max_iters} steps: sweep ended", flush=True)
+                print(f"{arm.name} @ {horizon.max_iters} steps: {name} ended", flush=True)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
@@ -749,4 +774,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

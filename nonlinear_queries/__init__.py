@@ -17,4 +17,5 @@ which imports nothing from here. One concern per module:
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware
 - atomic: every file the repo writes appears whole or not at all
+- cli: a program piped into one that stops reading (`| head`) ends quietly
 """

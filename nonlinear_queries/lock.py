@@ -9,6 +9,9 @@ an NFS mount on Linux (it is emulated with byte-range locks there). A file syste
 file locks (Lustre mounted without -o flock or -o localflock, an NFS mount whose lock
 service does not answer) is a NoFileLocks error that says how to go on; train.py's
 lock_out_dir=False skips the lock there.
+
+try_lock and lock_holder are the same lock on any file: sweep.py claims a point with
+out_dir/.sweep.lock for as long as it runs the point's train.py, so two sweeps never launch one point.
 """
 
 import datetime
@@ -82,11 +85,16 @@ def hold_out_dir(out_dir):
 
 
 def out_dir_holder(out_dir):
-    """The holder written in out_dir's lock file if a live process holds the lock, else None
-    (also on a file system without file locks, where no process can hold it). It asks for a
+    """The holder written in out_dir's lock file if a live process holds the lock, else None."""
+    return lock_holder(lock_path(out_dir))
+
+
+def lock_holder(path):
+    """The holder written in the lock file `path` if a live process holds its lock, else None (also where there
+    is no such file, and on a file system without file locks, where no process can hold it). It asks for a
     shared lock without waiting, and gives it back at once."""
     try:
-        f = open(lock_path(out_dir))
+        f = open(path)
     except FileNotFoundError:
         return None
     with f:
@@ -98,3 +106,31 @@ def out_dir_holder(out_dir):
             return f.read().strip() or "a process"
         fcntl.flock(f, fcntl.LOCK_UN)
     return None
+
+
+def try_lock(path, holder):
+    """Take the exclusive lock of the file `path` (created, with its directory, if missing) without waiting
+    longer than a probe (lock_holder) holds it, and write `holder` into it. Returns (the open file, None): the
+    lock is held until the file is closed or this process ends; or (None, what the process holding it wrote).
+    Raises OSError where the file system has no flock(2)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    f = open(path, "a+")
+    for _ in range(4):
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                f.close()
+                raise
+            time.sleep(0.025)
+    else:
+        f.seek(0)
+        other = f.read().strip() or "another process (it has not written its name yet)"
+        f.close()
+        return None, other
+    f.seek(0)
+    f.truncate()
+    f.write(f"{holder}\n")
+    f.flush()
+    return f, None

@@ -12,7 +12,7 @@ import pytest
 import torch
 from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
 
-from helpers import ONE_THREAD, TINY, losses_by_step, read_metrics, run_script, wait_until
+from helpers import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, run_script, wait_until
 
 GRID = ["--max_iters=6", "--eval_interval=3", "--lr_decay_iters=12", "--dropout=0.1"]
 
@@ -87,6 +87,56 @@ def test_sigterm_to_a_sweep_lets_every_running_point_write_its_checkpoint(shakes
     assert "every running point wrote its checkpoint" in (tmp_path / "sweep.log").read_text()
     table = status_table(sweep_dir)
     assert [table[f"seed={s}"]["state"] for s in (1, 2, 3)] == ["stopped", "stopped", "not started"]
+
+
+@pytest.mark.slow
+def test_two_sweeps_on_one_sweep_dir_run_each_point_once(shakespeare_dir, tmp_path):
+    # started together, before either has finished a point, in opposite orders, one with a point given twice:
+    # whatever the interleaving, each point is started once, and no finished run is trained again
+    sweep_dir = tmp_path / "sweep"
+    procs = [subprocess.Popen([os.sys.executable, "sweep.py", *TINY, *GRID, f"--data_dir={shakespeare_dir}",
+                               f"--sweep_dir={sweep_dir}", "--grid", grid], cwd=REPO,
+                              env={**os.environ, **ONE_THREAD}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for grid in ("seed=1,1,2", "seed=2,1")]
+    try:
+        outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    out = "".join(outs)
+    for point in ("seed=1", "seed=2"):
+        assert out.count(f"] {point}: starting") == 1, out
+        assert [r["step"] for r in read_metrics(sweep_dir / point, "config")] == [0]  # one run, never restarted
+        assert read_metrics(sweep_dir / point, "eval")[-1]["step"] == 6
+    assert "note: point seed=1 is given 2 times; it is one point, run once" in outs[0]
+    assert json.loads((sweep_dir / "sweep.json").read_text())["points"] == {"seed=1": "done", "seed=2": "done"}
+
+
+def test_a_claimed_point_is_refused_to_a_second_claim_and_shown_running_until_it_is_let_go(tmp_path):
+    from sweep import Point, point_state
+
+    point = Point("seed=1", [("seed", "1")], str(tmp_path / "seed=1"), 6)
+    claim, other = point.claim("sweep A")
+    assert other is None
+    assert point.claim("sweep B") == (None, "another sweep (sweep A)")  # flock: even from this process's 2nd open
+    assert point.holder() == "another sweep (sweep A)" and point_state(point, {}) == ("running", None)
+    claim.close()
+    assert point.holder() is None and point_state(point, {}) == ("not started", None)
+    claim, other = point.claim("sweep B")
+    assert other is None and point.holder() == "another sweep (sweep B)"
+    claim.close()
+
+
+def test_a_point_given_twice_is_one_point_and_two_points_in_one_directory_are_refused(tmp_path, capsys):
+    import sweep
+
+    args = [os.path.join(REPO, "config", "mini", "baseline.py"), f"--sweep_dir={tmp_path}", "--dry_run"]
+    assert sweep.main([*args, "--grid", "seed=1,2,1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": starting") == 2 and "[2/2] seed=2: starting" in out
+    assert sweep.main([*args, "--grid", "data_dir=a/b,a-b"]) == 2
+    assert "two points would train in one directory, 'data_dir=a-b'" in capsys.readouterr().err
 
 
 def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):

@@ -15,7 +15,7 @@ import torch.nn as nn
 from scipy import stats
 from test_compare import make_run, run_compare
 
-from helpers import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
+from helpers import ONE_THREAD, REPO, read_metrics, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
 from nonlinear_queries.coord_check import coord_check
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
@@ -66,7 +66,8 @@ def test_mup_scales_the_hidden_init_the_logits_and_nothing_else():
 def test_an_untied_head_is_an_output_and_a_fixed_bottleneck_is_refused():
     _, mup = models(tie_weights=False)
     assert mup.mup_roles["lm_head.weight"] == "output"
-    with pytest.raises(ValueError, match=r"no rule for transformer\.h\.0\.attn\.query\.w1\.weight, of shape \(16, 64\)"):
+    with pytest.raises(ValueError, match=r"no rule for transformer\.h\.0\.attn\.query\.w1\.weight, of shape "
+                                         r"\(16, 64\)"):
         GPT(GPTConfig(**SMALL, parametrization="mup", query_rank=16))
 
 
