@@ -127,8 +127,8 @@ class GPTConfig:
     @property
     def attn_scale_mult(self):
         """μP's factor on the softmax scale 1/sqrt(head_dim): sqrt(base_head_dim / head_dim), so the scale is
-        sqrt(base_head_dim) / head_dim, proportional to 1/head_dim as μP asks (Yang et al. 2022, Tensor Programs V,
-        sec. 4: q and k grow correlated in training, so q.k grows like head_dim) and equal to SP's at the base head
+        sqrt(base_head_dim) / head_dim, proportional to 1/head_dim as μP asks (Yang et al. 2022, Tensor
+        Programs V: q and k grow correlated in training, so q.k grows like head_dim) and equal to SP's at the base head
         size. Width grown by heads at a fixed head size (mup_base_head_dim = 0) keeps it 1: SP's scale. 1.0 under
         SP."""
         if self.parametrization != "mup" or not self.mup_base_head_dim:
@@ -632,8 +632,8 @@ class GPT(nn.Module):
 
     def _mup_roles(self):
         """{parameter name: μP role} for every parameter (tied ones once, under the token embedding's name). The
-        roles follow the μP table of Yang et al. 2022 (Tensor Programs V, table 3, the 1/m-logits form of its
-        table 8), as laid out in the Cerebras practitioner's guide to μP and EleutherAI's nanoGPT-mup:
+        roles follow μP's table of Yang et al. 2022 (Tensor Programs V, Adam, in the form whose logits are
+        multiplied by 1/m), as laid out in the Cerebras practitioner's guide to μP and EleutherAI's nanoGPT-mup:
 
             role        which parameters                           init std      AdamW rate   weight decay
             hidden      2-D, both dimensions grow with n_embd      sigma/sqrt(m)  eta/m        wd*m (lr*wd fixed)
@@ -718,7 +718,7 @@ class GPT(nn.Module):
 
     def logits(self, x):
         """The LM head on final hidden states x (..., n_embd) -> logits (..., vocab_size), times μP's output
-        multiplier 1/m (Tensor Programs V, table 8), tied head or untied; the multiply is skipped at m = 1."""
+        multiplier 1/m (Tensor Programs V), tied head or untied; the multiply is skipped at m = 1."""
         logits = self.lm_head(x)
         return logits if self.config.width_mult == 1.0 else logits * (1.0 / self.config.width_mult)
 

@@ -463,19 +463,21 @@ def estimated_seconds(study, arm, horizon, n_runs):
 
 
 def tuning_saved(study, arm, horizon):
-    """For an arm on CUDA whose value comes from a smaller arm (value_from, e.g. μP's proxy width): a line with
-    the GPU-hours of that arm's tuning runs against the same tuning at this arm's size; None otherwise."""
+    """For an arm on CUDA whose value comes from a smaller arm (value_from, e.g. μP's proxy width): (a line with
+    the GPU-hours of that arm's tuning runs against the same tuning at this arm's size, the GPU-hours saved);
+    (None, 0) otherwise."""
     if not arm.value_from:
-        return None
+        return None, 0.0
     source = next(a for a in study.arms if a.name == arm.value_from)
     (big, cfg), (small, source_cfg) = run_flops(study, arm, horizon), run_flops(study, source, horizon)
     if cfg.device == "cpu" or big <= small:
-        return None
+        return None, 0.0
     n = len(advance(study, source, horizon).values or set(source.grid or study.grid)) * len(study.tuning_seeds)
     gpu_hours = lambda flops: n * flops / (study.peak_flops * study.mfu) / 3600  # noqa: E731
+    saved = gpu_hours(big) - gpu_hours(small)
     return (f"    tuning {arm.value_from} ({n} runs, n_embd={source_cfg.n_embd}) takes about {gpu_hours(small):.1f} "
-            f"GPU-hours; the same tuning at n_embd={cfg.n_embd} would take {gpu_hours(big):.1f}: "
-            f"{gpu_hours(big) - gpu_hours(small):.1f} GPU-hours saved (FLOPs at the study's [cost] peak and MFU)")
+            f"GPU-hours; the same tuning at n_embd={cfg.n_embd} would take {gpu_hours(big):.1f}: {saved:.1f} "
+            f"GPU-hours saved (FLOPs at the study's [cost] peak and MFU)"), saved
 
 
 def arms_at(study, horizon):
@@ -491,7 +493,7 @@ def run_dirs_of(study):
 def plan(study):
     """Print, per horizon and arm, the runs done and the runs to do next with their estimated cost; returns the
     number of runs still to do (at least: widening can add more)."""
-    left, seconds, how = 0, 0.0, set()
+    left, seconds, how, saved_in_all = 0, 0.0, set(), 0.0
     for horizon in study.horizons:
         how_chosen = "tuned" if horizon.tune else f"at the value chosen at {horizon.chosen_from} steps"
         print(f"horizon {horizon.max_iters} steps, {how_chosen} ({os.path.join(study.runs_dir, horizon.subdir)}):")
@@ -507,9 +509,10 @@ def plan(study):
                 else f"tuning {tuned}/{len(stage.values)} done")
             print(f"  {arm.name}: {how_tuned}, held-out {held}/{len(seeds)} done, {chosen}; {remaining} run(s) left"
                   + (f" (widened: {', '.join(w['added'] for w in stage.widening)})" if stage.widening else ""))
-            saved = tuning_saved(study, arm, horizon)
-            if saved:
-                print(saved)
+            line, saved = tuning_saved(study, arm, horizon)
+            if line:
+                print(line)
+                saved_in_all += saved
             if remaining:
                 s, kind = estimated_seconds(study, arm, horizon, remaining)
                 seconds += s
@@ -532,6 +535,8 @@ def plan(study):
               f"(widening may add runs)")
     else:
         print()
+    if saved_in_all:
+        print(f"tuning at the smaller widths instead of each arm's own saves about {saved_in_all:.1f} GPU-hours")
     return left
 
 

@@ -1,9 +1,10 @@
 """
-The coordinate check of μP (Yang et al. 2022, Tensor Programs V, sec. 7 and fig. 5; the `mup` package's
+The coordinate check of μP (Yang et al. 2022, Tensor Programs V; the `mup` package's
 coord_check): train the same model at several widths for a few steps at a deliberately high rate and record the
 mean |x| of every activation at every step. Under μP each one keeps its size as the width grows (a flat line in
 log-log); under SP some grow with width once training has moved the weights, the sign that the best rate will
-move too. `analyze.py --coord_check` prints the table and draws the figure; tests/test_width.py holds the slopes.
+move too. `analyze.py --coord_check` prints the table and draws the figure; tests/test_width.py holds the
+slopes.
 
 Activations (per block i): `embedding` (the first block's input), `attn_i` (attention's output, after c_proj),
 `mlp_i` (the MLP's output), `query_i` (the query module's output, the q that the softmax scale then multiplies),
@@ -96,25 +97,10 @@ def coord_check(settings, widths, seeds, steps, learning_rate, data, head_dim=32
     return CoordCheck(list(widths), list(seeds), steps, settings.get("parametrization", "sp"), values)
 
 
-def summary_rows(checks, from_step=2):
-    """Markdown-ready rows [name, then per CoordCheck: the largest |slope| over steps >= from_step and the slope at
-    the last step] for the activations the checks share, in model order."""
-    names = [n for n in checks[0].values if all(n in c.values for c in checks)]
-    rows = []
-    for name in names:
-        row = [name]
-        for check in checks:
-            slope = check.slopes()[name]
-            row += [f"{np.abs(slope[from_step:]).max():.2f}", f"{slope[-1]:.2f}"]
-        rows.append(row)
-    return rows
-
-
-def largest_slope(check, from_step=2):
-    """(name, slope) of the activation whose |slope| over steps >= from_step is the largest."""
-    slopes = {n: s[from_step:][np.abs(s[from_step:]).argmax()] for n, s in check.slopes().items()}
-    name = max(slopes, key=lambda n: abs(slopes[n]))
-    return name, float(slopes[name])
+def slope_summary(check, from_step=2):
+    """{name: (the largest slope over steps >= from_step, the smallest, the slope at the last step)}."""
+    return {n: (float(s[from_step:].max()), float(s[from_step:].min()), float(s[-1]))
+            for n, s in check.slopes().items()}
 
 
 def widths_label(widths):

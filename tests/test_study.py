@@ -390,3 +390,105 @@ def test_sigterm_to_a_study_checkpoints_every_running_point_and_the_same_command
     for point in running:  # resumed where it stopped, not started again
         assert [r["step"] for r in read_metrics(point, "config")] == [0, stopped[point]]
         assert read_metrics(point, "eval")[-1]["step"] == 150
+
+
+WIDTHS = """
+name = "widths"
+results_dir = "{results}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3", "2e-3"]
+seeds = [0, 6]
+max_widen = 1
+[held_out]
+seeds = [1, 2]
+[[horizon]]
+max_iters = 10
+[[arm]]
+name = "small"
+config = "config/mini/baseline.py"
+[[arm]]
+name = "wide"
+config = "config/mini/baseline.py"
+overrides = { n_embd = 256, n_head = 8, parametrization = "mup" }
+value_from = "small"
+seeds = [1]
+[[arm]]
+name = "fixed"
+config = "config/mini/res_gelu.py"
+value = "3e-3"
+[[table]]
+kind = "width_ladder"
+arms = ["small", "wide"]
+"""
+
+
+def test_tuning_on_several_seeds_chooses_on_their_mean_and_other_arms_take_the_value(tmp_path):
+    s = write_study(tmp_path, WIDTHS)
+    small, wide, fixed = s.arms
+    horizon = s.horizons[0]
+    # the wide arm waits for the small arm's choice; the fixed arm goes straight to its held-out seeds
+    assert study.advance(s, wide, horizon).todo == [] and study.advance(s, wide, horizon).chosen is None
+    assert study.advance(s, fixed, horizon).todo == [{"learning_rate": "3e-3", "seed": s, "data_seed": s}
+                                                     for s in (1, 2)]
+    assert study.advance(s, small, horizon).todo == [{"learning_rate": v, "seed": seed}
+                                                     for v in ("1e-3", "2e-3") for seed in (0, 6)]
+    # 1e-3 wins on seed 0, 2e-3 on their mean: 2e-3 sits at the high edge and 4e-3 joins
+    for (v, seed), loss in {("1e-3", 0): 2.0, ("1e-3", 6): 2.6, ("2e-3", 0): 2.1, ("2e-3", 6): 2.3}.items():
+        fake_run(study.point_dir(s, small, horizon, {"learning_rate": v, "seed": seed}), loss)
+    stage = study.advance(s, small, horizon)
+    assert stage.tuning == {"1e-3": pytest.approx(2.3), "2e-3": pytest.approx(2.2)}
+    assert stage.todo == [{"learning_rate": "4e-3", "seed": 0}, {"learning_rate": "4e-3", "seed": 6}]
+    fake_run(study.point_dir(s, small, horizon, {"learning_rate": "4e-3", "seed": 0}), 2.0)
+    fake_run(study.point_dir(s, small, horizon, {"learning_rate": "4e-3", "seed": 6}), None, diverged=True)
+    assert study.advance(s, small, horizon).chosen == "2e-3"
+    assert study.advance(s, wide, horizon).todo == [{"learning_rate": "2e-3", "seed": 1, "data_seed": 1}]
+    # the ladder table runs compare.py over the held-out seeds of its arms
+    cmd = study.table_command(s, s.tables[0], {a.name: a for a in s.arms})
+    assert cmd[-3:] == ["--width_ladder", "--seeds=1,2", "--format=markdown"]
+
+
+def test_reused_runs_must_be_complete_and_are_never_run(tmp_path):
+    reused = tmp_path / "other"
+    text = WIDTHS.replace('name = "small"\nconfig = "config/mini/baseline.py"',
+                          f'name = "small"\nconfig = "config/mini/baseline.py"\nruns = "{reused}"')
+    with pytest.raises(study.StudyError, match=r"arm small reuses the runs in .*other, which lack 4 the protocol asks"):
+        write_study(tmp_path, text)
+    # 1e-3 is best at the low edge, so 5e-4 joined the grid there, and lost
+    for v, loss in (("5e-4", 2.5), ("1e-3", 2.0), ("2e-3", 2.2)):
+        for seed in (0, 6):
+            fake_run(reused / f"learning_rate={v},seed={seed}", loss)
+    for seed in (1, 2):
+        fake_run(reused / f"learning_rate=1e-3,seed={seed},data_seed={seed}", 2.0)
+    s = write_study(tmp_path, text)
+    assert study.arm_dir(s, s.arms[0], s.horizons[0]) == str(reused)
+    assert study.advance(s, s.arms[0], s.horizons[0]).chosen == "1e-3"
+
+
+def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_it_saves(tmp_path, capsys):
+    toml = WIDTHS.replace("max_iters = 10", "max_iters = 1000")
+    s = write_study(tmp_path, toml)
+    small, wide, _ = s.arms
+    for v in ("1e-3", "2e-3"):
+        for seed in (0, 6):
+            fake_run(study.point_dir(s, small, s.horizons[0], {"learning_rate": v, "seed": seed}),
+                     2.0 + float(v), max_iters=1000)
+            with open(os.path.join(study.point_dir(s, small, s.horizons[0], {"learning_rate": v, "seed": seed}),
+                                   "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "ms_per_step": 200.0}) + "\n")
+    # one size measured: the wide arm's steps cost its FLOPs over the small arm's times 0.2 s
+    seconds, how = study.estimated_seconds(s, wide, s.horizons[0], 1)
+    ratio = study.run_flops(s, wide, s.horizons[0])[0] / study.run_flops(s, small, s.horizons[0])[0]
+    assert how == "scaled" and seconds == pytest.approx(1000 * 0.2 * ratio) and 3 < ratio < 4
+    assert study.estimated_seconds(s, small, s.horizons[0], 2) == (pytest.approx(400.0), "measured")
+    # on a GPU, the plan says what tuning the wide arm at its own size would have cost
+    cuda = toml.replace('value_from = "small"', 'value_from = "small"\noverrides = { n_embd = 256, n_head = 8, '
+                        'parametrization = "mup", device = "cuda" }').replace(
+        'overrides = { n_embd = 256, n_head = 8, parametrization = "mup" }\n', '')
+    s = write_study(tmp_path, cuda)
+    line, saved = study.tuning_saved(s, s.arms[1], s.horizons[0])
+    small_h, wide_h = (4 * study.run_flops(s, a, s.horizons[0])[0] / (s.peak_flops * s.mfu) / 3600
+                       for a in s.arms[:2])
+    assert line == (f"    tuning small (4 runs, n_embd=128) takes about {small_h:.1f} GPU-hours; the same tuning at "
+                    f"n_embd=256 would take {wide_h:.1f}: {wide_h - small_h:.1f} GPU-hours saved (FLOPs at the "
+                    f"study's [cost] peak and MFU)") and saved == pytest.approx(wide_h - small_h)
