@@ -211,11 +211,23 @@ class Point:
                 "--init_from=resume" if resume else "--overwrite=True"]
 
 
+# torchrun forwards these signals to its workers (each in a session of its own, which a signal to torchrun's
+# process group misses): its defaults, and the warnings a scheduler sends before a time limit or a preemption
+# (SIGUSR2 is submitit's and SLURM's here; any other kills torchrun at once and orphans the workers). It then
+# waits this long for them to checkpoint and exit before it SIGKILLs them (torchrun's default is 30 s, less than
+# a large model's checkpoint takes to write).
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+TORCHRUN_SHUTDOWN_TIMEOUT_S = 600
+
+
 def launcher(procs, rendezvous=()):
-    """The command that starts train.py's `procs` processes on this node: python, or torchrun."""
+    """The command that starts train.py's `procs` processes on this node: python, or torchrun, which forwards
+    TORCHRUN_SIGNALS to the workers and waits TORCHRUN_SHUTDOWN_TIMEOUT_S seconds for them to exit
+    (torch.distributed.run's --signals_to_handle and --shutdown_timeout)."""
     if procs == 1 and not rendezvous:
         return [sys.executable]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}",
+            f"--signals_to_handle={TORCHRUN_SIGNALS}", f"--shutdown_timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}",
             *(rendezvous or ["--standalone"])]
 
 
@@ -340,7 +352,7 @@ class PointJob:
     Raises RuntimeError if train.py fails, which submitit records as the job's failure."""
 
     def __init__(self, point, train_args, procs):
-        self.point, self.train_args, self.procs, self.child = point, train_args, procs, None
+        self.point, self.train_args, self.procs, self.child, self.torchrun = point, train_args, procs, None, False
 
     def __call__(self):
         import submitit
@@ -359,7 +371,9 @@ class PointJob:
         if env.num_nodes > 1:  # a torchrun per node; the rendezvous on the job's first node
             rendezvous = [f"--nnodes={env.num_nodes}", f"--node_rank={env.node}", f"--master_addr={env.hostnames[0]}",
                           f"--master_port={20000 + int(env.job_id.split('_')[0]) % 20000}"]
-        cmd = [*launcher(self.procs, rendezvous), *self.point.train_args(self.train_args, status == "resume")]
+        launch = launcher(self.procs, rendezvous)
+        self.torchrun = len(launch) > 1
+        cmd = [*launch, *self.point.train_args(self.train_args, status == "resume")]
         attempt = os.path.join(self.point.out_dir, "attempt.json")
         starts = read_json(attempt).get("starts", 0) + 1
         if env.node == 0:
@@ -380,11 +394,15 @@ class PointJob:
     def checkpoint(self):
         """Called by submitit on the scheduler's warning signal (SIGUSR2), before it requeues the
         job: train.py got the signal too; it writes its checkpoint and exits, then the requeued
-        job resumes from it."""
+        job resumes from it. SLURM signals the job step's processes (the task's process group at
+        the least, which the child shares), so a torchrun child got it too and forwards it to its
+        workers; it is not signalled again, as a second signal would interrupt torchrun's wait for
+        them. A train.py child is (a repeat is harmless to it)."""
         import submitit
 
         if self.child is not None and self.child.returncode is None:
-            self.child.send_signal(signal.SIGUSR2)
+            if not self.torchrun:
+                self.child.send_signal(signal.SIGUSR2)
             # wait for it to exit without reaping it: __call__'s wait, which this signal handler
             # interrupted, reaps it (Popen.wait here would deadlock on that wait's lock)
             with contextlib.suppress(ChildProcessError):
