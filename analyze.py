@@ -29,10 +29,10 @@ defaults. --batches and --batch_size override the number and size of the batches
 
 --coord_check=CONFIG: μP's coordinate check (nonlinear_queries/coord_check.py, docs/width.md) of a config's
 model, under SP and under μP: --widths (head size 32, width grown by heads), --coord_n_layer layers, --coord_steps
-steps at the constant rate --coord_lr, --coord_seeds; the mean |x| of every activation at every step on the
-config's training data (--data_dir). The table gives, per activation and parametrization, the largest and
-smallest slope of log mean|x| against log width over steps >= 2 and the slope at the last step; --plot draws mean
-|x| against width at every step.
+steps of --coord_batch tokens at the constant rate --coord_lr, --coord_seeds; the mean |x| of every activation
+at every step on the config's training data (--data_dir). The table gives, per activation and parametrization,
+the largest and smallest slope of log mean|x| against log width over steps >= 2 and the slope at the last step;
+--plot draws mean |x| against width at every step.
 
 Exit status: 0 ok; 1 bad input; 2 bad command line.
 """
@@ -206,7 +206,9 @@ def coord_check(args):
     from nonlinear_queries.train_config import TrainConfig
 
     try:
-        cfg = parse_config(TrainConfig, [args.coord_check, f"--n_layer={args.coord_n_layer}"])[0]
+        batch_size, block_size = (int(n) for n in args.coord_batch.split("x"))
+        cfg = parse_config(TrainConfig, [args.coord_check, f"--n_layer={args.coord_n_layer}",
+                                         f"--batch_size={batch_size}", f"--block_size={block_size}"])[0]
         widths, seeds = [int(w) for w in args.widths.split(",")], [int(s) for s in args.coord_seeds.split(",")]
     except (ConfigError, ValueError) as e:
         die(f"--coord_check: {e}")
@@ -222,12 +224,12 @@ def coord_check(args):
         die(f"--coord_check: {e}")
     header = ["activation", *(f"{label} {what}" for label in ("SP", "μP")
                               for what in ("max slope", "min slope", "last slope"))]
-    rows = [[name, *(f"{v:+.2f}" for c in checks for v in cc.slope_summary(c)[name])] for name in checks[0].values]
+    rows = [[name, *(cc.slope_cell(v) for c in checks for v in cc.slope_summary(c)[name])] for name in checks[0].values]
     if args.format != "csv":
         print(f"{args.coord_check} at {cc.widths_label(widths)}, {args.coord_n_layer} layers, {args.coord_steps} steps "
-              f"at learning rate {args.coord_lr:g}, seeds {args.coord_seeds}: slope of log mean|x| against log "
-              f"width, the largest and smallest over steps >= 2 and at the last step (0: the size holds as the "
-              f"width grows; 1: it grows with the width)\n")
+              f"of {args.coord_batch} tokens at learning rate {args.coord_lr:g}, seeds {args.coord_seeds}: slope of "
+              f"log mean|x| against log width, the largest and smallest over steps >= 2 and at the last step (0: "
+              f"the size holds as the width grows; 1: it grows with the width)\n")
     print_table(header, rows, args.format, [True])
     if args.plot:
         coordinates(checks).savefig(args.plot, dpi=120)
@@ -261,6 +263,7 @@ def main():
     coord.add_argument("--coord_steps", type=int, default=10, help="training steps recorded")
     coord.add_argument("--coord_lr", type=float, default=1e-2, help="the constant learning rate, deliberately high")
     coord.add_argument("--coord_n_layer", type=int, default=2, help="layers")
+    coord.add_argument("--coord_batch", default="4x64", help="sequences x tokens of a step's batch")
     args = parser.parse_args()
     if sum(map(bool, (args.runs, args.checkpoint, args.coord_check))) != 1:
         parser.error("pass run directories, --checkpoint=SOURCE or --coord_check=CONFIG")

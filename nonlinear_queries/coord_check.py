@@ -103,6 +103,11 @@ def slope_summary(check, from_step=2):
             for n, s in check.slopes().items()}
 
 
+def slope_cell(slope):
+    """A slope as the table prints it: signed, two decimals, and no '-0.00'."""
+    return f"{slope + 0.0:+.2f}" if round(slope, 2) != 0 else "+0.00"
+
+
 def widths_label(widths):
     """'64, 128, 256, 512 (log2 6-9)' for a figure's caption."""
     return ", ".join(map(str, widths)) + f" (log2 {math.log2(widths[0]):g}-{math.log2(widths[-1]):g})"

@@ -297,7 +297,7 @@ def coordinates(checks):
 
     names = list(checks[0].values)
     fig = Figure(figsize=(4.5 * len(checks), 2.1 * len(names)), layout="constrained")
-    axes = fig.subplots(len(names), len(checks), sharex=True, squeeze=False)
+    axes = fig.subplots(len(names), len(checks), sharex=True, sharey="row", squeeze=False)
     shades = colormaps["viridis_r"](np.linspace(0.15, 1.0, checks[0].steps))
     for column, check in enumerate(checks):
         summary = slope_summary(check)

@@ -169,24 +169,37 @@ def test_a_wider_mup_model_trains_from_the_base_widths_config(chars, tmp_path):
 
 
 def test_the_coordinate_check_holds_under_mup_and_fails_under_sp(chars):
-    # the issue's check: widths 64-512, 2 layers, 10 steps at a deliberately high rate, 3 seeds, res_gelu (every
-    # activation, the query branch f(x) included); slopes of log mean|x| against log width at steps >= 2
+    # the issue's check, as results/coord_check/README.md runs it: widths 64-512, 2 layers, 10 steps of 4 x 64
+    # characters at a deliberately high rate, 3 seeds, res_gelu (every activation, the query branch f(x)
+    # included); slopes of log mean|x| against log width at steps >= 2
     from nonlinear_queries.configurator import parse_config
+    from nonlinear_queries.coord_check import slope_cell, slope_summary
 
     cfg = parse_config(TrainConfig, [os.path.join(REPO, "config/mini/res_gelu.py"), "--n_layer=2", "--batch_size=4",
                                      "--block_size=64"])[0]
     data = np.memmap(os.path.join(chars, "train.bin"), dtype=np.uint16, mode="r")
-    slopes = {}
-    torch.set_num_threads(1)  # the sums' order, hence the numbers, as on any machine with this build
-    for p in ("sp", "mup"):
-        check = coord_check({**cfg.__dict__, "parametrization": p}, [64, 128, 256, 512], [0, 1, 2], 10, 1e-2, data)
-        assert set(check.values) == {"embedding", "logits", *(f"{a}_{i}" for a in ("attn", "mlp", "query", "query_f")
-                                                                for i in range(2))}
-        slopes[p] = {name: s[2:] for name, s in check.slopes().items()}
-    assert max(s.max() for s in slopes["mup"].values()) <= 0.1, slopes["mup"]
-    assert max(s.max() for s in slopes["sp"].values()) >= 0.25, slopes["sp"]
-    # under SP the blocks' outputs grow about as fast as the width itself; under μP none does
-    assert min(slopes["sp"][f"{a}_0"].min() for a in ("attn", "mlp")) >= 1.0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the order of the sums, hence the numbers, as analyze.py's with OMP_NUM_THREADS=1
+    try:
+        checks = [coord_check({**cfg.__dict__, "parametrization": p}, [64, 128, 256, 512], [0, 1, 2], 10, 1e-2, data)
+                  for p in ("sp", "mup")]
+    finally:
+        torch.set_num_threads(threads)
+    sp, mup = ({name: s[2:] for name, s in c.slopes().items()} for c in checks)
+    assert set(mup) == {"embedding", "logits", *(f"{a}_{i}" for a in ("attn", "mlp", "query", "query_f")
+                                                  for i in range(2))}
+    assert max(s.max() for s in mup.values()) <= 0.1, mup
+    assert max(s.max() for s in sp.values()) >= 0.25, sp
+    # under SP the blocks' outputs grow about as the square of the width; under μP none grows
+    assert min(sp[f"{a}_0"].min() for a in ("attn", "mlp")) >= 1.0
+    # and the committed table is these numbers
+    lines = open(os.path.join(REPO, "results", "coord_check", "README.md")).read().splitlines()
+    start = lines.index("| activation | SP max slope | SP min slope | SP last slope | μP max slope | μP min slope | "
+                        "μP last slope |")
+    committed = [line for line in lines[start + 2:] if line.startswith("|")][:len(mup)]
+    summaries = [slope_summary(c) for c in checks]
+    assert committed == [f"| {name} | " + " | ".join(slope_cell(v) for s in summaries for v in s[name]) + " |"
+                         for name in checks[0].values]
 
 
 @pytest.fixture
