@@ -293,7 +293,7 @@ def coordinates(checks):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from nonlinear_queries.coord_check import slope_summary
+    from nonlinear_queries.coord_check import slope_cell, slope_summary
 
     names = list(checks[0].values)
     fig = Figure(figsize=(4.5 * len(checks), 2.1 * len(names)), layout="constrained")
@@ -309,7 +309,7 @@ def coordinates(checks):
                 ax.plot(check.widths, means[:, step], marker=".", color=shades[step],
                         label=f"step {step}" if row == 0 and step in (0, check.steps - 1) else None)
             high, low, _ = summary[name]
-            ax.set_title(f"{label}: {name}, slope {low:+.2f} to {high:+.2f}", fontsize="small")
+            ax.set_title(f"{label}: {name}, slope {slope_cell(low)} to {slope_cell(high)}", fontsize="small")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(check.widths)
