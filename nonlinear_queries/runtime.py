@@ -117,7 +117,8 @@ def setup(device="auto", dtype="auto", backend="auto", join_process_group=True, 
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if grouped and join_process_group and not dist.is_initialized():
-        device_id = torch.device(device) if device_type == "cuda" else None
+        # init_process_group wants a device with an index: plain 'cuda' (one GPU, no torchrun) is the current one
+        device_id = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else None
         if launched:
             dist.init_process_group(backend=backend, device_id=device_id)
         else:  # FSDP in one process: a group of one, whose store lives in this process

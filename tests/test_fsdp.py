@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -225,6 +226,42 @@ def test_fsdp_on_cuda_over_gloo_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SetupError, match="parallelism=fsdp on CUDA needs backend=nccl"):
         setup("cuda", backend="gloo", parallelism="fsdp")
+
+
+@pytest.mark.parametrize("device, env, index", [
+    ("cuda", {}, 0),  # `python train.py --parallelism=fsdp` on a GPU machine: a process group of one
+    ("cuda:1", {}, 1),
+    ("cuda", {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}, 1),  # torchrun's process 3, on the GPU cuda:1
+], ids=["one-gpu", "one-gpu-cuda:1", "torchrun"])
+def test_fsdp_on_cuda_joins_its_process_group_with_the_gpu_index(monkeypatch, device, env, index):
+    # CUDA imitated on the CPU: the current device follows set_device as in torch.cuda, and init_process_group
+    # is recorded instead of run (it refuses a device_id without an index: "Please use a device_id with index")
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(
+        0, current[0] if torch.device(d).index is None else torch.device(d).index))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)  # asked by torch.autocast("cuda")
+    tf32 = SimpleNamespace(allow_tf32=False)  # what setup switches on, kept off this process's real settings
+    monkeypatch.setattr(torch.backends.cuda, "matmul", tf32)
+    monkeypatch.setattr(torch.backends, "cudnn", tf32)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    rt = setup(device, "bfloat16", parallelism="fsdp")
+    (call,) = calls
+    assert call["device_id"] == torch.device("cuda", index) and call["backend"] == "nccl"
+    # the GPU the process computes on is the one its process group is bound to
+    assert current[0] == index and tf32.allow_tf32
+    assert (rt.device, rt.world_size, rt.backend) == (device if not env else f"cuda:{index}",
+                                                      int(env.get("WORLD_SIZE", 1)), "nccl")
+    if not env:  # without torchrun: a group of one whose store lives in this process
+        assert (call["rank"], call["world_size"], type(call["store"])) == (0, 1, dist.HashStore)
 
 
 def test_activation_checkpointing_gives_the_same_gradients_from_less_memory():
