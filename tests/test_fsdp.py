@@ -19,11 +19,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
 from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
 from model import GPT, GPTConfig
+from nonlinear_queries import runtime
 from nonlinear_queries.checkpoint import CheckpointError, load_training_state, read_checkpoint, save_sharded_checkpoint
 from nonlinear_queries.optimizers import build_optimizers
 from nonlinear_queries.pretrained import load_pretrained
@@ -208,6 +210,46 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
     with pytest.raises(CheckpointError, match="is a checkpoint file, written under parallelism=ddp: continue that run "
                                               "with --parallelism=ddp"):
         load_training_state({"model": {}, "optimizer": []}, str(tmp_path / "ckpt.pt"), again, again_optimizers)
+
+
+def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_one, monkeypatch):
+    # parallelize as it runs for a CUDA bfloat16 run, its device mesh built on the CPU; the forward pass under
+    # bf16 autocast (the CPU's), as train.py runs it (rt.autocast)
+    cuda_mesh = runtime.init_device_mesh
+    monkeypatch.setattr(runtime, "init_device_mesh", lambda device_type, shape: cuda_mesh("cpu", shape))
+    on_cuda = SimpleNamespace(device_type="cuda", dtype="bfloat16", world_size=1, backend="nccl", distributed=True)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, pos_encoding="rope",
+                       qk_norm=True, query_mode="res_gelu", bias=True)
+    x, y = torch.randint(0, 64, (2, 2, 8), generator=torch.Generator().manual_seed(0))
+
+    def step(rt, parallelism):
+        """What the blocks are given (the dtypes of the residual stream entering each block and the final norm,
+        and of RoPE's cos and sin), the logits, the loss and the gradients of one forward-backward pass."""
+        torch.manual_seed(0)
+        model = GPT(config)
+        with torch.no_grad():  # norm weights off 1, where bfloat16 would round them
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        seen = []
+        for block in model.transformer.h:
+            block.ln_1.register_forward_pre_hook(lambda m, args: seen.append(("block input", args[0].dtype)))
+            block.attn.register_forward_pre_hook(lambda m, args: seen.append(("cos, sin", *(t.dtype for t in args[2]))))
+        model.transformer.ln_f.register_forward_pre_hook(lambda m, args: seen.append(("final norm", args[0].dtype)))
+        model, train_model = parallelize(model, rt, parallelism)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits, loss = train_model(x, y)
+        loss.backward()
+        grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()]
+        return seen, logits, loss, grads
+
+    (seen, logits, loss, grads), (want_seen, want_logits, want_loss, want_grads) = (
+        step(on_cuda, "fsdp"), step(process_group_of_one, "ddp"))
+    f32 = torch.float32
+    assert want_seen == [("block input", f32), ("cos, sin", f32, f32)] * 2 + [("final norm", f32)]  # autocast's
+    assert seen == want_seen
+    assert logits.dtype == want_logits.dtype == torch.bfloat16  # the matmuls did run in bfloat16
+    assert torch.equal(logits, want_logits) and torch.equal(loss, want_loss)
+    assert all(torch.equal(g, want) for g, want in zip(grads, want_grads))
 
 
 @pytest.mark.parametrize("settings, message", [
