@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
 
 from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
 from helpers import train as train_tiny
@@ -27,7 +28,7 @@ from helpers import val_losses_by_step as evals
 from model import GPT, GPTConfig
 from nonlinear_queries import runtime
 from nonlinear_queries.checkpoint import CheckpointError, load_training_state, read_checkpoint, save_sharded_checkpoint
-from nonlinear_queries.optimizers import build_optimizers
+from nonlinear_queries.optimizers import build_optimizers, muon_parameters
 from nonlinear_queries.pretrained import load_pretrained
 from nonlinear_queries.runtime import SetupError, parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
@@ -168,6 +169,62 @@ def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakesp
     loaded = load_pretrained(str(out))
     assert loaded.loaded_from.step == 8
     assert all(torch.equal(t, made["model"][name]) for name, t in loaded.state_dict().items())
+
+
+def muon_steps_on_shards(rank, init_file, out):
+    """Process `rank` of 2 (gloo, single-threaded): two steps of build_optimizers' Muon on the FSDP shards of a
+    one-block res_gelu model, from the same random whole gradients on both processes, each step's collectives
+    counted (CommDebugMode); beside them torch.optim.Muon in this process on unsharded copies of the matrices.
+    Rank 0 saves to `out` the counts, the largest differences of the weights and momenta, the number of
+    matrices and its param group as state_dict() gives it."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    # r = 15: W1's 15 rows are shared out unevenly, 8 and 7
+    config = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64, query_mode="res_gelu",
+                       query_rank=15)
+    torch.manual_seed(0)
+    model = GPT(config)
+    reference = GPT(config)
+    reference.load_state_dict(model.state_dict())
+    parallelize(model, runtime.Runtime(rank, rank, 2, "cpu", "float32", "gloo"), "fsdp")
+    cfg = TrainConfig(optimizer="muon", muon_learning_rate=0.05, muon_momentum=0.9, muon_weight_decay=0.2,
+                      muon_adjust_lr_fn="match_rms_adamw")
+    muon = build_optimizers(model, cfg, "cpu")[1]
+    muon.param_groups[0].update(lr=0.025, lr_mult=0.5)  # a key of another's (muP's) making, kept as it is
+    matrices = muon_parameters(reference)
+    by_one = torch.optim.Muon(matrices, lr=0.025, momentum=0.9, weight_decay=0.2, adjust_lr_fn="match_rms_adamw")
+    counts = []
+    for step in range(2):
+        g = torch.Generator().manual_seed(step)
+        for p, q in zip(muon_parameters(model), matrices):
+            q.grad = torch.randn(q.shape, generator=g)
+            p.grad = distribute_tensor(q.grad, p.device_mesh, p.placements, src_data_rank=None)
+        with CommDebugMode() as comm:
+            muon.step()
+        by_one.step()
+        counts.append({str(op): n for op, n in comm.get_comm_counts().items()})
+    sharded = muon_parameters(model)
+    assert all(muon.state[p]["momentum_buffer"].placements == p.placements for p in sharded)  # still sharded
+    weights = max((p.full_tensor() - q).abs().max().item() for p, q in zip(sharded, matrices))
+    momenta = max((muon.state[p]["momentum_buffer"].full_tensor() - by_one.state[q]["momentum_buffer"]).abs().max()
+                  .item() for p, q in zip(sharded, matrices))
+    if rank == 0:
+        torch.save({"counts": counts, "weights": weights, "momenta": momenta, "matrices": len(matrices),
+                    "group": {k: v for k, v in muon.state_dict()["param_groups"][0].items() if k != "params"}}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_muon_on_fsdp_shards_steps_whole_matrices_as_one_process_does(tmp_path):
+    torch.multiprocessing.spawn(muon_steps_on_shards, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")),
+                                nprocs=2)
+    got = torch.load(tmp_path / "out.pt")
+    # one all-gather a matrix and step (its weight, gradient and momentum at once), nothing else
+    assert got["matrices"] == 6
+    assert got["counts"] == [{"c10d_functional.all_gather_into_tensor": 6}] * 2, got["counts"]
+    # torch.optim.Muon's arithmetic on the whole matrices: the one-process weights and momenta, bit for bit
+    assert got["weights"] == 0 and got["momenta"] == 0, got
+    assert got["group"]["lr_mult"] == 0.5 and got["group"]["lr"] == 0.025
 
 
 @pytest.fixture
