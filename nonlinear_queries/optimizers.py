@@ -15,6 +15,8 @@ base rate (learning_rate for AdamW, muon_learning_rate for Muon) times get_lr(st
 learning_rate. A checkpoint holds one state dict per optimizer, in this list's order.
 """
 
+import inspect
+
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
@@ -36,6 +38,11 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
 def muon_parameters(model):
     """The parameters Muon updates: the 2-D weight matrices inside model.transformer.h, in model order."""
     return [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
+
+
+# torch.optim.Muon's settings, as its constructor names them (a group also holds others' keys, and an optimizer's
+# defaults gain 'differentiable' when it is unpickled, as a sharded checkpoint's loading does)
+MUON_SETTINGS = [name for name in inspect.signature(torch.optim.Muon).parameters if name != "params"]
 
 
 class Muon(torch.optim.Muon):
@@ -69,7 +76,7 @@ class Muon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            settings = {key: group[key] for key in self.defaults}
+            settings = {key: group[key] for key in MUON_SETTINGS}
             for p in group["params"]:
                 if p.grad is not None:
                     self._step_whole(p, settings)

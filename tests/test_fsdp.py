@@ -235,6 +235,11 @@ def process_group_of_one():
     dist.destroy_process_group()
 
 
+# what save_sharded_checkpoint needs besides the model and the optimizers
+META = {"model_args": {}, "step": 1, "evaluated": False, "steps_above_threshold": 0, "config": {}, "data": {},
+        "wandb_id": ""}
+
+
 def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_path):
     rt = process_group_of_one
     cfg = TrainConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, device="cpu")
@@ -249,9 +254,7 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
     x = torch.randint(0, 64, (2, 8))
     model(x, x)[1].backward()
     optimizers[0].step()
-    meta = {"model_args": {}, "step": 1, "evaluated": False, "steps_above_threshold": 0, "config": {},
-            "data": {}, "wandb_id": ""}
-    path = save_sharded_checkpoint(str(tmp_path), model, optimizers, meta, keep_last_n=2)
+    path = save_sharded_checkpoint(str(tmp_path), model, optimizers, META, keep_last_n=2)
     again, again_optimizers = sharded()
     load_training_state(read_checkpoint(path), path, again, again_optimizers)
     for (name, p), q in zip(model.named_parameters(), again.parameters()):
@@ -307,6 +310,35 @@ def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_on
     assert logits.dtype == want_logits.dtype == torch.bfloat16  # the matmuls did run in bfloat16
     assert torch.equal(logits, want_logits) and torch.equal(loss, want_loss)
     assert all(torch.equal(g, want) for g, want in zip(grads, want_grads))
+
+
+def test_muon_on_shards_steps_on_after_a_sharded_checkpoint_as_before_it(process_group_of_one, tmp_path):
+    # loading a sharded checkpoint unpickles the optimizers, whose defaults then gain keys of torch's own
+    # ('differentiable'): Muon's next step is still the one the saved run takes
+    cfg = TrainConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, device="cpu", optimizer="muon")
+
+    def sharded():
+        torch.manual_seed(0)
+        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64)),
+                            process_group_of_one, "fsdp")[0]
+        return model, build_optimizers(model, cfg, "cpu")
+
+    def step(model, optimizers, seed):
+        x = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(seed))
+        model(x, x)[1].backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    model, optimizers = sharded()
+    step(model, optimizers, 0)
+    path = save_sharded_checkpoint(str(tmp_path), model, optimizers, META, keep_last_n=2)
+    again, again_optimizers = sharded()
+    load_training_state(read_checkpoint(path), path, again, again_optimizers)
+    for run in ((model, optimizers), (again, again_optimizers)):
+        step(*run, 1)
+    for (name, p), q in zip(model.named_parameters(), again.parameters()):
+        assert torch.equal(p.full_tensor(), q.full_tensor()), name
 
 
 @pytest.mark.parametrize("settings, message", [
