@@ -1,8 +1,10 @@
 """Larger scales on the CPU over gloo: FSDP2 against one process; a sharded run killed while it
 writes a checkpoint and resumed on 2 processes and on 1; the conversion to ckpt.pt; sharded
-checkpoints saved and loaded in this process; activation checkpointing; the combinations refused
-at startup. (The GPT-3 configs are in tests/test_configs.py, torn metrics.jsonl lines in
-tests/test_faults.py and tests/test_compare.py.)
+checkpoints saved and loaded in this process; Muon on shards against one process, and after a
+sharded checkpoint; FSDP's numerics under bf16 autocast against DDP's; the process group of FSDP on
+one GPU (CUDA imitated); activation checkpointing; the combinations refused at startup. (The GPT-3
+configs are in tests/test_configs.py, torn metrics.jsonl lines in tests/test_faults.py and
+tests/test_compare.py.)
 
 Runs compared across processes are single-threaded (see tests/test_faults.py)."""
 
