@@ -6,6 +6,7 @@ or for one model.
     python analyze.py out-diag/* --step=600 --format=markdown --plot=diag.png
     python analyze.py --checkpoint=out-mini/res_gelu/learning_rate=3e-3,seed=1   # one model, per layer
     python analyze.py --checkpoint=gpt2 --data_dir=data/openwebtext           # any source from_pretrained loads
+    python analyze.py --coord_check=config/mini/res_gelu.py --plot=coord.png   # μP's coordinate check
 
 Runs: the `diag` records that train.py writes at every evaluation, read, grouped and pooled as compare.py
 does it (run directories or directories of runs; runs that differ only in --group_over, default seed, form a
@@ -26,6 +27,13 @@ dataset or data_dir, data_seed, batch_size and block_size), so the numbers are t
 at that step; another source on the val.bin of --data_dir (default data/openwebtext) with train.py's
 defaults. --batches and --batch_size override the number and size of the batches.
 
+--coord_check=CONFIG: μP's coordinate check (nonlinear_queries/coord_check.py, docs/width.md) of a config's
+model, under SP and under μP: --widths (head size 32, width grown by heads), --coord_n_layer layers, --coord_steps
+steps of --coord_batch tokens at the constant rate --coord_lr, --coord_seeds; the mean |x| of every activation
+at every step on the config's training data (--data_dir). The table gives, per activation and parametrization,
+the largest and smallest slope of log mean|x| against log width over steps >= 2 and the slope at the last step;
+--plot draws mean |x| against width at every step.
+
 Exit status: 0 ok; 1 bad input; 2 bad command line.
 """
 
@@ -35,6 +43,7 @@ import sys
 
 import numpy as np
 
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.runs import RunsError, layer_mean, make_groups, pooled, read_runs
 from nonlinear_queries.stats import Row, print_table, step_list
@@ -187,6 +196,46 @@ def analyze_checkpoint(args):
     print_table(["layer", *names], rows, args.format, [True])
 
 
+def coord_check(args):
+    """Run μP's coordinate check on args.coord_check's model, print the slopes and, with --plot, draw the figure."""
+    # imported here: torch takes seconds, and the runs' table needs none of it
+    from nonlinear_queries import coord_check as cc
+    from nonlinear_queries.batches import open_tokens
+    from nonlinear_queries.configurator import ConfigError, parse_config
+    from nonlinear_queries.plots import coordinates
+    from nonlinear_queries.train_config import TrainConfig
+
+    try:
+        batch_size, block_size = (int(n) for n in args.coord_batch.split("x"))
+        cfg = parse_config(TrainConfig, [args.coord_check, f"--n_layer={args.coord_n_layer}",
+                                         f"--batch_size={batch_size}", f"--block_size={block_size}"])[0]
+        widths, seeds = [int(w) for w in args.widths.split(",")], [int(s) for s in args.coord_seeds.split(",")]
+    except (ConfigError, ValueError) as e:
+        die(f"--coord_check: {e}")
+    data_dir = args.data_dir or cfg.data_dir or os.path.join(REPO, "data", cfg.dataset)
+    try:
+        data = open_tokens(os.path.join(data_dir, "train.bin"), f"python data/{cfg.dataset}/prepare.py")
+    except FileNotFoundError as e:
+        die(str(e))
+    try:
+        checks = [cc.coord_check({**vars(cfg), "parametrization": p}, widths, seeds, args.coord_steps, args.coord_lr,
+                                 data) for p in ("sp", "mup")]
+    except ValueError as e:
+        die(f"--coord_check: {e}")
+    header = ["activation", *(f"{label} {what}" for label in ("SP", "μP")
+                              for what in ("max slope", "min slope", "last slope"))]
+    rows = [[name, *(cc.slope_cell(v) for c in checks for v in cc.slope_summary(c)[name])] for name in checks[0].values]
+    if args.format != "csv":
+        print(f"{args.coord_check} at {cc.widths_label(widths)}, {args.coord_n_layer} layers, {args.coord_steps} steps "
+              f"of {args.coord_batch} tokens at learning rate {args.coord_lr:g}, seeds {args.coord_seeds}: slope of "
+              f"log mean|x| against log width, the largest and smallest over steps >= 2 and at the last step (0: "
+              f"the size holds as the width grows; 1: it grows with the width)\n")
+    print_table(header, rows, args.format, [True])
+    if args.plot:
+        coordinates(checks).savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", metavar="RUN", help="run directories, or directories of runs")
@@ -207,9 +256,19 @@ def main():
     one.add_argument("--batch_size", type=int, default=0, help="sequences per batch (default: the run's, else 12)")
     one.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, ...")
     one.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, ...")
+    coord = parser.add_argument_group("--coord_check")
+    coord.add_argument("--coord_check", metavar="CONFIG", help="run μP's coordinate check on this config's model")
+    coord.add_argument("--widths", default="64,128,256,512", help="widths n_embd (multiples of 32)")
+    coord.add_argument("--coord_seeds", default="0,1,2", help="seeds (init and batches)")
+    coord.add_argument("--coord_steps", type=int, default=10, help="training steps recorded")
+    coord.add_argument("--coord_lr", type=float, default=1e-2, help="the constant learning rate, deliberately high")
+    coord.add_argument("--coord_n_layer", type=int, default=2, help="layers")
+    coord.add_argument("--coord_batch", default="4x64", help="sequences x tokens of a step's batch")
     args = parser.parse_args()
-    if bool(args.runs) == bool(args.checkpoint):
-        parser.error("pass either run directories or --checkpoint=SOURCE")
+    if sum(map(bool, (args.runs, args.checkpoint, args.coord_check))) != 1:
+        parser.error("pass run directories, --checkpoint=SOURCE or --coord_check=CONFIG")
+    if args.coord_check:
+        return coord_check(args)
     if args.batches < 0 or args.batch_size < 0:
         parser.error("--batches and --batch_size must be >= 1 (0: the run's own)")
     if args.checkpoint:
@@ -219,4 +278,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

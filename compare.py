@@ -9,6 +9,8 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py out-mini/* --best_over=learning_rate         # each arm at its own best learning rate
     python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
     python compare.py results/ablations/{baseline,res_gelu} --best_over=learning_rate --select_on=seed=0 --holm --paired
+    python compare.py results/width_transfer/* --width_transfer --plot=transfer.png   # the best rate per width
+    python compare.py results/width_ladder/* --width_ladder --seeds=1,2,3,4,5         # the gap per width, its slope
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
@@ -23,8 +25,14 @@ step, mean ± sample std over the group's runs like the loss.
 A run's history is its metrics.jsonl as it stands now: a `config` record at step s (a
 restart) replaces what an earlier session logged after step s, and of records logged twice
 the later one counts. A setting missing from an older run's config (one added to train.py
-later) counts as today's default, which reproduces what the older code did. Exit status:
-0 ok; 1 bad input; 2 bad command line.
+later) counts as today's default, which reproduces what the older code did. --seeds keeps only the runs
+with those seeds (e.g. the held-out ones).
+
+Across widths (nonlinear_queries/width.py, docs/width.md): --width_transfer tables each arm's mean val loss
+at every learning rate per width and parametrization, where the best rate sits and whether it transfers;
+--width_ladder each arm's relative improvement over the baseline at each width (runs paired by seed, 95% CI)
+and its slope against log2(width); with --plot, their figures instead of Figure 1. Exit status: 0 ok; 1 bad
+input; 2 bad command line.
 """
 
 import argparse
@@ -33,6 +41,7 @@ import sys
 
 from nonlinear_queries import runs as rd
 from nonlinear_queries import stats
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import Curve, curve, figure2, loss_curves
 
 FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
@@ -228,6 +237,18 @@ def parser():
     p.add_argument("--plot", metavar="PNG", help="also draw Figure 1 (loss and rel. improvement vs step) here")
     p.add_argument("--figure2", metavar="PNG", help="also draw Figure 2 here: each group's rel. improvement over "
                    "the baseline vs step, labelled with its non-embedding parameters (docs/official.md)")
+    p.add_argument("--seeds", default="", metavar="S,S,...",
+                   help="only the runs whose seed is one of these (e.g. the held-out seeds of a study)")
+    width = p.add_mutually_exclusive_group()
+    width.add_argument("--width_transfer", action="store_true",
+                       help="per arm, parametrization and width: the val loss of every learning rate, the best "
+                            "rate, and whether the base width's best rate transfers (docs/width.md)")
+    width.add_argument("--width_ladder", action="store_true",
+                       help="each arm's relative improvement over the baseline at each width, paired by seed, with "
+                            "its 95%% CI, and its slope against log2(width) (docs/width.md)")
+    p.add_argument("--claim", action="append", default=[], metavar="WIDTH:PERCENT:LABEL",
+                   help="with --width_ladder --plot: a value claimed elsewhere (e.g. the paper's), drawn as a "
+                        "claim, not as data")
     p.add_argument("--metric", default="", metavar="TASK/METRIC",
                    help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                         "column each, at the same step, mean ± std over each row's runs")
@@ -282,6 +303,12 @@ def main(argv=None):
 def report(args):
     """The table (and figure) of main(); raises RunsError for runs that cannot be compared as asked."""
     runs, group_over = rd.read_runs(args.out_dirs, args.group_over)
+    if args.seeds:
+        runs = [r for r in runs if str(r.config.get("seed")) in args.seeds.split(",")]
+        if not runs:
+            die(f"--seeds={args.seeds}: no run has one of these seeds")
+    if args.width_transfer or args.width_ladder:
+        return width_report(runs, args)
     metrics = checked_names("--metric", args.metric, [s for r in runs for d in r.downstream.values() for s in d],
                             "downstream score", "train with eval_tasks to get them")
     diags = checked_names("--with_diag", args.with_diag, [n for r in runs for d in r.diags.values() for n in d],
@@ -345,5 +372,55 @@ def report(args):
         print(f"wrote {args.figure2}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 
+def width_report(runs, args):
+    """--width_transfer or --width_ladder: its tables at --step (default: the last step every run has), and with
+    --plot its figure (nonlinear_queries/width.py)."""
+    # imported here: only the width tables need them (the ladder builds each model on the meta device)
+    from nonlinear_queries import width
+    from nonlinear_queries.plots import rate_transfer, width_ladder
+
+    step = args.step if args.step is not None else rd.default_step(runs)
+    if args.width_transfer:
+        base_width = runs[0].config.get("mup_base_width", 128)
+        curves = width.transfer_curves(runs, step)
+        (header, rows), (vheader, vrows) = width.transfer_tables(curves, base_width)
+        verdicts = width.transfer_verdicts(curves, base_width)
+        caption = (f"val loss at step {step}, the mean over each rate's seeds; bold: the best rate of the row. A run "
+                   f"at the μP base width {base_width} (m = 1) counts as SP and as μP, which are equal there")
+        vcaption = (f"transfer holds: the best rate moves by at most one x2 step from the smallest width to the "
+                    f"largest, and width {base_width}'s best rate costs at most 1% of val loss at the largest")
+        figure = (lambda: rate_transfer(curves, verdicts))  # noqa: E731
+    else:
+        try:
+            rungs, slopes, baseline = width.ladder(runs, step, args.baseline)
+        except ValueError as e:
+            die(str(e))
+        (header, rows), (vheader, vrows) = width.ladder_tables(rungs, slopes, baseline)
+        caption = (f"val loss at step {step}; rel. improvement = 100 (L_base - L) / L_base over the runs paired by "
+                   f"seed and data_seed with the baseline {baseline} at the same width (positive = lower loss), its "
+                   f"95% t interval and the paired t-test's p; MDE: the smallest difference Welch's test detects "
+                   f"with 80% power at these n and stds, in % of the baseline's loss; training PFLOPs: "
+                   f"6N + attention per token times the run's tokens")
+        vcaption = ("slope: least squares of each pair's rel. improvement on log2(width); the gap grows or shrinks "
+                    "only where its 95% interval excludes 0")
+        claims = []
+        for spec in args.claim:
+            w, percent, label = (spec.split(":", 2) + ["", ""])[:3]
+            try:
+                claims.append((int(w), float(percent), label))
+            except ValueError:
+                die(f"--claim={spec}: write WIDTH:PERCENT:LABEL, e.g. --claim=768:1.40:the paper")
+        figure = (lambda: width_ladder(rungs, slopes, baseline, claims))  # noqa: E731
+    for lines, text in ((rows, caption), (vrows, vcaption)):
+        if args.format != "csv":
+            print(text + "\n")
+        stats.print_table(header if lines is rows else vheader, lines, args.format, [True])
+        if args.format != "csv":
+            print()
+    if args.plot:
+        figure().savefig(args.plot, dpi=150)
+        print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -58,6 +58,11 @@ class GPTConfig:
     rope_theta: float = 10000.0  # RoPE base: pair i of a head rotates by position * rope_theta^(-2i / head_dim)
     n_kv_head: int = 0  # heads of K and V; 0 = n_head (multi-head), a divisor of n_head for GQA, 1 = multi-query
     norm: str = "layernorm"  # block and final norms: 'layernorm' or 'rmsnorm' (the query module's own are its own)
+    # 'sp' (standard parametrization) or 'mup' (the maximal update parametrization: GPT.mup_roles, docs/width.md),
+    # whose width multiplier is m = n_embd / mup_base_width; at m = 1 μP is SP exactly
+    parametrization: str = "sp"
+    mup_base_width: int = 128  # the width at which μP's rates were tuned (results/long_horizon's width)
+    mup_base_head_dim: int = 0  # μP's head size at the base width; 0 = this model's (width grown by heads)
 
     def __post_init__(self):
         if self.query_mode not in QUERY_MODULES:
@@ -95,6 +100,11 @@ class GPTConfig:
                              f"head serves n_head / n_kv_head query heads; got {self.n_kv_head}")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if self.parametrization not in ("sp", "mup"):
+            raise ValueError(f"parametrization must be 'sp' or 'mup', got {self.parametrization!r}")
+        if self.mup_base_width < 1 or self.mup_base_head_dim < 0:
+            raise ValueError(f"mup_base_width must be >= 1 and mup_base_head_dim >= 0 (0 = this model's head size), "
+                             f"got {self.mup_base_width} and {self.mup_base_head_dim}")
         if self.norm == "rmsnorm" and self.bias:
             raise ValueError("norm='rmsnorm' has no bias, but bias=True asks for one in every norm; use "
                              "norm='layernorm' with bias=True, or bias=False")
@@ -108,6 +118,22 @@ class GPTConfig:
         if self.mlp_activation in GATED_MLP_ACTIVATIONS:
             return max(64, round(hidden * 2 / 3 / 64) * 64)
         return hidden
+
+    @property
+    def width_mult(self):
+        """μP's width multiplier m = n_embd / mup_base_width; 1.0 under SP."""
+        return self.n_embd / self.mup_base_width if self.parametrization == "mup" else 1.0
+
+    @property
+    def attn_scale_mult(self):
+        """μP's factor on the softmax scale 1/sqrt(head_dim): sqrt(base_head_dim / head_dim), so the scale is
+        sqrt(base_head_dim) / head_dim, proportional to 1/head_dim as μP asks (Yang et al. 2022, Tensor
+        Programs V: q and k grow correlated in training, so q.k grows like head_dim) and equal to SP's at the base head
+        size. Width grown by heads at a fixed head size (mup_base_head_dim = 0) keeps it 1: SP's scale. 1.0 under
+        SP."""
+        if self.parametrization != "mup" or not self.mup_base_head_dim:
+            return 1.0
+        return math.sqrt(self.mup_base_head_dim / (self.n_embd // self.n_head))
 
     @property
     def kv_heads(self):
@@ -416,7 +442,8 @@ class CausalSelfAttention(nn.Module):
     weight (head_dim,) shared by the heads, before the cache and the softmax, whose scale is
     then 1/sqrt(head_dim) for every query mode (2 head_dim parameters per layer).
 
-    Softmax scale: `attn_scale` when set (> 0), else query.scale_mult / sqrt(head_dim).
+    Softmax scale: `attn_scale` when set (> 0), else query.scale_mult / sqrt(head_dim), times μP's
+    GPTConfig.attn_scale_mult (1 under SP and at a fixed head size).
     """
 
     def __init__(self, config):
@@ -435,7 +462,7 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(head_dim, eps=1e-5) if config.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(head_dim, eps=1e-5) if config.qk_norm else nn.Identity()
         # QK-norm removes any constant factor on q, res_gelu's 1/2 included, so the scale is the plain one
-        own_scale = (1.0 if config.qk_norm else self.query.scale_mult) / math.sqrt(head_dim)
+        own_scale = (1.0 if config.qk_norm else self.query.scale_mult) / math.sqrt(head_dim) * config.attn_scale_mult
         self.scale = config.attn_scale or own_scale
 
     def qkv(self, x, fused):
@@ -549,10 +576,17 @@ class GPT(nn.Module):
     and loss None. kv_cache, a list of n_layer KVCache (new_kv_cache()), holds the
     positions before idx; their count plus T must not exceed block_size (ValueError).
     hidden_states(idx, kv_cache=None): the final norm's output (B, T, n_embd), which
-    lm_head maps to the logits, for a caller that needs the logits of some positions only
+    logits() maps to the logits, for a caller that needs the logits of some positions only
     (downstream.py).
 
-    Raises ValueError (from GPTConfig) for an unknown query_mode.
+    parametrization='mup' (the maximal update parametrization, docs/width.md): `mup_roles` maps
+    each parameter's name to its role (_mup_roles tables the rules; the optimizer scales each
+    role's rate), the hidden matrices start at std 0.02/sqrt(m), the logits are multiplied by 1/m
+    and the softmax scale by GPTConfig.attn_scale_mult; m = n_embd / mup_base_width, and at
+    m = 1 the model is SP's exactly. Under SP `mup_roles` is empty.
+
+    Raises ValueError (from GPTConfig) for an unknown query_mode, and under μP for a parameter
+    that no μP rule classifies.
     """
 
     def __init__(self, config):
@@ -581,12 +615,64 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             torch.nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
             torch.nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+        # μP: every parameter gets a role (an unclassified one stops the model here), and the hidden matrices'
+        # std shrinks by 1/sqrt(m), the residual projections' 1/sqrt(2 n_layer) kept; skipped at m = 1 (SP's init)
+        self.mup_roles = self._mup_roles() if config.parametrization == "mup" else {}
+        if config.width_mult != 1.0:
+            with torch.no_grad():
+                for name, p in self.named_parameters():
+                    if self.mup_roles[name] == "hidden":
+                        p.mul_(config.width_mult ** -0.5)
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             torch.nn.init.zeros_(module.bias)
+
+    def _mup_roles(self):
+        """{parameter name: μP role} for every parameter (tied ones once, under the token embedding's name). The
+        roles follow μP's table of Yang et al. 2022 (Tensor Programs V, Adam, in the form whose logits are
+        multiplied by 1/m), as laid out in the Cerebras practitioner's guide to μP and EleutherAI's nanoGPT-mup:
+
+            role        which parameters                           init std      AdamW rate   weight decay
+            hidden      2-D, both dimensions grow with n_embd      sigma/sqrt(m)  eta/m        wd*m (lr*wd fixed)
+            embedding   wte and wpe                                sigma          eta          wd
+            output      an untied lm_head (logits times 1/m)       sigma          eta          wd
+            vector      1-D: norm weights, biases                  as SP          eta          0
+
+        A dimension grows with width when it doubles in a model built with n_embd and n_head doubled (on the
+        meta device, so no memory and no random numbers): the query modules' W1, W2 and W_Q are hidden like
+        attention's and the MLP's matrices. Raises ValueError naming a parameter no rule covers (a matrix with a
+        dimension fixed in width, such as a fixed query_rank or n_kv_head), so that a new module never trains
+        at SP's rates by default."""
+        cfg = self.config
+        # n_kv_head, when set, and query_rank stay as they are: a count fixed in width
+        wider = GPTConfig(**{**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}, "n_embd": 2 * cfg.n_embd,
+                             "n_head": 2 * cfg.n_head, "parametrization": "sp"})
+        with torch.device("meta"):
+            probe = dict(GPT(wider).named_parameters())
+        embeddings = {id(self.transformer.wte.weight)}
+        if "wpe" in self.transformer:
+            embeddings.add(id(self.transformer.wpe.weight))
+        roles = {}
+        for name, p in self.named_parameters():
+            grows = [a != b for a, b in zip(p.shape, probe[name].shape)]
+            if id(p) in embeddings:
+                roles[name] = "embedding"
+            elif p is self.lm_head.weight:
+                roles[name] = "output"
+            elif p.dim() <= 1:
+                roles[name] = "vector"
+            elif p.dim() == 2 and all(grows):
+                roles[name] = "hidden"
+            else:
+                raise ValueError(
+                    f"parametrization='mup' has no rule for {name}, of shape {tuple(p.shape)}, of which "
+                    f"{sum(grows)} of {p.dim()} dimensions grow with n_embd: μP classes a matrix as hidden when both "
+                    f"its dimensions grow with width (a bottleneck or a head count fixed in width does not). Make "
+                    f"its dimensions follow n_embd, or give it a role in GPT._mup_roles (docs/width.md)")
+        return roles
 
     def get_num_params(self, non_embedding=True):
         """Number of parameters, each tied tensor counted once.
@@ -625,10 +711,16 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, kv_cache=None):
         x = self.hidden_states(idx, kv_cache)
         if targets is None:
-            return self.lm_head(x[:, [-1], :]), None
-        logits = self.lm_head(x)
+            return self.logits(x[:, [-1], :]), None
+        logits = self.logits(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+    def logits(self, x):
+        """The LM head on final hidden states x (..., n_embd) -> logits (..., vocab_size), times μP's output
+        multiplier 1/m (Tensor Programs V), tied head or untied; the multiply is skipped at m = 1."""
+        logits = self.lm_head(x)
+        return logits if self.config.width_mult == 1.0 else logits * (1.0 / self.config.width_mult)
 
     def hidden_states(self, idx, kv_cache=None):
         T = idx.size(1)

@@ -21,11 +21,12 @@ protocol, for each horizon and each arm:
    RESULTS_DIR/figure*.png, regenerated on every run; the README beside them is a person's.
 
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
-based on in RESULTS_DIR/study.json. The runs go through sweep.py, one sweep per arm and stage, in
-RUNS_DIR/<horizon>/<arm>/<point>: finished points are skipped, interrupted ones resume. On this
-machine with [launcher] jobs = N > 1, the arms share N slots: an arm's next stage starts as soon as
-its last one ends and a slot is free, so no slot waits on another arm's sweep (each sweep's output
-in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which checkpoints. With a
+based on in RESULTS_DIR/study.json. The runs go through sweep.py, in RUNS_DIR/<horizon>/<arm>/<point>:
+finished points are skipped, interrupted ones resume. On this machine with [launcher] jobs = N > 1,
+the arms share N slots (on CUDA each a set of GPUs of its own), each running one point at a time: a
+slot that frees takes the next point waiting in any arm's current stage, so no slot idles while a
+point waits (each point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches
+every point, which checkpoints. With a
 launcher that returns before its jobs finish (SLURM), the study stops after submitting and says
 so; run the same command again once they are done. Exit status: 0 ok (or waiting for jobs),
 1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study file,
@@ -45,6 +46,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from nonlinear_queries.atomic import atomic_write, write_json
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.runs import history, read_records
 from nonlinear_queries.train_config import TrainConfig
@@ -64,19 +66,26 @@ class Arm:
     config: str  # a config file, relative to the repo root
     overrides: dict = field(default_factory=dict)
     grid: list = field(default_factory=list)  # this arm's starting tuning grid; [] = the study's
+    value: str = ""  # a value fixed in advance: no tuning, straight to the held-out seeds
+    value_from: str = ""  # the name of the arm whose chosen value this one runs (e.g. tuned at a smaller width)
+    runs: str = ""  # a directory of another study's runs of this arm, reused as they are: never run here
+    seeds: list | None = None  # this arm's held-out seeds; None = the horizon's
 
 
 @dataclass
 class Table:
     """One compare.py table of TABLES.md at one horizon: `arms` in order (the first is the baseline
     unless `args` say otherwise), `args` added to the protocol's flags, and compare.py's figure
-    written to `figure` where one is named."""
+    written to `figure` where one is named. `kind`: 'compare' (Table 1 over the arms), 'width_transfer'
+    (each arm's val loss against the rate, per width, SP and μP) or 'width_ladder' (the gap to the
+    baseline per width and its slope against log width), compare.py's --width_transfer / --width_ladder."""
 
     horizon: int  # max_iters of the horizon it compares
     title: str
     arms: list
     args: list
     figure: str
+    kind: str = "compare"
 
 
 @dataclass
@@ -105,7 +114,7 @@ class Study:
     key: str  # the tuning axis, a TrainConfig key
     grid: list  # its starting values, as written (they name the run directories)
     max_widen: int
-    tuning_seed: int
+    tuning_seeds: list  # the tuning seeds; a value's tuning loss is the mean over them
     vary_data_order: bool
     horizons: list
     launcher: dict
@@ -113,6 +122,11 @@ class Study:
     peak_flops: float
     mfu: float
     seconds_per_step: float  # the cost of a step where no run of the study has finished yet; 0 = from FLOPs
+
+    @property
+    def tuning_seed(self):
+        """The first tuning seed: the one a point is checked with, and compare.py's --select_on."""
+        return self.tuning_seeds[0]
 
 
 def _take(table, key, kind, where, default=None):
@@ -152,24 +166,34 @@ def load_study(path):
     key = _take(tuning, "key", str, where)
     grid = [str(v) for v in _take(tuning, "grid", list, where)]
     max_widen = _take(tuning, "max_widen", int, where, 3)
-    tuning_seed = _take(tuning, "seed", int, where)
+    if ("seed" in tuning) == ("seeds" in tuning):
+        raise StudyError(f"{where}: give the tuning seed as 'seed' or several as 'seeds', one of the two")
+    tuning_seeds = [_take(tuning, "seed", int, where)] if "seed" in tuning else _take(tuning, "seeds", list, where)
+    if not tuning_seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in tuning_seeds):
+        raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers, got {tuning_seeds!r}")
     _no_more(tuning, where)
     held_out = _take(raw, "held_out", dict, path)
     where = f"{path} [held_out]"
     seeds = _take(held_out, "seeds", list, where)
     vary = _take(held_out, "vary_data_order", bool, where, True)
     _no_more(held_out, where)
-    if tuning_seed in seeds:
-        raise StudyError(f"{path}: the tuning seed {tuning_seed} is also a held-out seed; a value chosen on a seed "
-                         f"must not be reported on it")
+    if set(tuning_seeds) & set(seeds):
+        raise StudyError(f"{path}: the tuning seed {sorted(set(tuning_seeds) & set(seeds))[0]} is also a held-out "
+                         f"seed; a value chosen on a seed must not be reported on it")
     raw_horizons = _take(raw, "horizon", list, path)
     arms = []
     for i, a in enumerate(_take(raw, "arm", list, path)):
         where = f"{path} [[arm]] {i + 1}"
         arm = Arm(_take(a, "name", str, where), _take(a, "config", str, where), _take(a, "overrides", dict, where, {}),
-                  [str(v) for v in _take(a, "grid", list, where, [])])
+                  [str(v) for v in _take(a, "grid", list, where, [])], _take(a, "value", str, where, ""),
+                  _take(a, "value_from", str, where, ""), _take(a, "runs", str, where, ""),
+                  _take(a, "seeds", list, where, None) if "seeds" in a else None)
         _no_more(a, where)
-        for value in arm.grid or grid:
+        if arm.value and arm.value_from:
+            raise StudyError(f"{where}: 'value' fixes the arm's {key} and 'value_from' takes another arm's; give one")
+        if arm.seeds is not None and set(arm.seeds) & set(tuning_seeds):
+            raise StudyError(f"{where}: its held-out seeds include a tuning seed")
+        for value in [*(arm.grid or grid), *([arm.value] if arm.value else [])]:
             try:
                 float(value)
             except ValueError:
@@ -180,6 +204,11 @@ def load_study(path):
     if len({a.name for a in arms}) != len(arms):
         raise StudyError(f"{path}: two arms share a name")
     names = [a.name for a in arms]
+    for i, arm in enumerate(arms):
+        source = next((a for a in arms if a.name == arm.value_from), None) if arm.value_from else None
+        if arm.value_from and (source is None or source.value_from):
+            raise StudyError(f"{path} [[arm]] {i + 1}: value_from = {arm.value_from!r} must name an arm that is "
+                             f"tuned or has a fixed value")
     horizons = []
     for i, h in enumerate(raw_horizons):
         where = f"{path} [[horizon]] {i + 1}"
@@ -187,8 +216,8 @@ def load_study(path):
                           _take(h, "arms", list, where, names), _take(h, "tune", bool, where, True),
                           _take(h, "chosen_from", int, where, 0), _take(h, "seeds", list, where, seeds))
         _no_more(h, where)
-        if tuning_seed in horizon.seeds:
-            raise StudyError(f"{where}: the tuning seed {tuning_seed} is also a held-out seed")
+        if set(tuning_seeds) & set(horizon.seeds):
+            raise StudyError(f"{where}: a tuning seed is also a held-out seed")
         if set(horizon.arms) - set(names):
             raise StudyError(f"{where}: no arm is named {', '.join(sorted(set(horizon.arms) - set(names)))}")
         tuned = {x.max_iters: x for x in horizons if x.tune}
@@ -205,8 +234,10 @@ def load_study(path):
         where = f"{path} [[table]] {i + 1}"
         table = Table(_take(tb, "horizon", int, where, horizons[0].max_iters), _take(tb, "title", str, where, ""),
                       _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
-                      _take(tb, "figure", str, where, ""))
+                      _take(tb, "figure", str, where, ""), _take(tb, "kind", str, where, "compare"))
         _no_more(tb, where)
+        if table.kind not in ("compare", "width_transfer", "width_ladder"):
+            raise StudyError(f"{where}: kind must be 'compare', 'width_transfer' or 'width_ladder', got {table.kind!r}")
         horizon = next((h for h in horizons if h.max_iters == table.horizon), None)
         if horizon is None or set(table.arms) - set(horizon.arms):
             raise StudyError(f"{where}: its horizon {table.horizon} is not one of the study's, or does not run every "
@@ -218,14 +249,21 @@ def load_study(path):
     per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
     _no_more(cost, f"{path} [cost]")
     _no_more(raw, path)
-    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seed, vary, horizons,
+    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
                   launcher, tables, peak, mfu, per_step)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
         for horizon in (h for h in horizons if arm.name in h.arms):
             try:
-                arm_config(study, arm, horizon, {key: (arm.grid or grid)[0], "seed": tuning_seed})
+                arm_config(study, arm, horizon, {key: arm.value or (arm.grid or grid)[0], "seed": tuning_seeds[0]})
             except Exception as e:
                 raise StudyError(f"{path}: arm {arm.name}: {e}") from None
+            if arm.runs:  # reused runs are read, never run: every one the protocol asks for must be there
+                missing = advance(study, arm, horizon).todo
+                if missing or not os.path.isdir(arm.runs):
+                    raise StudyError(f"{path}: arm {arm.name} reuses the runs in {arm.runs}, which lack "
+                                     f"{len(missing) or 'all'} the protocol asks for (e.g. "
+                                     f"{point_dir(study, arm, horizon, missing[0]) if missing else arm.runs}); "
+                                     f"finish them in their own study first")
     return study
 
 
@@ -251,7 +289,8 @@ def arm_config(study, arm, horizon, point):
 
 
 def arm_dir(study, arm, horizon):
-    return os.path.join(study.runs_dir, horizon.subdir, arm.name)
+    """The directory of the arm's runs at `horizon`: RUNS_DIR/<subdir>/<arm>, or the reused runs' directory."""
+    return arm.runs or os.path.join(study.runs_dir, horizon.subdir, arm.name)
 
 
 def held_out_point(study, value, seed):
@@ -291,7 +330,8 @@ class Stage:
     """What the protocol has reached for one arm at one horizon (see `advance`)."""
 
     values: list  # the tuning grid so far, sorted by value
-    tuning: dict  # value -> val loss at max_iters on the tuning seed (None: not finished, inf: diverged)
+    # value -> val loss at max_iters, the mean over the tuning seeds (None: not finished, inf: one diverged)
+    tuning: dict
     widening: list  # the widening steps taken: {"edge", "added", "best", "because": {value: val loss}}
     chosen: str | None  # the chosen value, once the tuning runs are done and the best is inside the grid
     held_out: dict  # seed -> val loss (None: not finished)
@@ -301,23 +341,27 @@ class Stage:
 def advance(study, arm, horizon):
     """Follow the protocol as far as the finished runs of `arm` allow, widening where the best tuning value is at
     an edge. Returns a Stage whose `todo` lists the points to run next: tuning points while the tuning is open,
-    held-out points once a value is chosen, none when the arm is done (or, at an untuned horizon, while the
-    horizon it takes its value from has not chosen one)."""
+    held-out points once a value is chosen, none when the arm is done (or while the arm or horizon it takes its
+    value from has not chosen one). A value's tuning loss is the mean over the tuning seeds."""
+    source = None
     if not horizon.tune:
-        source = next(h for h in study.horizons if h.max_iters == horizon.chosen_from)
-        chosen = advance(study, arm, source).chosen
+        source = advance(study, arm, next(h for h in study.horizons if h.max_iters == horizon.chosen_from))
+    elif arm.value_from:
+        source = advance(study, next(a for a in study.arms if a.name == arm.value_from), horizon)
+    if source is not None or arm.value:
+        chosen = source.chosen if source is not None else arm.value
         if chosen is None:
-            return Stage([], {}, [], None, {s: None for s in horizon.seeds}, [])
+            return Stage([], {}, [], None, {s: None for s in held_out_seeds(arm, horizon)}, [])
         return held_out_stage(study, arm, horizon, [], {}, [], chosen)
     values = sorted(set(arm.grid or study.grid), key=float)
     widening = []
     while True:
-        tuning = {v: final_val_loss(point_dir(study, arm, horizon, {study.key: v, "seed": study.tuning_seed}),
-                                    horizon.max_iters) for v in values}
-        missing = [v for v in values if tuning[v] is None]
+        tuning = {v: tuning_loss(study, arm, horizon, v) for v in values}
+        missing = [{study.key: v, "seed": s} for v in values for s in study.tuning_seeds
+                   if final_val_loss(point_dir(study, arm, horizon, {study.key: v, "seed": s}), horizon.max_iters)
+                   is None]
         if missing:
-            return Stage(values, tuning, widening, None, {}, [{study.key: v, "seed": study.tuning_seed}
-                                                               for v in missing])
+            return Stage(values, tuning, widening, None, {}, missing)
         best = min(values, key=lambda v: (tuning[v], float(v)))
         edge = 0 if best == values[0] else len(values) - 1 if best == values[-1] else None
         widened_here = sum(1 for w in widening if w["edge"] == ("low" if edge == 0 else "high"))
@@ -330,12 +374,26 @@ def advance(study, arm, horizon):
     return held_out_stage(study, arm, horizon, values, tuning, widening, best)
 
 
+def tuning_loss(study, arm, horizon, value):
+    """The mean val loss at max_iters of `value`'s runs on the tuning seeds: None while one is missing, inf if
+    one diverged."""
+    losses = [final_val_loss(point_dir(study, arm, horizon, {study.key: value, "seed": s}), horizon.max_iters)
+              for s in study.tuning_seeds]
+    return None if None in losses else statistics.fmean(losses) if all(map(math.isfinite, losses)) else math.inf
+
+
+def held_out_seeds(arm, horizon):
+    """The arm's held-out seeds at `horizon`: its own `seeds` where given, else the horizon's."""
+    return horizon.seeds if arm.seeds is None else arm.seeds
+
+
 def held_out_stage(study, arm, horizon, values, tuning, widening, chosen):
     """The Stage of an arm whose value is chosen: its held-out runs, done or to do."""
+    seeds = held_out_seeds(arm, horizon)
     held_out = {s: final_val_loss(point_dir(study, arm, horizon, held_out_point(study, chosen, s)),
-                                  horizon.max_iters) for s in horizon.seeds}
+                                  horizon.max_iters) for s in seeds}
     return Stage(values, tuning, widening, chosen, held_out,
-                 [held_out_point(study, chosen, s) for s in horizon.seeds if held_out[s] is None])
+                 [held_out_point(study, chosen, s) for s in seeds if held_out[s] is None])
 
 
 def sweep_command(study, arm, horizon, points, jobs=None):
@@ -356,23 +414,70 @@ def sweep_command(study, arm, horizon, points, jobs=None):
             f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
 
 
-def estimated_seconds(study, arm, horizon, n_runs):
-    """(seconds for n_runs more runs of `arm`, how it was estimated): the median measured time per step of the
-    study's finished runs, or, with none, the FLOPs of the run at the study's assumed peak and MFU."""
-    per_step = seconds_per_step(run_dirs_of(study))
-    if per_step is not None:
-        return n_runs * horizon.max_iters * per_step, "measured"
-    if study.seconds_per_step:
-        return n_runs * horizon.max_iters * study.seconds_per_step, "given"
-    cfg = arm_config(study, arm, horizon, {study.key: (arm.grid or study.grid)[0], "seed": study.tuning_seed})
-    # imported here: only a study with no finished run needs the model
+def run_flops(study, arm, horizon):
+    """(training FLOPs of one run of `arm` at `horizon`, model.GPT.flops_per_token times its tokens; its config)."""
+    cfg = arm_config(study, arm, horizon, {study.key: arm.value or (arm.grid or study.grid)[0],
+                                           "seed": study.tuning_seed})
+    # imported here: only a cost estimate needs the model
     import torch
 
     from model import GPT, GPTConfig, model_config_keys
     with torch.device("meta"):
         model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
-    tokens = cfg.batch_size * cfg.gradient_accumulation_steps * cfg.block_size * horizon.max_iters
-    return n_runs * model.flops_per_token() * tokens / (study.peak_flops * study.mfu), "flops"
+    return model.flops_per_token() * cfg.batch_size * cfg.gradient_accumulation_steps * cfg.block_size \
+        * horizon.max_iters, cfg
+
+
+def arm_run_dirs(study, arm, horizon):
+    """The run directories under the arm's directory at `horizon`."""
+    base = arm_dir(study, arm, horizon)
+    return [os.path.join(base, d) for d in sorted(os.listdir(base)) if os.path.isdir(os.path.join(base, d))] \
+        if os.path.isdir(base) else []
+
+
+def estimated_seconds(study, arm, horizon, n_runs):
+    """(seconds for n_runs more runs of `arm`, how it was estimated): the median measured time per step of the
+    arm's own finished runs; else the time per step that the arms with finished runs give at its FLOPs per step
+    (a power law fitted in log-log to their medians, where their sizes differ by 1.5x or more: a small model's step
+    costs more than its FLOPs on a CPU; else proportional to the FLOPs); else the study's [cost]
+    seconds_per_step; else its FLOPs at the study's assumed peak and MFU."""
+    own = seconds_per_step(arm_run_dirs(study, arm, horizon))
+    if own is not None:
+        return n_runs * horizon.max_iters * own, "measured"
+    measured = {}  # FLOPs per step -> the median seconds per step of an arm with finished runs of that size
+    for h in study.horizons:
+        for a in arms_at(study, h):
+            per_step = seconds_per_step(arm_run_dirs(study, a, h))
+            if per_step is not None:
+                measured[run_flops(study, a, h)[0] / h.max_iters] = per_step
+    flops = run_flops(study, arm, horizon)[0]
+    if measured:
+        x, y = [math.log(f) for f in measured], [math.log(t) for t in measured.values()]
+        # a fit needs sizes apart (arms of one width differ by a query module's few FLOPs)
+        slope = statistics.linear_regression(x, y).slope if max(x) - min(x) > math.log(1.5) else 1.0
+        anchor = statistics.fmean(y) - slope * statistics.fmean(x)
+        return n_runs * horizon.max_iters * math.exp(anchor + slope * math.log(flops / horizon.max_iters)), "scaled"
+    if study.seconds_per_step:
+        return n_runs * horizon.max_iters * study.seconds_per_step, "given"
+    return n_runs * flops / (study.peak_flops * study.mfu), "flops"
+
+
+def tuning_saved(study, arm, horizon):
+    """For an arm on CUDA whose value comes from a smaller arm (value_from, e.g. μP's proxy width): (a line with
+    the GPU-hours of that arm's tuning runs against the same tuning at this arm's size, the GPU-hours saved);
+    (None, 0) otherwise."""
+    if not arm.value_from:
+        return None, 0.0
+    source = next(a for a in study.arms if a.name == arm.value_from)
+    (big, cfg), (small, source_cfg) = run_flops(study, arm, horizon), run_flops(study, source, horizon)
+    if cfg.device == "cpu" or big <= small:
+        return None, 0.0
+    n = len(advance(study, source, horizon).values or set(source.grid or study.grid)) * len(study.tuning_seeds)
+    gpu_hours = lambda flops: n * flops / (study.peak_flops * study.mfu) / 3600  # noqa: E731
+    saved = gpu_hours(big) - gpu_hours(small)
+    return (f"    tuning {arm.value_from} ({n} runs, n_embd={source_cfg.n_embd}) takes about {gpu_hours(small):.1f} "
+            f"GPU-hours; the same tuning at n_embd={cfg.n_embd} would take {gpu_hours(big):.1f}: {saved:.1f} "
+            f"GPU-hours saved (FLOPs at the study's [cost] peak and MFU)"), saved
 
 
 def arms_at(study, horizon):
@@ -381,19 +486,14 @@ def arms_at(study, horizon):
 
 
 def run_dirs_of(study):
-    dirs = []
-    for horizon in study.horizons:
-        for arm in arms_at(study, horizon):
-            base = arm_dir(study, arm, horizon)
-            if os.path.isdir(base):
-                dirs += [os.path.join(base, d) for d in sorted(os.listdir(base))]
-    return dirs
+    """Every run directory of the study, reused ones included."""
+    return [d for h in study.horizons for a in arms_at(study, h) for d in arm_run_dirs(study, a, h)]
 
 
 def plan(study):
     """Print, per horizon and arm, the runs done and the runs to do next with their estimated cost; returns the
     number of runs still to do (at least: widening can add more)."""
-    left, seconds, how = 0, 0.0, set()
+    left, seconds, how, saved_in_all = 0, 0.0, set(), 0.0
     for horizon in study.horizons:
         how_chosen = "tuned" if horizon.tune else f"at the value chosen at {horizon.chosen_from} steps"
         print(f"horizon {horizon.max_iters} steps, {how_chosen} ({os.path.join(study.runs_dir, horizon.subdir)}):")
@@ -402,10 +502,17 @@ def plan(study):
             tuned = sum(v is not None for v in stage.tuning.values())
             held = sum(v is not None for v in stage.held_out.values())
             chosen = f"chosen {study.key}={stage.chosen}" if stage.chosen else "not chosen yet"
-            remaining = len(stage.todo) + (0 if stage.chosen else len(horizon.seeds))
-            print(f"  {arm.name}: tuning {tuned}/{len(stage.values)} done, held-out {held}/"
-                  f"{len(horizon.seeds)} done, {chosen}; {remaining} run(s) left"
+            seeds = held_out_seeds(arm, horizon)
+            remaining = len(stage.todo) + (0 if stage.chosen else len(seeds))
+            how_tuned = (f"reuses {arm.runs}, " if arm.runs else "") + (
+                f"{study.key} fixed" if arm.value else f"{study.key} from {arm.value_from}" if arm.value_from
+                else f"tuning {tuned}/{len(stage.values)} done")
+            print(f"  {arm.name}: {how_tuned}, held-out {held}/{len(seeds)} done, {chosen}; {remaining} run(s) left"
                   + (f" (widened: {', '.join(w['added'] for w in stage.widening)})" if stage.widening else ""))
+            line, saved = tuning_saved(study, arm, horizon)
+            if line:
+                print(line)
+                saved_in_all += saved
             if remaining:
                 s, kind = estimated_seconds(study, arm, horizon, remaining)
                 seconds += s
@@ -414,7 +521,8 @@ def plan(study):
     done = sum(os.path.isfile(os.path.join(d, "metrics.jsonl")) for d in run_dirs_of(study))
     print(f"\n{done} run directories exist; at least {left} run(s) left", end="")
     if left:
-        basis = {"measured": "the median measured time per step of the study's finished runs",
+        basis = {"measured": "the median measured time per step of each arm's finished runs",
+                 "scaled": "the measured times per step against FLOPs per step, for arms with none yet",
                  "given": f"{study.seconds_per_step} s per step, the study's [cost] seconds_per_step",
                  "flops": f"its FLOPs at {study.peak_flops / 1e12:.0f} TFLOP/s and {study.mfu:.0%} MFU per GPU, "
                           f"the study's [cost]"}
@@ -427,15 +535,23 @@ def plan(study):
               f"(widening may add runs)")
     else:
         print()
+    if saved_in_all:
+        print(f"tuning at the smaller widths instead of each arm's own saves about {saved_in_all:.1f} GPU-hours")
     return left
 
 
 def table_command(study, table, arms):
-    """compare.py's command line for `table`: at a tuned horizon with the held-out protocol's flags (choose on
-    the tuning seed, report the others, Holm, paired), at an untuned one with the paired column."""
+    """compare.py's command line for `table`: where every arm is tuned in this table's runs, the held-out
+    protocol's flags (choose on the tuning seed, report the others, Holm, paired), else (arms at a value chosen
+    elsewhere) the paired column; a width table (Table.kind) over the held-out seeds, or over the tuning runs
+    where there are none."""
     horizon = next(h for h in study.horizons if h.max_iters == table.horizon)
+    tuned = horizon.tune and not any(arms[a].value or arms[a].value_from for a in table.arms)
     protocol = ([f"--best_over={study.key}", f"--select_on=seed={study.tuning_seed}", "--holm", "--paired"]
-                if horizon.tune else ["--paired"])
+                if tuned else ["--paired"])
+    if table.kind != "compare":
+        seeds = sorted({s for a in table.arms for s in held_out_seeds(arms[a], horizon)})
+        protocol = [f"--{table.kind}", *([f"--seeds={','.join(map(str, seeds))}"] if seeds else [])]
     return ["compare.py", *(arm_dir(study, arms[a], horizon) for a in table.arms), *protocol, *table.args,
             *(["--group_over=seed,data_seed"] if study.vary_data_order else []), "--format=markdown",
             *([f"--plot={table.figure}"] if table.figure else [])]
@@ -466,7 +582,9 @@ def record(study, stages):
     """RESULTS_DIR/study.json: every choice and the val losses it was based on (a diverged run's as null)."""
     finite = lambda losses: {str(k): v if v is None or math.isfinite(v) else None for k, v in losses.items()}  # noqa: E731
     write_json(os.path.join(study.results_dir, "study.json"), {
-        "study": study.path, "key": study.key, "tuning_seed": study.tuning_seed,
+        "study": study.path, "key": study.key,
+        **({"tuning_seed": study.tuning_seed} if len(study.tuning_seeds) == 1
+           else {"tuning_seeds": study.tuning_seeds}),
         "vary_data_order": study.vary_data_order,
         "horizons": {str(max_iters): {name: {
             "grid": s.values, "tuning_val_loss": finite(s.tuning), "chosen": s.chosen,
@@ -482,74 +600,97 @@ def local_slots(study):
 
 
 def slot_environment(study, slots):
-    """{slot: the environment overrides of a sweep running in that slot}: on the CPU every point gets
-    OMP_NUM_THREADS = cores / slots (as one sweep of --jobs=slots gives each, unless it is set); on CUDA
-    each slot gets GPUs of its own (--gpus_per_run of them), as CUDA_VISIBLE_DEVICES."""
-    procs = int(study.launcher.get("gpus_per_run") or study.launcher.get("procs_per_run") or 1)
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
-    env = {slot: {"OMP_NUM_THREADS": threads} for slot in range(slots)}
+    """[the environment overrides of a point running in each slot], one entry a slot. On CUDA each slot is a set
+    of --gpus_per_run GPUs (1 by default) that no other slot has, as CUDA_VISIBLE_DEVICES (sweep.py's
+    visible_gpus): where the visible GPUs make fewer such sets than `slots`, there are as many slots as sets,
+    and a note says so. Every point gets OMP_NUM_THREADS = cores / (slots x its processes), unless it is set, as
+    one sweep of --jobs=slots gives each. Raises StudyError if a point needs more GPUs than are visible."""
     on_cuda = any(arm_config(study, a, h, {study.key: (a.grid or study.grid)[0], "seed": study.tuning_seed}).device
                   != "cpu" for h in study.horizons for a in arms_at(study, h))
+    gpus = []
     if on_cuda:
         from sweep import visible_gpus  # imports torch: only a study that may run on GPUs needs it
 
         gpus = visible_gpus()
-        for slot in range(min(slots, len(gpus) // procs) if gpus else 0):
-            env[slot]["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * procs:(slot + 1) * procs])
+    procs = max(int(study.launcher.get("gpus_per_run", 0)), 1) if gpus else int(study.launcher.get("procs_per_run", 1))
+    if gpus:
+        if len(gpus) < procs:
+            raise StudyError(f"a point needs {procs} GPUs (gpus_per_run) and {len(gpus)} are visible")
+        if len(gpus) // procs < slots:
+            print(f"note: {len(gpus)} visible GPU(s) make {len(gpus) // procs} slot(s) of {procs}; the study runs "
+                  f"{len(gpus) // procs} point(s) at a time, not [launcher] jobs = {slots}", flush=True)
+        slots = len(gpus) // procs
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
+    env = [{"OMP_NUM_THREADS": threads} for _ in range(slots)]
+    if gpus:
+        for slot, overrides in enumerate(env):
+            overrides["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * procs:(slot + 1) * procs])
     return env
 
 
 def run_pooled(study, slots):
-    """Run the protocol on this machine with `slots` points at a time across arms: each arm's next stage starts as
-    soon as its last one ends and a slot is free, so one arm's widening or held-out runs never wait for another
-    arm's sweep, and no slot idles while an arm has runs to do. An arm runs one sweep at a time (each stage
-    depends on the last); a sweep gets one slot while other arms wait for one, else every free slot its points
-    can use. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM reach every running sweep
-    (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a sweep failed (the other arms
-    go on to their end), 128 + the signal number if stopped."""
-    env = slot_environment(study, slots)
-    free, running, failed, stop = list(range(slots)), {}, [], []  # running: Popen -> (horizon, arm, slots, log)
+    """Run the protocol on this machine with `slots` points at a time (slot_environment: on CUDA, as many as the
+    GPUs make) across arms and stages. Each slot runs one point, a sweep.py of that point alone in the slot's
+    environment, and when it ends it takes the next point waiting in any arm: a point of an arm's current stage
+    (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of its
+    stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
+    the study's order (one to each arm with points waiting, then again); an arm's next stage begins when every
+    point of its last one is done. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM
+    reach every running sweep (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a point
+    failed (its arm takes no new point; the other arms go on to their end) or the GPUs are too few, 128 + the
+    signal number if stopped."""
+    try:
+        env = slot_environment(study, slots)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    free, running, failed, stop = list(range(len(env))), {}, [], []  # running: Popen -> (horizon, arm, point, slot)
 
     def forward(signum, frame):
         stop.append(signum)
         for child in running:
             child.send_signal(signum)
 
+    def launch(horizon, arm, point, slot):
+        cmd = sweep_command(study, arm, horizon, [point], jobs=1)
+        log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        name = os.path.basename(point_dir(study, arm, horizon, point))
+        print(f"{arm.name} @ {horizon.max_iters} steps: {name} in slot {slot} (log: {log})\n  {shlex.join(cmd)}",
+              flush=True)
+        with open(log, "a") as f:
+            child = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env[slot]})
+        running[child] = (horizon, arm, point, slot)
+
     handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
-            busy = {(h.max_iters, a.name) for h, a, *_ in running.values()}
             stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
             record(study, stages)
-            waiting = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
-                       if stages[h.max_iters][a.name].todo and (h.max_iters, a.name) not in busy
-                       and (h.max_iters, a.name) not in failed]
-            while waiting and free and not stop:
-                horizon, arm, stage = waiting.pop(0)
-                take = min(len(stage.todo), max(1, len(free) - len(waiting)))
-                mine, free = free[:take], free[take:]
-                cmd = sweep_command(study, arm, horizon, stage.todo, jobs=take)
-                log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
-                os.makedirs(os.path.dirname(log), exist_ok=True)
-                print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s), {take} at a time (log: "
-                      f"{log})\n  {shlex.join(cmd)}", flush=True)
-                with open(log, "a") as f:
-                    child = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                             env={**os.environ, **env[mine[0]]})
-                running[child] = (horizon, arm, mine, log, stage.todo)
+            started = {point_dir(study, a, h, p) for h, a, p, _ in running.values()}
+            waiting = [(h, a, [p for p in stages[h.max_iters][a.name].todo if point_dir(study, a, h, p) not in started])
+                       for h in study.horizons for a in arms_at(study, h) if (h.max_iters, a.name) not in failed]
+            while free and not stop and any(points for _, _, points in waiting):
+                for horizon, arm, points in waiting:
+                    if points and free:
+                        launch(horizon, arm, points.pop(0), free.pop(0))
             if not running:
                 break
             child = wait_any(running)
-            horizon, arm, mine, log, todo = running.pop(child)
-            free = sorted(free + mine)
-            # a sweep that ends well but leaves its runs undone (stopped from outside) is not started again
-            if child.returncode != 0 or (not stop and advance(study, arm, horizon).todo == todo):
-                failed.append((horizon.max_iters, arm.name))
-                how = f"exited with status {child.returncode}" if child.returncode else "left its runs unfinished"
-                print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (its log: {log}); the "
-                      f"other arms go on", file=sys.stderr, flush=True)
+            horizon, arm, point, slot = running.pop(child)
+            free = sorted(free + [slot])
+            name = os.path.basename(point_dir(study, arm, horizon, point))
+            log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+            # a sweep that ends well but leaves its point undone (stopped from outside) is not started again
+            undone = final_val_loss(point_dir(study, arm, horizon, point), horizon.max_iters) is None
+            if child.returncode != 0 or (not stop and undone):
+                if (horizon.max_iters, arm.name) not in failed:
+                    failed.append((horizon.max_iters, arm.name))
+                how = f"exited with status {child.returncode}" if child.returncode else "left its run unfinished"
+                print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (point {name}, its log: "
+                      f"{log}); the other arms go on", file=sys.stderr, flush=True)
             elif not stop:
-                print(f"{arm.name} @ {horizon.max_iters} steps: sweep ended", flush=True)
+                print(f"{arm.name} @ {horizon.max_iters} steps: {name} ended", flush=True)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
@@ -638,4 +779,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

@@ -26,12 +26,16 @@ if any (NAME,seed=1, ...). The official res_gelu grid (docs/official.md) is one 
 Every point's config is checked before the first run starts. Running the same command
 again skips finished points (an evaluation at max_iters, or a divergence, in the point's
 metrics.jsonl), resumes a point that has a checkpoint, and starts the rest; with
---launcher=slurm it also skips points whose job is still queued or running. A run that
-diverges (train.py's exit status 3) is a result. A run that fails is reported with its log
-and the other points go on; the sweep then exits 1. SWEEP_DIR/sweep.json records the
-command and every point's status; each point's directory holds its log (train.log, or
-slurm/ for SLURM jobs) and launch.json (the launcher, the SLURM job id, the log, the exit
-status).
+--launcher=slurm it also skips points whose job is still queued or running. A point given
+twice is one point. Two sweeps may share a SWEEP_DIR (the same command in two shells): a point
+is launched only under its claim (POINT/.sweep.lock, held while its train.py runs), its status
+read again there, so a finished point is never started again and a stopped one resumes; a point
+that another sweep runs is passed over and taken up when that sweep lets it go, so each sweep
+ends with every point done. A run that diverges (train.py's exit status 3) is a result. A run
+that fails is reported with its log and the other points go on; the sweep then exits 1.
+SWEEP_DIR/sweep.json records the command and every point's status; each point's directory holds
+its log (train.log, or slurm/ for SLURM jobs) and launch.json (the launcher, the SLURM job id,
+the log, the exit status).
 
 --launcher=local (the default) runs --jobs points at a time as processes of this machine,
 the operating system scheduling them: on the CPU each gets OMP_NUM_THREADS = cores / jobs
@@ -42,8 +46,10 @@ writes its checkpoint, and the sweep stops.
 --launcher=slurm submits one job per point through submitit, its logs in the point's
 slurm/ directory: --nodes_per_run nodes with --gpus_per_run GPUs each (a torchrun per node,
 the rendezvous on the job's first node, so train.py's DDP and FSDP paths run unchanged).
-SLURM sends the job SIGUSR2 90 s before its time limit or a preemption: train.py writes its
-checkpoint and exits, and submitit requeues the job, which resumes from that checkpoint. A
+SLURM sends the job SIGUSR2 90 s before its time limit (and at a preemption where the cluster
+sets PreemptParameters=send_user_signal): train.py writes its checkpoint and exits, and
+submitit requeues the job, which resumes from that checkpoint; a multi-process point's
+torchrun forwards the signal to every worker and waits for their checkpoints (launcher()). A
 job that SLURM requeues itself (scontrol requeue, preemption with PreemptMode=REQUEUE) gets
 SIGTERM, checkpoints the same way, and resumes when it runs again. The job's state is in
 launch.json and SLURM's queue (no accounting database needed).
@@ -58,6 +64,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,8 +72,9 @@ import tomllib
 from dataclasses import dataclass, fields
 
 from nonlinear_queries.atomic import write_json
+from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.lock import out_dir_holder
+from nonlinear_queries.lock import lock_holder, out_dir_holder, try_lock
 from nonlinear_queries.runs import history, read_records, run_status
 from nonlinear_queries.train_config import TrainConfig
 
@@ -169,6 +177,35 @@ class Point:
     def status(self):
         return point_progress(self.out_dir, self.max_iters)["status"]
 
+    def claim_path(self):
+        return os.path.join(self.out_dir, ".sweep.lock")
+
+    def claim(self, holder):
+        """Take this point to launch it: the lock of out_dir/.sweep.lock (lock.try_lock), held until the returned
+        file is closed or this process ends, with `holder` (who, for the others' messages) written in it. Under
+        it the point's status, read again, stays true until its train.py holds out_dir itself, so two sweeps
+        (or SLURM jobs) never both launch it. Returns (the lock file, None), or (None, who runs the point: another
+        sweep, or a train.py in out_dir started by hand). On a file system without flock(2) the point is taken
+        unlocked, with a warning."""
+        try:
+            lock, other = try_lock(self.claim_path(), holder)
+        except OSError as e:
+            print(f"warning: {self.out_dir}: the file system does not lock files ({e.strerror}), so nothing keeps "
+                  f"another sweep off this point; run one sweep at a time on this sweep_dir", file=sys.stderr)
+            return contextlib.ExitStack(), None  # nothing to release
+        if lock is None:
+            return None, f"another sweep ({other})"
+        running = out_dir_holder(self.out_dir)
+        if running:
+            lock.close()
+            return None, f"a training run ({running})"
+        return lock, None
+
+    def holder(self):
+        """Who runs this point now (a sweep's claim, or a train.py's out_dir lock), None if nobody."""
+        other = lock_holder(self.claim_path())
+        return f"another sweep ({other})" if other else out_dir_holder(self.out_dir)
+
     def train_args(self, train_args, resume):
         """train.py's arguments for this point: the sweep's, the point's values, its out_dir, and
         --init_from=resume where it has a checkpoint (else --overwrite=True: a new run)."""
@@ -176,11 +213,23 @@ class Point:
                 "--init_from=resume" if resume else "--overwrite=True"]
 
 
+# torchrun forwards these signals to its workers (each in a session of its own, which a signal to torchrun's
+# process group misses): its defaults, and the warnings a scheduler sends before a time limit or a preemption
+# (SIGUSR2 is submitit's and SLURM's here; any other kills torchrun at once and orphans the workers). It then
+# waits this long for them to checkpoint and exit before it SIGKILLs them (torchrun's default is 30 s, less than
+# a large model's checkpoint takes to write).
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+TORCHRUN_SHUTDOWN_TIMEOUT_S = 600
+
+
 def launcher(procs, rendezvous=()):
-    """The command that starts train.py's `procs` processes on this node: python, or torchrun."""
+    """The command that starts train.py's `procs` processes on this node: python, or torchrun, which forwards
+    TORCHRUN_SIGNALS to the workers and waits TORCHRUN_SHUTDOWN_TIMEOUT_S seconds for them to exit
+    (torch.distributed.run's --signals_to_handle and --shutdown_timeout)."""
     if procs == 1 and not rendezvous:
         return [sys.executable]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}",
+            f"--signals_to_handle={TORCHRUN_SIGNALS}", f"--shutdown_timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}",
             *(rendezvous or ["--standalone"])]
 
 
@@ -193,10 +242,14 @@ def read_json(path):
 
 
 def write_record(sweep_dir, argv, statuses, points):
-    """SWEEP_DIR/sweep.json: the command, {point: status} and {point: max_iters}, replaced atomically."""
+    """SWEEP_DIR/sweep.json: the command, {point: status} and {point: max_iters}, replaced atomically. The points
+    another sweep on this sweep_dir recorded stay in it (this sweep's own points as it has them), so --status
+    lists every point of both."""
     path = os.path.join(sweep_dir, "sweep.json")
-    write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]), "points": statuses,
-                      "max_iters": {p.name: p.max_iters for p in points}})
+    before = read_json(path)
+    write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]),
+                      "points": {**before.get("points", {}), **statuses},
+                      "max_iters": {**before.get("max_iters", {}), **{p.name: p.max_iters for p in points}}})
 
 
 # ---------------------------------------------------------------------------------------
@@ -214,7 +267,10 @@ def visible_gpus():
 
 
 def run_local(points, train_args, args, on_cuda, record):
-    """Run the points `args.jobs` at a time; returns the exit status (0, or 1 if a point failed)."""
+    """Run the points `args.jobs` at a time; returns the exit status (0, or 1 if a point failed). Each point is
+    launched under its claim (Point.claim), its status read again there: one that another process finished
+    meanwhile is skipped, one it stopped is resumed, and one it is running is passed over for the next point
+    and taken up again once that process lets it go, so the sweep ends with every point done (or failed)."""
     gpus = visible_gpus() if on_cuda else []
     procs = max(args.gpus_per_run, 1) if gpus else args.procs_per_run
     jobs = min(args.jobs, len(gpus) // procs) if gpus else args.jobs
@@ -222,7 +278,7 @@ def run_local(points, train_args, args, on_cuda, record):
         print(f"error: a point needs {procs} GPUs and {len(gpus)} are visible", file=sys.stderr)
         return 1
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (jobs * procs)))
-    running, failed, stop = {}, [], []  # running: Popen -> (point, its GPUs)
+    running, failed, stop = {}, [], []  # running: Popen -> (point, its GPUs, its claim)
 
     def forward(signum, frame):  # every running point checkpoints and exits; nothing new starts
         stop.append(signum)
@@ -231,26 +287,42 @@ def run_local(points, train_args, args, on_cuda, record):
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
-    queue = list(points)
+    queue, waiting = list(points), set()  # waiting: the points another process runs, each said once
+    me = f"sweep.py, host {socket.gethostname()}, PID {os.getpid()}"
     while (queue and not stop) or running:
-        while queue and not stop and len(running) < jobs:
-            point = queue.pop(0)
+        for point in list(queue):
+            if stop or len(running) >= jobs:
+                break
+            tag = f"[{points.index(point) + 1}/{len(points)}] {point.name}"
+            claim, other = point.claim(me)
+            if claim is None:
+                if point.name not in waiting:
+                    waiting.add(point.name)
+                    print(f"{tag}: run by {other}; taken up when it ends", flush=True)
+                continue
+            queue.remove(point)
+            status = point.status()
+            if finished(status):
+                claim.close()
+                record(point, status)
+                print(f"{tag}: {status} (run meanwhile by another process), skipped", flush=True)
+                continue
             mine, gpus = gpus[:procs], gpus[procs:]
-            resume = point.status() == "resume"
+            resume = status == "resume"
             cmd = [*launcher(procs), *point.train_args(train_args, resume)]
             log = os.path.join(point.out_dir, "train.log")
-            print(f"[{points.index(point) + 1}/{len(points)}] {point.name}: {'resuming' if resume else 'starting'}"
-                  f" (log: {log})\n  {shlex.join(cmd)}", flush=True)
+            print(f"{tag}: {'resuming' if resume else 'starting'} (log: {log})\n  {shlex.join(cmd)}", flush=True)
             os.makedirs(point.out_dir, exist_ok=True)
             env = {**os.environ, "OMP_NUM_THREADS": threads}
             if mine:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
             write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "local", "log": log})
             with open(log, "a") as f:
-                running[subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)] = (point, mine)
+                running[subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)] = (point, mine, claim)
         time.sleep(0.2)
         for child in [c for c in running if c.poll() is not None]:
-            point, mine = running.pop(child)
+            point, mine, claim = running.pop(child)
+            claim.close()
             gpus += mine
             code, status = child.returncode, point.status()
             log = os.path.join(point.out_dir, "train.log")
@@ -282,12 +354,18 @@ class PointJob:
     Raises RuntimeError if train.py fails, which submitit records as the job's failure."""
 
     def __init__(self, point, train_args, procs):
-        self.point, self.train_args, self.procs, self.child = point, train_args, procs, None
+        self.point, self.train_args, self.procs, self.child, self.torchrun = point, train_args, procs, None, False
 
     def __call__(self):
         import submitit
 
         env = submitit.JobEnvironment()
+        claim = None
+        if env.node == 0:  # the point's claim, held while train.py runs (Point.claim); the status read under it
+            claim, other = self.point.claim(f"SLURM job {env.job_id}, host {env.hostname}")
+            if claim is None:
+                print(f"{self.point.name}: run by {other}; this job leaves it to that one", flush=True)
+                return f"run by {other}"
         status = self.point.status()
         if finished(status):
             return status
@@ -295,7 +373,9 @@ class PointJob:
         if env.num_nodes > 1:  # a torchrun per node; the rendezvous on the job's first node
             rendezvous = [f"--nnodes={env.num_nodes}", f"--node_rank={env.node}", f"--master_addr={env.hostnames[0]}",
                           f"--master_port={20000 + int(env.job_id.split('_')[0]) % 20000}"]
-        cmd = [*launcher(self.procs, rendezvous), *self.point.train_args(self.train_args, status == "resume")]
+        launch = launcher(self.procs, rendezvous)
+        self.torchrun = len(launch) > 1
+        cmd = [*launch, *self.point.train_args(self.train_args, status == "resume")]
         attempt = os.path.join(self.point.out_dir, "attempt.json")
         starts = read_json(attempt).get("starts", 0) + 1
         if env.node == 0:
@@ -308,6 +388,7 @@ class PointJob:
         code = self.child.wait()
         if env.node == 0:
             write_json(attempt, {"job_id": env.job_id, "starts": starts, "host": env.hostname, "exit_status": code})
+            claim.close()
         if code not in (0, 3):
             raise RuntimeError(f"train.py exited with status {code}")
         return self.point.status()
@@ -315,11 +396,15 @@ class PointJob:
     def checkpoint(self):
         """Called by submitit on the scheduler's warning signal (SIGUSR2), before it requeues the
         job: train.py got the signal too; it writes its checkpoint and exits, then the requeued
-        job resumes from it."""
+        job resumes from it. SLURM signals the job step's processes (the task's process group at
+        the least, which the child shares), so a torchrun child got it too and forwards it to its
+        workers; it is not signalled again, as a second signal would interrupt torchrun's wait for
+        them. A train.py child is (a repeat is harmless to it)."""
         import submitit
 
         if self.child is not None and self.child.returncode is None:
-            self.child.send_signal(signal.SIGUSR2)
+            if not self.torchrun:
+                self.child.send_signal(signal.SIGUSR2)
             # wait for it to exit without reaping it: __call__'s wait, which this signal handler
             # interrupted, reaps it (Popen.wait here would deadlock on that wait's lock)
             with contextlib.suppress(ChildProcessError):
@@ -384,6 +469,13 @@ def run_slurm(points, train_args, args, on_cuda, record):
         if job_id in queue:
             print(f"[{i + 1}/{len(points)}] {point.name}: job {job_id} is {queue[job_id].lower()}, not submitted again")
             continue
+        status, other = point.status(), point.holder()  # again: another sweep may have run it meanwhile
+        if finished(status) or other:
+            if finished(status):
+                record(point, status)
+            print(f"[{i + 1}/{len(points)}] {point.name}: {status if finished(status) else f'run by {other}'}, "
+                  f"not submitted", flush=True)
+            continue
         executor = submitit.SlurmExecutor(folder=os.path.join(point.out_dir, "slurm"), max_num_timeout=1000)
         executor.update_parameters(
             job_name=point.name, time=slurm_minutes(args.slurm_time), nodes=args.nodes_per_run, ntasks_per_node=1,
@@ -417,7 +509,7 @@ def point_state(point, queue):
     state = queue.get(launch.get("job_id"), "") if launch.get("launcher") == "slurm" else ""
     if finished(progress["status"]):
         return progress["status"].split(" at ")[0], None
-    if state in ("RUNNING", "COMPLETING", "CONFIGURING") or (not state and out_dir_holder(point.out_dir)):
+    if state in ("RUNNING", "COMPLETING", "CONFIGURING") or (not state and point.holder()):
         return "running", None
     if state:  # PENDING, REQUEUED, REQUEUE_HOLD, SUSPENDED...
         return ("preempted-requeued" if attempt.get("starts") else "queued"), None
@@ -514,6 +606,14 @@ def main(argv):
         # a named point's run is named after it; its settings, then the grid's, override the config
         values = [([("wandb_run_name", label)] if label else []) + [*own, *g] for label, own in named for g in grid]
         names = [",".join(filter(None, [label, point_name(g)])) for label, _ in named for g in grid]
+        unique = {}  # a point given twice (--grid seed=1,1) is one point: one directory, one run
+        for name, point in zip(names, values):
+            if unique.setdefault(name, point) != point:
+                raise ConfigError(f"two points would train in one directory, {name!r}: {unique[name]} and {point}; "
+                                  f"give them values that name distinct directories")
+        for name in (n for n in unique if names.count(n) > 1):
+            print(f"note: point {name} is given {names.count(name)} times; it is one point, run once")
+        names, values = list(unique), list(unique.values())
         configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in values]
         if args.launcher == "slurm" and not args.dry_run:
             slurm_queue()  # sbatch there and the controller answering, before anything is submitted
@@ -554,4 +654,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

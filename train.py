@@ -128,13 +128,17 @@ def build_model(cfg, rt, resume_path):
     """The run's model on rt.device: new from the config (init seeded by cfg.seed), the checkpoint's
     at resume_path to resume, or a pretrained source's to fine-tune (its new parameters, such as
     anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg with the model's settings filled in,
-    model, the checkpoint dict or None). Raises CheckpointError or PretrainedError."""
+    model, the checkpoint dict or None). Raises CheckpointError, PretrainedError, or SetupError for a
+    model μP cannot classify."""
     torch.manual_seed(cfg.seed)
     ckpt = read_checkpoint(resume_path, map_location=rt.device) if resume_path else None
     if cfg.init_from in ("scratch", "resume"):
         # a checkpoint's model_args win; settings it predates keep the config's values
         model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **(ckpt["model_args"] if ckpt else {})}
-        model = GPT(GPTConfig(**model_args))
+        try:
+            model = GPT(GPTConfig(**model_args))
+        except ValueError as e:  # a parameter μP cannot classify (model.GPT._mup_roles)
+            raise SetupError(str(e)) from None
     else:
         model = load_pretrained(cfg.init_from, **cfg.model_settings())
     return replace(cfg, **asdict(model.config)), model.to(rt.device), ckpt
@@ -185,7 +189,7 @@ def train(cfg, config_files, rt):
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
     micro_steps = micro_steps_per_process(cfg, rt)
-    if rt.master:  # one run per out_dir, held until this process ends (lock.py)
+    if rt.master and cfg.lock_out_dir:  # one run per out_dir, held until this process ends (lock.py)
         hold_out_dir(cfg.out_dir)
     resume_path = resume_checkpoint(cfg)
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
@@ -230,8 +234,10 @@ def train(cfg, config_files, rt):
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     last_ckpt_step = start_step if resume_path else None
     ckpt_path = resume_path  # the newest checkpoint, once this run has written one its own
-    t_start = t_last = time.time()
-    steps_since_log, stopping = 0, False
+    t_start = time.time()
+    # ms_per_step, tokens_per_s and MFU time the training steps alone, from a step's batch to its update,
+    # summed since the last log: evaluations, lm-eval tasks and checkpoints between them are left out
+    steps_since_log, step_time, stopping = 0, 0.0, False
     while True:
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
@@ -247,8 +253,8 @@ def train(cfg, config_files, rt):
                 out.print(f"step {state.step}: max attention logit {top:.2f} "
                           f"(layer {diag['attn_logit_max'].index(top)}), attention entropy "
                           f"{sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
-        if rt.master and downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
-            for record in downstream.evaluate(raw_model, state.step):
+        if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
+            for record in downstream.evaluate(raw_model, state.step):  # on rank 0, the other ranks waiting for it
                 out.print(downstream.describe(record))
                 out.log(record)
         if should_save(state.step, cfg, start_step, state.evaluated, stopping):
@@ -256,7 +262,7 @@ def train(cfg, config_files, rt):
                 "model_args": model_args, "config": asdict(cfg), "data": data_fingerprint, **state.state_dict()},
                 cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
             out.print(f"saved checkpoint to {ckpt_path} (step {state.step})")
-            last_ckpt_step, t_last = state.step, time.time()
+            last_ckpt_step = state.step
         if stopping:
             out.print(f"stopped by {stop.signal or 'a signal to another process'} after step {state.step}; "
                       f"the checkpoint is {ckpt_path}. Resume with:\n  {resume_command(rt)}")
@@ -266,6 +272,7 @@ def train(cfg, config_files, rt):
             break
 
         # one step: this rank's contiguous share of row `step` of the train index
+        t_step = time.time()
         lr = get_lr(state.step, cfg)
         set_learning_rates(optimizers, lr, cfg)
         row = data.train_idx[state.step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
@@ -299,12 +306,13 @@ def train(cfg, config_files, rt):
             scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         scaler.update()
+        step_time += time.time() - t_step
         state.step += 1
         steps_since_log += 1
 
         if state.step % cfg.log_interval == 0:
-            dt = (time.time() - t_last) / steps_since_log
-            t_last, steps_since_log = time.time(), 0
+            dt = step_time / steps_since_log
+            step_time, steps_since_log = 0.0, 0
             record = {"type": "train", "step": state.step, "loss": train_loss, "lr": lr, "grad_norm": norm,
                       "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_iter / dt}
             line = (f"step {state.step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, "

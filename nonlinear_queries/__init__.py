@@ -7,7 +7,8 @@ which imports nothing from here. One concern per module:
 - runtime: device, dtype, process group, DDP/FSDP2 wrapping, compile, MFU
 - batches: token memmaps and the fixed-seed index streams every variant shares
 - training: one optimizer step, evaluation, the learning-rate schedule, divergence
-- optimizers: AdamW (and Muon for the modern recipe)
+- optimizers: AdamW (and Muon for the modern recipe), μP's per-group rates
+- coord_check, width: μP's coordinate check; the best rate and the gap to the baseline across widths
 - checkpoint: atomic single-file and sharded (DCP) checkpoints, resuming;
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
 - pretrained: weights in (`load_pretrained`) and out (Hugging Face GPT-2 format)
@@ -17,4 +18,5 @@ which imports nothing from here. One concern per module:
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware
 - atomic: every file the repo writes appears whole or not at all
+- cli: a program piped into one that stops reading (`| head`) ends quietly
 """

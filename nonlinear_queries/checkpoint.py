@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -138,8 +139,13 @@ def latest_checkpoint(out_dir, parallelism):
 
 def tensor_bytes(obj, seen=None):
     """Bytes of the tensor storages in a nested dict/list/tuple, each storage once (tied weights
-    share one): what torch.save writes, less its small framing (names, pickled containers)."""
+    share one): what torch.save writes, less its small framing (names, pickled containers). A
+    DTensor (an FSDP shard) counts as the whole tensor it is a shard of, at every entry: what the
+    processes of a sharded checkpoint write together, since DCP writes each entry on its own (tied
+    weights twice)."""
     seen = set() if seen is None else seen
+    if isinstance(obj, DTensor):
+        return obj.numel() * obj.element_size()
     if isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
         if storage.data_ptr() in seen:
@@ -218,6 +224,25 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     return path
 
 
+def _failed_write(e, path, need):
+    """("full", the DiskFullError message) if the write that raised `e` (a CheckpointException of DCP,
+    naming each rank's error, or an OSError or RuntimeError) ran out of space (_is_disk_full), else
+    ("failed", its first line)."""
+    causes = [c for c, _ in e.failures.values()] if isinstance(e, CheckpointException) else [e]
+    full = [c for c in causes if _is_disk_full(c)]
+    if full:
+        detail = str(full[0]).splitlines()[0][:100]
+        return "full", str(_disk_full(path, need, f" (the disk filled while it was written: {detail})"))
+    return "failed", f"{type(causes[0]).__name__}: {str(causes[0]).splitlines()[0] if str(causes[0]) else ''}"
+
+
+def _broadcast(value):
+    """Rank 0's `value` (a small picklable object) on every process of the group."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_steps=()):
     """Write the sharded checkpoint of step meta['step'] from every process of the group, so that a
     crash at any moment leaves the previous one loadable: all processes write their shards of the
@@ -226,22 +251,57 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
     param_groups), fsyncs it and the directory, renames the directory to ckpt_<step>.dcp (atomic),
     points the symbolic link ckpt.dcp at it (a new link renamed over the old: atomic too), fsyncs
     out_dir, and only then deletes the step checkpoints beyond the newest keep_last_n not in
-    keep_steps. Call it on every process. Returns the path of ckpt.dcp."""
+    keep_steps. Call it on every process. Returns the path of ckpt.dcp.
+
+    A full disk is a DiskFullError on every process, as for a checkpoint file (_save_file): before
+    writing when rank 0 sees less free space than the whole checkpoint takes (every shard, plus 1%
+    and 1 MiB), or when a write runs out of space (DCP reports it as a CheckpointException, a
+    BaseException, naming each rank's error); ckpt_<step>.dcp.tmp is then removed, so the disk is
+    not left fuller, and the previous checkpoint is untouched. Any other failure also removes it and
+    is raised as it came (on the other processes, a CheckpointError saying that rank 0 failed)."""
     master = dist.get_rank() == 0
     final = os.path.join(out_dir, f"ckpt_{meta['step']:06d}.dcp")
     tmp, old = final + ".tmp", final + ".old"
+    path = os.path.join(out_dir, "ckpt.dcp")
+    model_state, optim_state = get_state_dict(model, optimizers)
+    state = {"model": model_state, "optimizer": optim_state["state"]}
+    need = int(tensor_bytes(state) * 1.01) + 2**20
+    full = None
     if master:
         for left in (tmp, old):  # by a crash during an earlier write
             if os.path.exists(left):
                 shutil.rmtree(left)
-    dist.barrier()
-    model_state, optim_state = get_state_dict(model, optimizers)
-    dcp.save({"model": model_state, "optimizer": optim_state["state"]}, checkpoint_id=tmp)
-    path = os.path.join(out_dir, "ckpt.dcp")
+        if shutil.disk_usage(out_dir).free < need:
+            full = str(_disk_full(path, need))
+    full = _broadcast(full)  # every process waits for rank 0's cleanup and check
+    if full:
+        raise DiskFullError(full)
+    failure = None
+    try:
+        dcp.save(state, checkpoint_id=tmp)
+    except CheckpointException as e:  # raised on every process, once all have stopped writing
+        failure = e
+    outcome = None  # rank 0's verdict: None, ("full", message) or ("failed", what failed)
     if master:
-        _save_file({**meta, "optimizers": [type(o).__name__ for o in optimizers],
-                    "param_groups": optim_state["param_groups"]}, os.path.join(tmp, "meta.pt"))
-        fsync_path(tmp)
+        if failure is None:
+            try:
+                with atomic_path(os.path.join(tmp, "meta.pt")) as meta_tmp:
+                    torch.save({**meta, "optimizers": [type(o).__name__ for o in optimizers],
+                                "param_groups": optim_state["param_groups"]}, meta_tmp)
+                fsync_path(tmp)
+            except (OSError, RuntimeError) as e:
+                failure = e
+        if failure is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            outcome = _failed_write(failure, path, need)
+    outcome = _broadcast(outcome)
+    if outcome and outcome[0] == "full":
+        raise DiskFullError(outcome[1])
+    if outcome:
+        if failure is not None:
+            raise failure  # DCP's error, or on rank 0 its own, as it came
+        raise CheckpointError(f"rank 0 could not finish the checkpoint {final}: {outcome[1]}")
+    if master:
         if os.path.exists(final):  # this step again, by a run resumed from an older checkpoint
             os.replace(final, old)
         os.replace(tmp, final)

@@ -14,6 +14,7 @@ names the key.
 import ast
 import dataclasses
 import difflib
+import math
 import operator
 import os
 import sys
@@ -53,11 +54,62 @@ def _check_type(key, value, ftype, source, raw=None):
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+# The largest value arithmetic may make, far beyond any setting: an int of MAX_INT_BITS bits (about 1,233
+# digits), a string, list or tuple of MAX_ITEMS items. Each is checked before the operation that could exceed
+# it runs, so a line such as `_x = 9 ** 9 ** 9` is refused at once instead of computing for hours.
+MAX_INT_BITS = 4096
+MAX_ITEMS = 100_000
+_INT_LIMIT = (f"beyond 2**{MAX_INT_BITS} (about 10**{MAX_INT_BITS * math.log10(2):.0f}), the largest int a config "
+              f"value may be")
+_ITEMS_LIMIT = f"more than the {MAX_ITEMS:,} a config value may hold"
+
+
+class _Unfit(Exception):
+    """Arithmetic in a config value that is too large or fails: (the expression, what is wrong with it);
+    _read names the key, the file and the line."""
+
+
+def _is_number(v):
+    return isinstance(v, (int, float, complex))
+
+
+def _is_sequence(v):
+    return isinstance(v, (str, list, tuple))
+
+
+def _arithmetic(op, operands, node):
+    """op(*operands) for arithmetic on numbers, + of two sequences and * of a sequence by an int, each checked
+    before it runs against MAX_INT_BITS and MAX_ITEMS. Raises _Unfit for a result too large, an operation on
+    other values (such as % on a string, which formats it) and an ArithmeticError such as a division by 0."""
+    code = ast.unparse(node)
+    if op is operator.mul and len(operands) == 2 and any(map(_is_sequence, operands)):
+        seq, n = operands if _is_sequence(operands[0]) else operands[::-1]
+        if isinstance(n, int) and len(seq) * n > MAX_ITEMS:
+            raise _Unfit(code, f"would hold {len(seq) * n:,} items, {_ITEMS_LIMIT}")
+    elif op is operator.add and len(operands) == 2 and all(map(_is_sequence, operands)):
+        pass  # no larger than its operands together; the result is checked below
+    elif not all(map(_is_number, operands)):
+        raise _Unfit(code, f"is not arithmetic on numbers (nor + or * of strings, lists and tuples): "
+                           f"{' and '.join(type(v).__name__ for v in operands)}")
+    elif op is operator.pow and all(isinstance(v, int) for v in operands):
+        base, exponent = operands
+        if exponent > 0 and abs(base) > 1 and exponent * math.log2(abs(base)) > MAX_INT_BITS:
+            raise _Unfit(code, f"would be about 10**{exponent * math.log10(abs(base)):.0f}, {_INT_LIMIT}")
+    try:
+        value = op(*operands)
+    except (ArithmeticError, TypeError) as e:
+        raise _Unfit(code, f"cannot be computed: {e.args[-1] if e.args else e}") from None
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise _Unfit(code, f"is about 10**{math.log10(abs(value)):.0f}, {_INT_LIMIT}")
+    if _is_sequence(value) and len(value) > MAX_ITEMS:
+        raise _Unfit(code, f"holds {len(value):,} items, {_ITEMS_LIMIT}")
+    return value
 
 
 def _evaluate(node, names, where):
-    """The value of a config expression: literals, tuples, lists, arithmetic on them, and
-    names assigned earlier (in this file or its bases). Raises ConfigError otherwise."""
+    """The value of a config expression: literals, tuples, lists, arithmetic on them (_arithmetic), and
+    names assigned earlier (in this file or its bases). Raises ConfigError for anything else, _Unfit for
+    arithmetic too large or failing."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, (ast.Tuple, ast.List)):
@@ -66,9 +118,10 @@ def _evaluate(node, names, where):
     if isinstance(node, ast.Name) and node.id in names:
         return names[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return _BINARY[type(node.op)](_evaluate(node.left, names, where), _evaluate(node.right, names, where))
+        return _arithmetic(_BINARY[type(node.op)], [_evaluate(node.left, names, where),
+                                                    _evaluate(node.right, names, where)], node)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_evaluate(node.operand, names, where))
+        return _arithmetic(_UNARY[type(node.op)], [_evaluate(node.operand, names, where)], node)
     raise ConfigError(f"{where}: {ast.unparse(node)!r} is not a value; a config value is a literal, arithmetic on "
                       f"literals, or a key assigned above")
 
@@ -94,7 +147,14 @@ def _read(path, chain=()):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             raise ConfigError(f"{where}: a config file holds only assignments `key = value` (and `base = FILE`), "
                               f"not {ast.unparse(node).splitlines()[0]!r}")
-        key, value = node.targets[0].id, _evaluate(node.value, names, where)
+        key = node.targets[0].id
+        try:
+            value = _evaluate(node.value, names, where)
+        except _Unfit as e:
+            code, problem = e.args
+            whole = ast.unparse(node.value)
+            raise ConfigError(f"{where}: {key} = {whole}" + (f": {code}" if code != whole else "")
+                              + f" {problem}; write the value itself") from None
         if key == "base":
             if found or not isinstance(value, str):
                 raise ConfigError(f"{where}: `base = \"FILE\"` must be the first assignment, naming a config file")

@@ -21,6 +21,7 @@ second to import, and the index of its ~15,000 stock tasks about 9 s to build on
 (skipped when every task named is a local one).
 """
 
+import datetime
 import difflib
 import os
 import random
@@ -30,6 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -49,6 +51,9 @@ MODEL_NAME = "nonlinear-queries"  # the name lm-eval knows GPTLM by
 # so smaller chunks cost prompt passes and larger ones tokens generated past the stop
 GENERATE_CHUNK = 32
 HUB_TIMEOUT = 5.0  # seconds the hub has to answer before this process goes offline
+# How long the other ranks of a multi-process run wait for rank 0's tasks (DownstreamEval.evaluate): far beyond any
+# task list. A rank 0 that fails instead ends the run at once: torchrun stops every process when one fails.
+TASKS_TIMEOUT = datetime.timedelta(hours=24)
 LOCAL_TASK_HINT = (
     "To run a task without the hub, copy its data files over and define it as a local task: a YAML file with "
     "`dataset_path: json` and `dataset_kwargs: {data_files: {validation: FILE.jsonl}}` in a directory passed with "
@@ -158,7 +163,7 @@ class GPTLM(TemplateLM):
             spans = [(len(rows[i][0]) - len(rows[i][1]), len(rows[i][0])) for i in batch]
             with self.autocast:
                 hidden = self.model.hidden_states(idx.to(self.device))
-                logits = self.model.lm_head(torch.cat([hidden[r, a:b] for r, (a, b) in enumerate(spans)]))
+                logits = self.model.logits(torch.cat([hidden[r, a:b] for r, (a, b) in enumerate(spans)]))
             logprobs = F.log_softmax(logits.float(), dim=-1).split([b - a for a, b in spans])
             for i, lp in zip(batch, logprobs):
                 target = torch.tensor(rows[i][1], device=self.device)
@@ -347,7 +352,9 @@ class DownstreamEval:
 
     cfg: the TrainConfig (eval_tasks, eval_tasks_interval, eval_tasks_limit, eval_tasks_include_path, batch_size,
     dataset, data_dir); rt: the Runtime. Built before the run starts, on every rank, it checks the task names and
-    loads their data once: EvalError for a task that cannot run.
+    loads their data once: EvalError for a task that cannot run. In a process group it also makes a gloo group of
+    all the ranks (a collective: every rank builds it), whose barrier keeps the others waiting while rank 0 runs
+    the tasks (evaluate).
     """
 
     def __init__(self, cfg, rt):
@@ -359,6 +366,7 @@ class DownstreamEval:
         self.schedule = replace(cfg, eval_interval=cfg.eval_tasks_interval or cfg.eval_interval)
         self.tokenizer = run_tokenizer({"dataset": cfg.dataset, "data_dir": cfg.data_dir})
         self.cfg, self.rt = cfg, rt
+        self.group = dist.new_group(backend="gloo", timeout=TASKS_TIMEOUT) if rt.distributed else None
 
     def due(self, step, start_step, resumed_after_eval, stopping):
         """Whether to run the tasks at `step`: as should_eval (training.py) with eval_tasks_interval."""
@@ -366,17 +374,25 @@ class DownstreamEval:
 
     def evaluate(self, model, step):
         """Run the tasks on `model` (the GPT, not a DDP or compiled wrapper) in eval mode, under the run's autocast,
-        leaving it in training mode and every random generator as it was. Returns one record per task (and
-        group): {"type": "downstream", "step", "task", <metric>: value, "examples"}."""
-        lm = GPTLM(model, batch_size=self.cfg.batch_size, device=self.rt.device, dtype=self.rt.dtype,
-                   tokenizer=self.tokenizer, progress=False)
-        model.eval()
-        try:
-            results = run_tasks(lm, self.names, self.manager, self.cfg.eval_tasks_limit, bootstrap_iters=0)
-        finally:
-            model.train()
-        return [{"type": "downstream", "step": step, "task": task, **metrics}
-                for task, metrics in task_scores(results).items()]
+        leaving it in training mode and every random generator as it was. Call it on every rank: rank 0 runs the
+        tasks while the others wait for it at the barrier of a gloo group (torch.distributed.monitored_barrier,
+        time-out TASKS_TIMEOUT), not in the next step's collective, whose time-out (NCCL's 10 minutes by default)
+        a long task list would exceed. Returns, on rank 0, one record per task (and group): {"type": "downstream",
+        "step", "task", <metric>: value, "examples"}; [] on the other ranks."""
+        records = []
+        if self.rt.master:
+            lm = GPTLM(model, batch_size=self.cfg.batch_size, device=self.rt.device, dtype=self.rt.dtype,
+                       tokenizer=self.tokenizer, progress=False)
+            model.eval()
+            try:
+                results = run_tasks(lm, self.names, self.manager, self.cfg.eval_tasks_limit, bootstrap_iters=0)
+            finally:
+                model.train()
+            records = [{"type": "downstream", "step": step, "task": task, **metrics}
+                       for task, metrics in task_scores(results).items()]
+        if self.group is not None:
+            dist.monitored_barrier(self.group, timeout=TASKS_TIMEOUT)
+        return records
 
     @staticmethod
     def describe(record):

@@ -5,7 +5,13 @@ The lock is the operating system's (flock(2)), held through an open file, so it 
 the process: a run that is killed, crashes or is requeued by a scheduler never leaves a
 stale lock behind. The lock file names its holder (host, PID, start time) for the error a
 second run gets. Under torchrun only rank 0 takes it. flock works across the machines of
-an NFS mount on Linux (it is emulated with byte-range locks there).
+an NFS mount on Linux (it is emulated with byte-range locks there). A file system without
+file locks (Lustre mounted without -o flock or -o localflock, an NFS mount whose lock
+service does not answer) is a NoFileLocks error that says how to go on; train.py's
+lock_out_dir=False skips the lock there.
+
+try_lock and lock_holder are the same lock on any file: sweep.py claims a point with
+out_dir/.sweep.lock for as long as it runs the point's train.py, so two sweeps never launch one point.
 """
 
 import datetime
@@ -22,6 +28,16 @@ class OutDirBusy(SetupError):
     """out_dir is held by another live run."""
 
 
+class NoFileLocks(SetupError):
+    """out_dir's file system does not support flock."""
+
+
+# flock's errors for a file system that cannot lock (flock(2), errno(3)): ENOSYS "Function not implemented",
+# Lustre mounted without -o flock (its noflock default); EOPNOTSUPP "Operation not supported", a file system
+# without lock support; ENOLCK "No locks available", NFS whose lock manager cannot be reached
+UNSUPPORTED = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
+
+
 _HELD = {}  # out_dir -> its open lock file, for the life of the process
 
 
@@ -32,7 +48,8 @@ def lock_path(out_dir):
 def hold_out_dir(out_dir):
     """Take the exclusive lock of out_dir (created if missing) for the rest of this process's
     life and write the holder into the lock file. Raises OutDirBusy, naming the holder, if
-    another process holds it. Taking it again in the same process does nothing."""
+    another process holds it, NoFileLocks if the file system has no file locks (UNSUPPORTED).
+    Taking it again in the same process does nothing."""
     if out_dir in _HELD:
         return
     os.makedirs(out_dir, exist_ok=True)
@@ -42,6 +59,13 @@ def hold_out_dir(out_dir):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except OSError as e:
+            if e.errno in UNSUPPORTED:
+                f.close()
+                raise NoFileLocks(
+                    f"cannot lock {lock_path(out_dir)}: its file system has no file locks (flock: {e.strerror}), "
+                    f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
+                    f"(Lustre: -o flock), choose an --out_dir on another file system, or pass --lock_out_dir=False "
+                    f"and see to it yourself that one run at a time uses each out_dir") from None
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
             time.sleep(0.025)
@@ -61,16 +85,52 @@ def hold_out_dir(out_dir):
 
 
 def out_dir_holder(out_dir):
-    """The holder written in out_dir's lock file if a live process holds the lock, else None.
-    It asks for a shared lock without waiting, and gives it back at once."""
+    """The holder written in out_dir's lock file if a live process holds the lock, else None."""
+    return lock_holder(lock_path(out_dir))
+
+
+def lock_holder(path):
+    """The holder written in the lock file `path` if a live process holds its lock, else None (also where there
+    is no such file, and on a file system without file locks, where no process can hold it). It asks for a
+    shared lock without waiting, and gives it back at once."""
     try:
-        f = open(lock_path(out_dir))
+        f = open(path)
     except FileNotFoundError:
         return None
     with f:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
+            if e.errno in UNSUPPORTED:
+                return None
             return f.read().strip() or "a process"
         fcntl.flock(f, fcntl.LOCK_UN)
     return None
+
+
+def try_lock(path, holder):
+    """Take the exclusive lock of the file `path` (created, with its directory, if missing) without waiting
+    longer than a probe (lock_holder) holds it, and write `holder` into it. Returns (the open file, None): the
+    lock is held until the file is closed or this process ends; or (None, what the process holding it wrote).
+    Raises OSError where the file system has no flock(2)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    f = open(path, "a+")
+    for _ in range(4):
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                f.close()
+                raise
+            time.sleep(0.025)
+    else:
+        f.seek(0)
+        other = f.read().strip() or "another process (it has not written its name yet)"
+        f.close()
+        return None, other
+    f.seek(0)
+    f.truncate()
+    f.write(f"{holder}\n")
+    f.flush()
+    return f, None

@@ -91,8 +91,10 @@ def loss_curves(groups, baseline):
                fontsize="small")
     bottom.set_xlabel("step")
     bottom.set_ylabel("rel. improvement (%)")
-    bottom.set_title(f"(L_base - L) / L_base, baseline: {baseline.label}; band: val, ± std over runs",
-                     fontsize="medium")
+    # the baseline's label can be as wide as the axes (a study's arms differ in several settings): it gets a line
+    # of its own, wrapped at its spaces where it is wider still (wrap: at draw time, to the figure's width)
+    bottom.set_title(f"(L_base - L) / L_base; band: val, ± std over runs\n"
+                     f"baseline: {baseline.label}", fontsize="medium", wrap=True)
     return fig
 
 
@@ -207,6 +209,113 @@ def figure2(curves, baseline):
     ax.set_xlabel("step")
     ax.set_ylabel("rel. improvement over the baseline (%)")
     ax.set_title("(L_base - L) / L_base of the val loss; dashed: >= 1% more non-embedding parameters",
-                 fontsize="medium")
+                 fontsize="medium", wrap=True)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig
+
+
+def rate_transfer(curves, verdicts):
+    """results/width_transfer's figure: one row per arm, SP left and μP right, the mean val loss of each rate
+    against log2 of the rate, one curve per width (lighter = narrower), each width's best rate starred, and each
+    panel titled with whether transfer holds (width.transfer_verdicts). curves: [width.TransferCurve]."""
+    from matplotlib.figure import Figure
+
+    arms = list(dict.fromkeys(c.arm for c in curves))
+    widths = sorted({c.width for c in curves})
+    fig = Figure(figsize=(10, 3.6 * len(arms)), layout="constrained")
+    axes = fig.subplots(len(arms), 2, sharey="row", squeeze=False)
+    colors = styles(["width"] * len(widths))
+    holds = {(v.arm, v.parametrization): v for v in verdicts}
+    for row, arm in zip(axes, arms):
+        for ax, p in zip(row, ("sp", "mup")):
+            for c in (c for c in curves if (c.arm, c.parametrization) == (arm, p)):
+                color, marker = colors[widths.index(c.width)]
+                rates = sorted(c.losses)
+                ax.plot(np.log2(rates), [c.mean(r) for r in rates], marker=marker, color=color,
+                        label=f"width {c.width}")
+                ax.plot(np.log2(c.best), c.mean(c.best), "*", markersize=14, color=color, markeredgecolor="black")
+            v = holds.get((arm, p))
+            verdict = "" if v is None else (f"best rate moves {v.shift:+.0f} x2 steps; transfer "
+                                            f"{'holds' if v.holds else 'does not hold'}")
+            ax.set_title(f"{arm}, {'SP' if p == 'sp' else 'μP'}\n{verdict}", fontsize="medium", wrap=True)
+            ax.set_xlabel("log2(learning rate)")
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel("val loss (nats per token)")
+        row[1].legend(title="star: best rate", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    return fig
+
+
+def width_ladder(rungs, slopes, baseline, claims=()):
+    """results/width_ladder's figure: each arm's relative improvement over the baseline (%) against the width
+    (log2 axis) with its 95% confidence interval and each seed's value as a dot, the fitted slope as a dashed
+    line, and `claims` [(width, percent, label)] drawn as open diamonds, marked as claims from elsewhere, not as
+    data or fit."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 5), layout="constrained")
+    ax = fig.subplots()
+    arms = list(dict.fromkeys(r.arm for r in rungs))
+    fits = {s.arm: s for s in slopes}
+    for arm, (color, marker) in zip(arms, styles(arms)):
+        mine = [r for r in rungs if r.arm == arm]
+        x = np.array([r.width for r in mine], dtype=float)
+        ax.errorbar(x, [r.gap for r in mine], yerr=np.array([[r.gap - r.ci[0], r.ci[1] - r.gap] for r in mine]).T,
+                    marker=marker, color=color, capsize=4, label=arm)
+        for r in mine:
+            ax.plot(np.full(len(r.gaps), r.width), r.gaps, ".", color=color, alpha=0.4)
+        if arm in fits:
+            s = fits[arm]
+            mean_x, mean_y = np.mean(np.log2(x)), np.mean([g for r in mine for g in r.gaps])
+            line = mean_y + s.slope * (np.log2(x) - mean_x)
+            ax.plot(x, line, "--", color=color, linewidth=1,
+                    label=f"{arm}: slope {s.slope:+.2f} %/doubling [{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]")
+    for width, percent, label in claims:
+        ax.plot(width, percent, "D", markersize=9, markerfacecolor="none", markeredgecolor="black",
+                label=f"claim, not data: {label}")
+    ax.axhline(0, color="gray", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r.width for r in rungs} | {c[0] for c in claims}))
+    ax.get_xaxis().set_major_formatter("{x:.0f}")
+    ax.set_xlabel("width n_embd (log2 scale)")
+    ax.set_ylabel(f"rel. improvement over {baseline} (%)")
+    ax.set_title("(L_base - L) / L_base per width: mean and 95% CI over seeds (dots: each seed)", fontsize="medium",
+                 wrap=True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def coordinates(checks):
+    """The coordinate check's figure (analyze.py --coord_check): one row per activation, one column per
+    parametrization (coord_check.CoordCheck), the mean over seeds of mean |x| against the width on log-log axes,
+    one line per step from light (step 0) to dark (the last), each panel titled with the slope's range over
+    steps >= 2. A flat fan of lines is what μP promises; lines that climb with the width are SP's blow-up."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    from nonlinear_queries.coord_check import slope_summary
+
+    names = list(checks[0].values)
+    fig = Figure(figsize=(4.5 * len(checks), 2.1 * len(names)), layout="constrained")
+    axes = fig.subplots(len(names), len(checks), sharex=True, sharey="row", squeeze=False)
+    shades = colormaps["viridis_r"](np.linspace(0.15, 1.0, checks[0].steps))
+    for column, check in enumerate(checks):
+        summary = slope_summary(check)
+        label = {"sp": "SP", "mup": "μP"}[check.parametrization]
+        for row, name in enumerate(names):
+            ax = axes[row][column]
+            means = check.values[name].mean(axis=1)
+            for step in range(check.steps):
+                ax.plot(check.widths, means[:, step], marker=".", color=shades[step],
+                        label=f"step {step}" if row == 0 and step in (0, check.steps - 1) else None)
+            high, low, _ = summary[name]
+            ax.set_title(f"{label}: {name}, slope {low:+.2f} to {high:+.2f}", fontsize="small")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(check.widths)
+            ax.get_xaxis().set_major_formatter("{x:.0f}")
+        axes[-1][column].set_xlabel("width n_embd")
+    for row in axes:
+        row[0].set_ylabel("mean |x|")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     return fig

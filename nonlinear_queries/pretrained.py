@@ -370,6 +370,9 @@ def hf_incompatibility(config):
         return f"norm={config.norm!r}: GPT-2's norms are LayerNorms"
     if config.mlp_activation not in HF_ACTIVATION_OF:
         return f"mlp_activation={config.mlp_activation!r}: GPT-2 has no such activation"
+    if config.width_mult != 1.0 or config.attn_scale_mult != 1.0:
+        return (f"parametrization='mup' at width multiplier {config.width_mult:g}: GPT-2 multiplies neither its "
+                f"logits by 1/m nor its softmax scale")
     if config.attn_scale not in (0.0, 1.0) and not math.isclose(config.attn_scale, 1 / math.sqrt(head_dim)):
         return f"attn_scale={config.attn_scale}: GPT-2's softmax scale is 1/sqrt(head_dim) or 1"
     return None

@@ -16,16 +16,36 @@ import subprocess
 import sys
 from urllib.parse import urlparse
 
+# where studies keep their runs (results/<study>/<arm>/<point>), at the top of the checkout
+RESULTS_DIR = "results"
 
-def git_state(path):
-    """(commit, dirty) of the git checkout holding `path`, or (None, None) outside one or
-    without git. dirty: tracked files differ from the commit."""
+
+def git_state(path, ignore=()):
+    """(commit, dirty) of the git checkout holding `path`, or (None, None) outside one or without git.
+
+    dirty: tracked files differ from the commit, apart from RESULTS_DIR and the paths in `ignore` (a run's own
+    out_dir; relative to the working directory, as train.py takes it; one outside the checkout changes nothing).
+    A study commits the runs it has finished while others still write theirs, and a run resumed after its first
+    part was committed rewrites its own metrics.jsonl: neither changes the code a run records, so neither makes it
+    dirty. Untracked files do not count. The paths are left out with git's `exclude` pathspecs (gitglossary
+    "pathspec"), taken literally."""
     try:
         git = ["git", "-C", os.path.dirname(os.path.abspath(path))]
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
-        status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10).stdout.strip()
-        return (commit, bool(status)) if commit else (None, None)
+
+        def ask(*args):
+            return subprocess.run([*git, *args], capture_output=True, text=True, timeout=10).stdout.strip()
+
+        commit, top = ask("rev-parse", "HEAD"), ask("rev-parse", "--show-toplevel")
+        if not commit:
+            return None, None
+        skip = [RESULTS_DIR]
+        for p in ignore:
+            rel = os.path.relpath(os.path.realpath(p), os.path.realpath(top))
+            if rel != os.curdir and rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+                skip.append(rel)
+        status = ask("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                     *(f":(top,exclude,literal){p}" for p in skip))
+        return commit, bool(status)
     except (OSError, subprocess.SubprocessError):
         return None, None
 
@@ -170,6 +190,8 @@ def open_run_log(out_dir, master, wandb_log=False, wandb_id=None, **wandb_init):
 def run_header(step, script, **facts):
     """The `config` record that opens a run's (or a resumed run's) part of metrics.jsonl:
     the step it starts at, the command line, the git commit of `script` and whether the
-    checkout was dirty, then `facts` (config, device, parameter counts, data fingerprints)."""
-    commit, dirty = git_state(script)
+    checkout was dirty outside results/ and the run's own out_dir (facts["config"]["out_dir"];
+    git_state), then `facts` (config, device, parameter counts, data fingerprints)."""
+    out_dir = facts.get("config", {}).get("out_dir")
+    commit, dirty = git_state(script, ignore=[out_dir] if out_dir else [])
     return {"type": "config", "step": step, "argv": sys.argv, "git_commit": commit, "git_dirty": dirty, **facts}

@@ -16,6 +16,9 @@ class TrainConfig(GPTConfig):
     # I/O
     out_dir: str = "out"
     overwrite: bool = False  # allow a scratch run to replace an existing run in out_dir
+    # hold out_dir/.lock (flock) for the run's life, so that a second run on out_dir is refused (lock.py); False
+    # on a file system without file locks (Lustre mounted without -o flock), where you see to one run per out_dir
+    lock_out_dir: bool = True
     eval_interval: int = 1000
     log_interval: int = 10
     eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
@@ -120,6 +123,10 @@ class TrainConfig(GPTConfig):
                              "and the GradScaler checks for overflow in the gradients it sees, which under FSDP are "
                              "this process's shard only, so the processes could skip different steps. Use "
                              "dtype='bfloat16' (no loss scaling) or parallelism='ddp'")
+        if self.parametrization == "mup" and self.init_from not in ("scratch", "resume"):
+            raise ValueError(f"parametrization='mup' trains a model from scratch (or resumes one); init_from="
+                             f"{self.init_from!r} loads weights trained under SP, whose logits and rates μP would "
+                             f"rescale. Fine-tune with parametrization='sp'")
         if self.parallelism == "fsdp" and self.eval_tasks:
             raise ValueError("eval_tasks with parallelism='fsdp' cannot work here: the tasks run on rank 0 alone, "
                              "which holds only its shard of the weights. Leave eval_tasks empty and run eval.py on "

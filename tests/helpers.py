@@ -48,6 +48,39 @@ def train(data_dir, out_dir, *args, check=True, env=None):
                       env=env)
 
 
+def train_in_process(data_dir, out_dir, *args):
+    """train.py's train() on the TINY model with data_dir's tokens into out_dir, then `args`, in this process,
+    so that a test can patch what it calls (train.py's names, seen as the module `train`). The signal handlers
+    the run installs are put back afterwards. Returns the exit status; raises what train() raises."""
+    import importlib
+    import signal
+
+    from nonlinear_queries.configurator import parse_config
+    from nonlinear_queries.runtime import setup, teardown
+    from nonlinear_queries.train_config import TrainConfig
+
+    script = importlib.import_module("train")
+    cfg, files = parse_config(TrainConfig, [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args])
+    rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        return script.train(cfg, files, rt)
+    finally:
+        teardown(rt)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def patched_train(path, prelude):
+    """Write a script at `path` that runs the Python code `prelude` (which patches what train.py calls), then
+    train.py as its __main__ with the script's arguments: a run a test changes from outside, in one process or
+    in each of torchrun's. Returns the script's path."""
+    with open(path, "w") as f:
+        f.write(f"import runpy, sys\nsys.path.insert(0, {REPO!r})\n{prelude}\n"
+                f"sys.argv[0] = {os.path.join(REPO, 'train.py')!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    return str(path)
+
+
 def read_metrics(out_dir, kind=None):
     """Records of out_dir/metrics.jsonl, optionally only those of one type."""
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:

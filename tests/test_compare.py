@@ -17,7 +17,7 @@ from scipy import stats
 
 from helpers import REPO, run_script
 from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.plots import loss_curves
+from nonlinear_queries.plots import Curve, figure2, loss_curves
 from nonlinear_queries.runs import load_run, make_groups
 from nonlinear_queries.stats import holm, min_detectable_effect
 from nonlinear_queries.train_config import TrainConfig
@@ -575,3 +575,38 @@ def test_plot_gives_each_of_more_than_ten_groups_its_own_color(tmp_path):
     top, _ = loss_curves(groups, groups[0]).axes
     solid = [line for line in top.lines if line.get_linestyle() == "-"]
     assert len(solid) == 11 and len({tuple(np.round(to_rgba(line.get_color()), 6)) for line in solid}) == 11
+
+
+def texts_outside(fig):
+    """The titles, axis labels and legend texts of a matplotlib Figure that reach past its edges once it is drawn
+    as savefig draws it (laid out, titles wrapped): [(text, its extent (x0, y0, width, height) in pixels)]."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    texts = [t for ax in fig.axes for t in (ax.title, ax.xaxis.label, ax.yaxis.label)]
+    texts += [t for legend in [*fig.legends, *(ax.get_legend() for ax in fig.axes)] if legend
+              for t in (legend.get_title(), *legend.get_texts())]
+    renderer, edge = fig.canvas.get_renderer(), fig.bbox
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts if t.get_visible() and t.get_text()]
+    return [(text, box.bounds) for text, box in boxes
+            if box.x0 < edge.x0 or box.x1 > edge.x1 or box.y0 < edge.y0 or box.y1 > edge.y1]
+
+
+def test_plot_titles_fit_the_figure_when_the_labels_are_long(tmp_path):
+    # results/long_horizon's arms differ in several settings; its figure cut the lower title, which names the
+    # baseline, at the figure's left edge ("e - L) / L_base, baseline: baseline attn_scale=0.0 ...")
+    settings = [dict(attn_scale=0.0, learning_rate=3e-3), dict(attn_scale=0.35355339059327373, learning_rate=3e-3),
+                dict(attn_scale=0.5, learning_rate=6e-3, weight_decay=0.03125, warmup_iters=40)]
+    dirs = [make_run(tmp_path / f"arm{k}", "baseline_qk_norm", {1000: 3.5, 2000: 3.0 + k / 100}, **s)
+            for k, s in enumerate(settings)]
+    groups = make_groups([load_run(d) for d in dirs], {"seed"})
+    assert [len(g.label) for g in groups] == [86, 102, 88]
+    for baseline in groups:
+        fig = loss_curves(groups, baseline)
+        assert texts_outside(fig) == []
+        assert fig.axes[1].title.get_text().endswith(f"baseline: {baseline.label}")
+    # Figure 2's legend, beside the axes, narrows them as its labels grow: its title wraps to stay in the figure
+    curves = [Curve(g.label, 787_584, np.array([1000, 2000]), np.array([3.5, 3.0])) for g in groups]
+    curves[2].label = " ".join([curves[2].label] * 2)
+    fig = figure2(curves, groups[0].label)
+    assert texts_outside(fig) == []

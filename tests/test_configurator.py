@@ -2,7 +2,11 @@
 errors that name the file and the line."""
 
 import glob
+import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -64,3 +68,45 @@ def test_a_bad_key_in_a_base_names_the_base(tmp_path):
     child = write(tmp_path / "child.py", 'base = "base.py"\nn_layer = 3\n')
     with pytest.raises(ConfigError, match=r"base.py, line 2: unknown config key 'learnig_rate'"):
         parse_config(TrainConfig, [child])
+
+
+# arithmetic whose result no setting could need, some of which would compute for hours or fill the memory
+TOO_LARGE = {
+    "_x = 9 ** 9 ** 9\n": "a.py, line 1: _x = 9 ** 9 ** 9 would be about 10**369693100, beyond 2**4096 (about "
+                          "10**1233), the largest int a config value may be; write the value itself",
+    "n_layer = 2\n_x = [0] * 10 ** 12\n": "a.py, line 2: _x = [0] * 10 ** 12 would hold 1,000,000,000,000 items, "
+                                          "more than the 100,000 a config value may hold",
+    "_a = 'ab' * 50000\n_b = _a + _a\n": "a.py, line 2: _b = _a + _a holds 200,000 items, more than the 100,000",
+    "_x = 2 ** 4000 * 2 ** 100\n": "a.py, line 1: _x = 2 ** 4000 * 2 ** 100 is about 10**1234, beyond 2**4096",
+    "eval_tasks = '%0999999999d' % 1\n": "a.py, line 1: eval_tasks = '%0999999999d' % 1 is not arithmetic on numbers",
+    "min_lr = 1e-3 * (1 + 1 / 0)\n": "a.py, line 1: min_lr = 0.001 * (1 + 1 / 0): 1 / 0 cannot be computed: division "
+                                    "by zero",
+    "_x = 10.0 ** 400\n": "a.py, line 1: _x = 10.0 ** 400 cannot be computed: Numerical result out of range",
+}
+
+
+def test_arithmetic_too_large_for_a_setting_is_refused_at_once(tmp_path):
+    # in a child process with a time limit: before the bound, `9 ** 9 ** 9` computed for hours
+    paths = [write(tmp_path / str(i) / "a.py", text) for i, text in enumerate(TOO_LARGE)]
+    child = ("import json, sys\n"
+             "from nonlinear_queries.configurator import ConfigError, parse_config\n"
+             "from nonlinear_queries.train_config import TrainConfig\n"
+             "errors = []\n"
+             "for path in sys.argv[1:]:\n"
+             "    try:\n"
+             "        parse_config(TrainConfig, [path])\n"
+             "        errors.append(None)\n"
+             "    except ConfigError as e:\n"
+             "        errors.append(str(e))\n"
+             "print(json.dumps(errors))\n")
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-c", child, *paths], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    assert time.time() - start < 30
+    for path, message, error in zip(paths, TOO_LARGE.values(), json.loads(proc.stdout)):
+        assert error is not None and error.startswith(path.removesuffix("a.py")) and message in error, error
+    # what a config needs still computes: the largest int, a long string, a float's power
+    write(tmp_path / "ok.py", "_big = 2 ** 4095 + (2 ** 4095 - 1)\n_b = 'x' * 100000\nweight_decay = 2.0 ** -5\n"
+                              "n_layer = _big // 2 ** 4093\n")
+    assert read_config_file(str(tmp_path / "ok.py")) == {"weight_decay": 2**-5, "n_layer": 7}

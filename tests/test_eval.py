@@ -6,6 +6,8 @@ sizes, stop strings, the errors a user meets, and tasks run during training. No 
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import lm_eval
@@ -15,7 +17,17 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from helpers import ONE_THREAD, losses_by_step, read_metrics, run_script, train, val_losses_by_step
+from helpers import (
+    ONE_THREAD,
+    REPO,
+    TINY,
+    losses_by_step,
+    patched_train,
+    read_metrics,
+    run_script,
+    train,
+    val_losses_by_step,
+)
 from model import GPT, GPTConfig
 from nonlinear_queries.downstream import GPTLM
 from nonlinear_queries.pretrained import export
@@ -221,3 +233,32 @@ def test_eval_tasks_during_training(shakespeare_dir, assets, tmp_path):
     table = run_script("compare.py", str(tmp_path / "tasks"), "--metric=tiny_mc/acc", "--format=csv").stdout
     header, row = [line.split(",") for line in table.splitlines()[:2]]
     assert float(dict(zip(header, row))["tiny_mc/acc_mean"]) == records[-1]["acc"]
+
+
+@pytest.mark.slow
+def test_eval_tasks_under_torchrun_keep_the_other_ranks_waiting(shakespeare_dir, assets, tmp_path):
+    # The process group's time-out cut to 8 s (NCCL's is 10 minutes), and rank 0's first task run made to take
+    # 12 s: a rank that went on to the next step's all-reduce while rank 0 evaluates would time out there.
+    _, _, tasks_dir = assets
+    script = patched_train(tmp_path / "train_slow_tasks.py", "\n".join([
+        "import datetime, time",
+        "import torch.distributed.distributed_c10d as c10d",
+        "from nonlinear_queries import downstream",
+        "c10d.default_pg_timeout = datetime.timedelta(seconds=8)",
+        "run_tasks, calls = downstream.run_tasks, []",
+        "def slow_run_tasks(*args, **kwargs):",
+        "    calls.append(time.sleep(12) if not calls else None)",
+        "    return run_tasks(*args, **kwargs)",
+        "downstream.run_tasks = slow_run_tasks"]))
+    out = tmp_path / "two"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script,
+                           *TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={out}", "--max_iters=3",
+                           "--eval_interval=2", "--batch_size=2", "--gradient_accumulation_steps=2",
+                           "--eval_tasks=tiny_mc", f"--eval_tasks_include_path={tasks_dir}"],
+                          cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x 2 processes (gloo)" in proc.stdout
+    records = read_metrics(out, "downstream")  # rank 0's alone
+    assert [(r["step"], r["task"], r["examples"]) for r in records] == [(s, "tiny_mc", len(MULTIPLE_CHOICE))
+                                                                        for s in (0, 2, 3)]
+    assert sorted(losses_by_step(out)) == [1, 2, 3]

@@ -1,9 +1,11 @@
-"""Two faults that clusters make common (issue 26): a second run started on a live run's out_dir,
-and a disk that fills while a checkpoint is written."""
+"""Faults that clusters make common (issues 26 and 33): a second run started on a live run's out_dir,
+a file system without file locks, and a disk that fills while a checkpoint is written, one file or
+sharded (FSDP)."""
 
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,11 +15,16 @@ import types
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, train
-from nonlinear_queries import checkpoint
+from helpers import ONE_THREAD, REPO, TINY, last_logged_step, patched_train, read_metrics, train, train_in_process
+from model import GPT, GPTConfig
+from nonlinear_queries import checkpoint, lock
 from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
 from nonlinear_queries.lock import OutDirBusy, hold_out_dir, out_dir_holder
+from nonlinear_queries.optimizers import build_optimizers
+from nonlinear_queries.runtime import SetupError, parallelize, setup
+from nonlinear_queries.train_config import TrainConfig
 
 RUN = ["--lr_decay_iters=24", "--eval_interval=4"]
 
@@ -75,6 +82,39 @@ def test_the_lock_is_held_once_per_process_and_names_its_holder(tmp_path):
                             "hold_out_dir(sys.argv[1])", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert probe.returncode == 1 and "OutDirBusy" in probe.stderr and f"PID {os.getpid()}" in probe.stderr
     assert issubclass(OutDirBusy, Exception)
+
+
+# Lustre mounted without -o flock answers flock with ENOSYS; a file system without lock support EOPNOTSUPP; NFS
+# whose lock manager cannot be reached ENOLCK
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK])
+def test_a_file_system_without_file_locks_is_one_clear_error(tmp_path, monkeypatch, code):
+    def no_locks(f, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)
+    out = str(tmp_path / "out")
+    with pytest.raises(SetupError) as e:  # what train.py reports as one line, `error: ...`, exit status 1
+        hold_out_dir(out)
+    assert str(e.value) == (
+        f"cannot lock {out}/.lock: its file system has no file locks (flock: {os.strerror(code)}), so train.py cannot "
+        f"make sure that no other run writes to {out}. Mount it with locks (Lustre: -o flock), choose an --out_dir "
+        f"on another file system, or pass --lock_out_dir=False and see to it yourself that one run at a time uses "
+        f"each out_dir")
+    assert out not in lock._HELD
+    assert out_dir_holder(out) is None  # no process can hold a lock there: sweep.py does not wait for one
+
+
+def test_lock_out_dir_false_trains_on_a_file_system_without_file_locks(shakespeare_dir, tmp_path, monkeypatch):
+    def no_locks(f, operation):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)
+    out = tmp_path / "out"
+    with pytest.raises(SetupError, match="pass --lock_out_dir=False"):
+        train_in_process(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2")
+    assert not os.path.exists(out / "metrics.jsonl")  # refused before the run started
+    assert train_in_process(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--lock_out_dir=False") == 0
+    assert [r["step"] for r in read_metrics(out, "train")] == [1, 2]
 
 
 # ---------------------------------------------------------------------------------------
@@ -173,3 +213,75 @@ def test_train_on_a_full_disk_stops_with_the_error_and_resumes_once_space_is_fre
             os.remove(older)
         train(shakespeare_dir, out, *RUN, "--max_iters=12", "--keep_last_n=1", "--init_from=resume", env=ONE_THREAD)
         assert read_checkpoint(str(out / "ckpt.pt"))["step"] == 12
+
+
+# ---------------------------------------------------------------------------------------
+# a full disk during a sharded (FSDP) checkpoint
+
+
+@needs_root
+def test_a_full_disk_during_a_sharded_checkpoint_is_the_same_clear_error(tmp_path, monkeypatch):
+    cfg = TrainConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, device="cpu")
+    rt = setup("cpu", "float32", parallelism="fsdp")  # a process group of one, as train.py runs FSDP alone
+    try:
+        torch.manual_seed(0)
+        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8)), rt, "fsdp")[0]
+        optimizers = build_optimizers(model, cfg, "cpu")
+        x = torch.randint(0, 64, (2, 8))
+        model(x, x)[1].backward()
+        optimizers[0].step()
+
+        def meta(step):
+            return {"model_args": model.config.__dict__, "step": step, "evaluated": True, "steps_above_threshold": 0,
+                    "config": {}, "data": {}, "wandb_id": ""}
+
+        with tmpfs(tmp_path / "disk", "40m") as disk:  # the checkpoint takes 25 MB (the GPT-2 vocabulary)
+            checkpoint.save_sharded_checkpoint(str(disk), model, optimizers, meta(1), keep_last_n=2)
+            # too little space for a second: refused before anything is written
+            with pytest.raises(DiskFullError) as e:
+                checkpoint.save_sharded_checkpoint(str(disk), model, optimizers, meta(2), keep_last_n=2)
+            assert str(e.value).startswith(f"no space to write the checkpoint {disk / 'ckpt.dcp'}: it needs 26.1 MiB "
+                                           f"and {disk} has ")
+            assert f"the previous checkpoint, {disk / 'ckpt.dcp'}, is intact" in str(e.value)
+            assert sorted(os.listdir(disk)) == ["ckpt.dcp", "ckpt_000001.dcp"]
+            # the free-space check believes there is room; the disk fills while DCP writes the shards
+            monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=2**40))
+            with pytest.raises(DiskFullError, match="the disk filled while it was written") as e:
+                checkpoint.save_sharded_checkpoint(str(disk), model, optimizers, meta(2), keep_last_n=2)
+            assert "--init_from=resume" in str(e.value) and "nothing was left half written" in str(e.value)
+            assert sorted(os.listdir(disk)) == ["ckpt.dcp", "ckpt_000001.dcp"]  # no .tmp left holding the space
+            assert read_checkpoint(str(disk / "ckpt.dcp"))["step"] == 1
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_root
+@pytest.mark.slow
+def test_fsdp_on_a_full_disk_stops_every_process_with_the_error_and_resumes(shakespeare_dir, tmp_path):
+    # two processes shard the tiny model; each sharded checkpoint takes 25 MB, keep_last_n=2 holds two of them
+    # in 64 MB, and the third fills the disk while it is written (the free-space check is patched to see room)
+    script = patched_train(tmp_path / "train_full_disk.py", "import types\nfrom nonlinear_queries import checkpoint\n"
+                           "checkpoint.shutil.disk_usage = lambda path: types.SimpleNamespace(free=2**40)")
+    fsdp = [*RUN, "--parallelism=fsdp", "--batch_size=2", "--gradient_accumulation_steps=4"]
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        out = disk / "out"
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               script, *TINY, *fsdp, f"--data_dir={shakespeare_dir}", f"--out_dir={out}",
+                               "--max_iters=12"], cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True,
+                              text=True, timeout=600)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 1, output
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, output  # every rank stopped; rank 0 of the machine said why
+        assert errors[0].startswith(f"error: no space to write the checkpoint {out / 'ckpt.dcp'} (the disk filled "
+                                    f"while it was written: "), errors[0]
+        assert "it needs 26.1 MiB" in errors[0] and "--init_from=resume" in errors[0]
+        assert f"the previous checkpoint, {out / 'ckpt.dcp'}, is intact" in errors[0]
+        assert "CheckpointException" not in output and "]: Traceback" not in output  # no worker's traceback
+        assert sorted(os.listdir(out)) == [".lock", "ckpt.dcp", "ckpt_000004.dcp", "ckpt_000008.dcp", "config.json",
+                                           "metrics.jsonl"]  # no ckpt_000012.dcp.tmp holding the space
+        assert read_checkpoint(str(out / "ckpt.dcp"))["step"] == 8 and last_logged_step(out) == 12
+        shutil.rmtree(out / "ckpt_000004.dcp")  # free space, then resume (in one process: DCP reshards)
+        train(shakespeare_dir, out, *fsdp, "--max_iters=12", "--keep_last_n=1", "--init_from=resume",
+              env=ONE_THREAD)
+        assert read_checkpoint(str(out / "ckpt.dcp"))["step"] == 12

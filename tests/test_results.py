@@ -14,22 +14,28 @@ marks a table whose column headers a person rewrote (analyze.py's "baseline lear
 Tables that put together numbers of several commands (each run's val loss, the relative improvement at several
 steps) are marked `<!-- table built by tests/test_results.py: NAME -->`: BUILDERS[NAME] builds them from the
 committed runs through the same library (nonlinear_queries.runs and .stats), and every cell is compared.
+
+Numbers that a README's prose states and no table holds are checked where it is cheap: PROSE[readme] builds,
+from the runs, the words that state them, and the README (its line breaks ignored) must hold those words.
 """
 
 import contextlib
 import glob
 import io
+import json
 import os
 import re
 import shlex
 import sys
 
+import numpy as np
 import pytest
 
 import analyze
 import compare
 from helpers import REPO
-from nonlinear_queries.runs import Group, diag_value, make_groups, paired_losses, read_runs
+from nonlinear_queries.runlog import read_metrics
+from nonlinear_queries.runs import Group, diag_value, load_run, make_groups, paired_losses, read_runs
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
@@ -224,6 +230,58 @@ def long_horizon_temperature():
     return rows
 
 
+def long_horizon_restarts():
+    """results/long_horizon: every run that was stopped and resumed (its metrics.jsonl holds a `config` record past
+    step 0): the step each session started at, the commit each ran at, and the steps that two sessions logged."""
+    rows = [["arm", "run", "sessions start at step", "commit of each session", "steps logged by two sessions"]]
+    for arm in LONG_ARMS:
+        for path in sorted(glob.glob(os.path.join(REPO, "results/long_horizon", arm, "*", "metrics.jsonl"))):
+            records = read_metrics(path)
+            starts = [r for r in records if r["type"] == "config"]
+            if len(starts) > 1:
+                logged = [(r["type"], r["step"]) for r in records if r["type"] != "config"]
+                twice = sorted({step for kind, step in set(logged) if logged.count((kind, step)) > 1})
+                rows.append([arm, os.path.basename(os.path.dirname(path)), ", ".join(str(r["step"]) for r in starts),
+                             ", ".join(r["git_commit"][:7] for r in starts), ", ".join(map(str, twice)) or "none"])
+    return rows
+
+
+def by_seed(group, value, step):
+    """{seed: value(run, step)} of a group's runs (value: e.g. diag_value(name))."""
+    return {run.config["seed"]: value(run, step) for run in group.runs}
+
+
+def long_horizon_logits():
+    """results/long_horizon: per held-out seed at step 3000, res_gelu's and res_gelu_no_half's largest logit
+    (attn_logit_max) and its ratio no_half / res_gelu, and the mean norm of q and of k per head (query_norm,
+    key_norm, taken before the softmax scale, which holds res_gelu's 1/2), each the mean over the 4 layers; then
+    mean ± std, and Welch's p / the paired p of no_half against res_gelu (of the ratio: the paired p of no_half
+    against twice res_gelu, the logits res_gelu's weights would give without the 1/2)."""
+    groups, _ = held_out_groups("results/long_horizon", ["res_gelu", "res_gelu_no_half"], 3000)
+    res, half = groups["res_gelu"], groups["res_gelu_no_half"]
+    names, digits = ("attn_logit_max", "query_norm", "key_norm"), {"attn_logit_max": 1, "query_norm": 2,
+                                                                      "key_norm": 2}
+    per_seed = {name: (by_seed(res, diag_value(name), 3000), by_seed(half, diag_value(name), 3000)) for name in names}
+    logit_res, logit_half = per_seed["attn_logit_max"]
+    ratio = {s: logit_half[s] / logit_res[s] for s in logit_res}
+    rows = [["seed", "logit res_gelu", "logit no_half", "no_half / res_gelu", "‖q‖ res_gelu", "‖q‖ no_half",
+             "‖k‖ res_gelu", "‖k‖ no_half"]]
+    for seed in sorted(ratio):
+        cells = [f"{per_seed[n][i][seed]:.{digits[n]}f}" for n in names for i in (0, 1)]
+        rows.append([str(seed), *cells[:2], f"{ratio[seed]:.2f}", *cells[2:]])
+    rows_of = {name: (compare.summarize(res, 3000, diag_value(name)), compare.summarize(half, 3000, diag_value(name)))
+               for name in names}
+    spread = [f"{row.mean:.{digits[n]}f} ± {row.std:.{digits[n]}f}" for n in names for row in rows_of[n]]
+    ratios = list(ratio.values())
+    rows.append(["mean ± std", *spread[:2], f"{np.mean(ratios):.2f} ± {np.std(ratios, ddof=1):.2f}",
+                 *spread[2:]])
+    tests = [f"{welch_p(rows_of[n][1], rows_of[n][0]):.2g} / {paired_t(*reversed(per_seed[n])).p:.2g}" for n in names]
+    twice = paired_t(logit_half, {s: 2 * v for s, v in logit_res.items()}).p
+    rows.append(["p: Welch / paired", "", tests[0], f"against 2 × res_gelu, paired: {twice:.2g}", "", tests[1], "",
+                 tests[2]])
+    return rows
+
+
 def grid(results, arms, header):
     """A whole grid's val loss at step 1000: per arm and rate the seeds' losses joined by ' / '."""
     losses = {arm: final_losses(f"{results}/{arm}") for arm in arms}
@@ -268,7 +326,8 @@ def diagnostics_steps():
 
 BUILDERS = {f.__name__: f for f in (ablations_tuning, ablations_held_out, ablations_long_over_time, mini_grid,
                                     mini_modern_grid, diagnostics_steps, long_horizon_tuning, long_horizon_held_out,
-                                    long_horizon_over_time, long_horizon_temperature)}
+                                    long_horizon_over_time, long_horizon_temperature, long_horizon_restarts,
+                                    long_horizon_logits)}
 
 
 def built_tables():
@@ -277,6 +336,70 @@ def built_tables():
 
 
 BUILT_TABLES = built_tables()
+
+
+WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+
+def long_horizon_prose():
+    """[(what, the words that say it)]: numbers of results/long_horizon/README.md's prose that no table holds,
+    built from the runs."""
+    results = os.path.join(REPO, "results/long_horizon")
+    # the tuning run of QK-norm at scale 0.5 beyond the grid's edge: its largest logit at step 3000, layer mean
+    widened = load_run(os.path.join(results, "baseline_qk_norm_temp", "learning_rate=1.2e-2,seed=0"))
+    # res_gelu without the 1/2 against the baseline at every evaluation from step 1000
+    groups, _ = held_out_groups("results/long_horizon", ["baseline", "res_gelu_no_half"], 3000)
+    steps = [s for s in sorted(groups["baseline"].runs[0].evals) if s >= 1000]
+    half, base = groups["res_gelu_no_half"], groups["baseline"]
+    pairs = [(compare.summarize(half, s), compare.summarize(base, s)) for s in steps]
+    lead, p = [rel_improvement(r, b) for r, b in pairs], [welch_p(r, b) for r, b in pairs]
+    # the validation sequences (their fingerprint in the header): one set per data_seed, whatever the arm
+    sets = {}
+    for path in glob.glob(os.path.join(results, "*", "*", "config.json")):
+        with open(path) as f:
+            header = json.load(f)
+        sets.setdefault(header["config"]["data_seed"], set()).add(json.dumps(header["data"]["val_eval index"]))
+    distinct = len(set().union(*sets.values()))
+    # a phrase no README holds where the runs contradict the claim, so that the test fails naming it
+    evaluated = (f"{WORDS[distinct]} sets" if all(len(v) == 1 for v in sets.values())
+                 else "(the arms of one seed were evaluated on different sequences)")
+    # the difference of the two effects of the temperature table: the seeds on which it is positive
+    temperature = long_horizon_temperature()
+    against = [(row[0], row[-1]) for row in temperature[1:-1] if float(row[-1]) > 0]
+    other_way = (f"on seed {against[0][0]} it goes the other way (Δ½ − ΔT = +{against[0][1]})" if len(against) == 1
+                 else f"(Δ½ − ΔT is positive on {len(against)} seeds)")
+    restarts = len(long_horizon_restarts()) - 1
+    return [
+        ("the widened run's largest logit", f"its tuning run at 1.2e-2 (seed 0) ended at "
+                                           f"{diag_value('attn_logit_max')(widened, 3000):.1f}"),
+        ("no_half's lead from step 1000", f"{min(lead):.2f}–{max(lead):.2f}% at each of the {len(steps)} evaluations "
+                                          f"from step 1000 to 3000 (Welch p {min(p):.2g}–{max(p):.2g}"),
+        ("the validation sets", evaluated),
+        ("the seed on which the effects' difference is positive", other_way),
+        ("the resumed runs", f"{WORDS[restarts].capitalize()} runs were stopped and resumed"),
+    ]
+
+
+def readme_prose():
+    """[(what, the words that say it)]: README.md's numbers of results/long_horizon, from the committed table of
+    its 7 arms (which test_committed_table_equals_what_its_command_prints holds to the runs)."""
+    table = next(committed for readme, _, _, _, argv, committed in TABLES if readme == "results/long_horizon/README.md"
+                 and sum(a.startswith("results/long_horizon/") for a in argv) == 7)
+    header, rows = cells(table[0]), [cells(row) for row in table[2:]]
+    column = header.index("p (Holm)")
+    smallest, label = min((float(row[column]), row[0]) for row in rows if row[column] != "-")
+    whose = "the weight-decay arm's" if "weight_decay=0.03125" in label else f"{label}'s"
+    return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}")]
+
+
+PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose}
+
+
+@pytest.mark.parametrize("readme", sorted(PROSE))
+def test_numbers_in_the_prose_are_the_runs(readme):
+    text = " ".join(open(os.path.join(REPO, readme)).read().split())  # the prose's line breaks are not its words
+    for what, words in PROSE[readme]():
+        assert words in text, f"{readme}: {what}: the runs say {words!r}"
 
 
 # tables that hold no measurement: the studies' descriptions of their arms

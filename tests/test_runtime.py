@@ -1,16 +1,17 @@
 """runtime.py (device, dtype, process layout, peak FLOP/s, the stop flag) and runlog.py (metrics.jsonl,
-the no-op wandb, rank 0 only) without a training run."""
+the no-op wandb, rank 0 only, the header's git state) without a training run."""
 
 import json
 import os
 import signal
+import subprocess
 from contextlib import nullcontext
 
 import pytest
 import torch
 
 from nonlinear_queries import runtime
-from nonlinear_queries.runlog import NullWandb, RunLog, run_header
+from nonlinear_queries.runlog import NullWandb, RunLog, git_state, run_header
 from nonlinear_queries.runtime import SetupError, StopFlag, mfu, peak_flops, setup
 
 
@@ -115,3 +116,43 @@ def test_run_log_writes_on_rank_0_only(tmp_path, capsys):
     assert wandb.summary == {"diverged_step": 5} and wandb.finished == 3
     NullWandb().log({"x": 1}, step=0)  # the stand-in takes the same calls and does nothing
     assert runtime.all_reduce_sum(torch.ones(2), setup("cpu")).tolist() == [1.0, 1.0]  # one process: unchanged
+
+
+def test_git_state_leaves_out_results_and_the_runs_own_out_dir(tmp_path, monkeypatch):
+    # a study commits its finished runs while others still run: their headers must still say the code is clean
+    repo = tmp_path / "repo"
+    files = ["train.py", "model.py", "results/study/arm/lr=3e-3,seed=0/metrics.jsonl", "out/run[1]/metrics.jsonl",
+             "out/other/metrics.jsonl"]
+    for name in files:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("committed\n")
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "the code and a study's first runs")
+    head, script = git("rev-parse", "HEAD"), str(repo / "train.py")
+    monkeypatch.chdir(repo)  # train.py's out_dir is relative to the working directory
+    assert git_state(script) == (head, False)
+    # results/: a committed run resumed (modified) and a new run (untracked)
+    (repo / files[2]).write_text("committed\nresumed\n")
+    (repo / "results/study/arm/lr=6e-3,seed=0").mkdir()
+    (repo / "results/study/arm/lr=6e-3,seed=0/metrics.jsonl").write_text("new\n")
+    assert git_state(script) == (head, False)
+    # the run's own out_dir, elsewhere, counts only for the run it belongs to ([ ] taken literally, not as a glob)
+    (repo / files[3]).write_text("committed\nresumed\n")
+    assert git_state(script) == (head, True)
+    assert git_state(script, ignore=["out/run[1]"]) == (head, False)
+    assert git_state(script, ignore=[str(repo / "out/run[1]")]) == (head, False)
+    assert run_header(0, script, config={"out_dir": "out/run[1]"})["git_dirty"] is False
+    assert run_header(0, script, config={"out_dir": "out/other"})["git_dirty"] is True
+    # a modified file elsewhere is dirty whatever is left out; an untracked one is not
+    (repo / "notes.txt").write_text("untracked\n")
+    assert git_state(script, ignore=["out/run[1]", str(tmp_path), "/"]) == (head, False)
+    for name in ("model.py", files[4]):
+        (repo / name).write_text("changed\n")
+        assert git_state(script, ignore=["out/run[1]"]) == (head, True)
+        git("checkout", "-q", "--", name)

@@ -2,6 +2,7 @@
 runs, the study files' checks, and studies/ablations.toml against the committed runs."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -125,6 +126,125 @@ def test_a_bad_study_file_is_one_error_naming_the_key(tmp_path, edit, message):
         write_study(tmp_path, edit(TOML))
 
 
+@pytest.mark.slow
+def test_the_plan_piped_into_a_reader_that_has_gone_ends_quietly():
+    read, write = os.pipe()
+    os.close(read)  # as `| head` once it has read its lines: every write to the pipe now fails
+    try:
+        proc = subprocess.run([sys.executable, "study.py", "studies/long_horizon.toml", "--dry_run"], cwd=REPO,
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (1, "")  # Python's status on EPIPE, and no traceback
+
+
+class FakeSweep:
+    """A stand-in for the sweep.py process that study.run_pooled starts (subprocess.Popen's part that it uses), on
+    a clock the test owns: its points (from --grid, a zipped axis setting its keys together) run --jobs at a
+    time, each taking `duration`, and each is left as fake_run's finished run once the clock has passed its end,
+    its val loss 2 + |log2(learning_rate / 2e-3)| (best at 2e-3)."""
+
+    clock, duration, started = [0.0], 10.0, []
+
+    def __init__(self, cmd, cwd=None, stdout=None, stderr=None, env=None):
+        value = lambda flag: next(a.split("=", 1)[1] for a in cmd if a.startswith(f"--{flag}="))  # noqa: E731
+        axes = [cmd[i + 1].split("=") for i, a in enumerate(cmd) if a == "--grid"]
+        points = [[]]
+        for keys, values in axes:
+            points = [p + [(k, v) for k in keys.split(",")] for p in points for v in values.split(",")]
+        self.jobs, self.env, self.returncode, self.start = int(value("jobs")), env, None, self.clock[0]
+        self.ends = {os.path.join(value("sweep_dir"), ",".join(f"{k}={v}" for k, v in p)):
+                     (self.start + (i // self.jobs + 1) * self.duration, float(dict(p)["learning_rate"]))
+                     for i, p in enumerate(points)}
+        self.end = max(end for end, _ in self.ends.values())
+        self.started.append(self)
+
+    def poll(self):
+        for path, (end, lr) in self.ends.items():
+            if self.clock[0] >= end and not os.path.exists(path):
+                fake_run(path, 2 + abs(math.log2(lr / 2e-3)))
+        if self.returncode is None and all(self.clock[0] >= end for end, _ in self.ends.values()):
+            self.returncode = 0
+        return self.returncode
+
+    def send_signal(self, signum):
+        raise AssertionError("no signal in this test")
+
+
+POOLED = """
+name = "pooled"
+results_dir = "{results}"
+[tuning]
+key = "learning_rate"
+grid = ["2e-3"]
+seed = 0
+max_widen = 0
+[held_out]
+seeds = [1]
+[[horizon]]
+max_iters = 10
+[[arm]]
+name = "a"
+config = "config/mini/baseline.py"
+[[arm]]
+name = "b"
+config = "config/mini/res_gelu.py"
+grid = ["5e-4", "1e-3", "2e-3", "4e-3"]
+"""
+
+
+def run_pooled_on_a_fake_clock(monkeypatch, s, slots):
+    """study.run_pooled(s, slots) with FakeSweep for sweep.py; returns (its status, the clock at its end)."""
+    FakeSweep.clock[0], FakeSweep.started[:] = 0.0, []
+    os.makedirs(s.results_dir, exist_ok=True)  # as study.run makes it
+    monkeypatch.setattr(study.subprocess, "Popen", FakeSweep)
+    monkeypatch.setattr(study.time, "sleep", lambda dt: FakeSweep.clock.__setitem__(0, FakeSweep.clock[0] + dt))
+    code = study.run_pooled(s, slots)
+    return code, FakeSweep.clock[0]
+
+
+def test_a_slot_that_frees_goes_to_the_points_still_waiting_in_a_stage_that_began_before(tmp_path, monkeypatch):
+    # arm a: 1 tuning run, then 1 held-out; arm b: 4 tuning runs, then 1 held-out; 2 slots, each run 10 s.
+    # At 0 b's tuning stage begins with one slot (a has the other); the slot a frees at 20 goes to b's
+    # last 2 tuning runs, so b's 4 take 3 rounds, not 4, and the study ends at 40, the least 7 runs allow
+    s = write_study(tmp_path, POOLED)
+    assert [len(study.advance(s, arm, s.horizons[0]).todo) for arm in s.arms] == [1, 4]
+    code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 2)
+    assert code == 0 and end == 40
+    starts = {(os.path.basename(os.path.dirname(path)), os.path.basename(path)): sweep.start
+              for sweep in FakeSweep.started for path in sweep.ends}
+    assert starts == {("a", "learning_rate=2e-3,seed=0"): 0, ("a", "learning_rate=2e-3,seed=1,data_seed=1"): 10,
+                      ("b", "learning_rate=5e-4,seed=0"): 0, ("b", "learning_rate=1e-3,seed=0"): 10,
+                      ("b", "learning_rate=2e-3,seed=0"): 20, ("b", "learning_rate=4e-3,seed=0"): 20,
+                      ("b", "learning_rate=2e-3,seed=1,data_seed=1"): 30}
+    assert all(study.advance(s, arm, s.horizons[0]).held_out == {1: 2.0} for arm in s.arms)
+
+
+def test_each_slot_is_a_set_of_gpus_of_its_own_and_there_are_no_more_slots_than_the_gpus_make(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # 4 GPUs, none here
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    gpu = POOLED.replace('config = "config/mini/res_gelu.py"', 'config = "config/mini/res_gelu.py"\n'
+                         'overrides = { device = "cuda" }') + '[launcher]\njobs = 3\ngpus_per_run = 2\n'
+    s = write_study(tmp_path, gpu)
+    env = study.slot_environment(s, 3)
+    assert [env[slot].get("CUDA_VISIBLE_DEVICES") for slot in range(len(env))] == ["0,1", "2,3"]
+    assert {slot["OMP_NUM_THREADS"] for slot in env} == {str(max(1, len(os.sched_getaffinity(0)) // 4))}  # 2 x 2
+    assert "4 visible GPU(s) make 2 slot(s) of 2; the study runs 2 point(s) at a time" in capsys.readouterr().out
+    code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 3)
+    for sweep in FakeSweep.started:  # each point on 2 GPUs of its own, that no point running beside it has
+        gpus = sweep.env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        assert len(gpus) == 2 * sweep.jobs
+        beside = [o for o in FakeSweep.started if o is not sweep and o.start <= sweep.start < o.end]
+        assert all(not set(gpus) & set(o.env.get("CUDA_VISIBLE_DEVICES", "").split(",")) for o in beside)
+    assert code == 0 and end == 40 and len(FakeSweep.started) == 7
+    s.launcher["gpus_per_run"] = 8
+    with pytest.raises(study.StudyError, match="a point needs 8 GPUs"):
+        study.slot_environment(s, 3)
+
+
 def test_the_committed_ablations_are_all_done():
     proc = run_script("study.py", "studies/ablations.toml", "--dry_run")
     assert proc.stdout.count("; 0 run(s) left") == 14  # 11 arms at 1000 steps, 3 at 3000
@@ -209,10 +329,10 @@ def test_a_tiny_study_runs_to_its_tables_and_a_second_run_trains_nothing(tmp_pat
     path = tiny_study(tmp_path, {"linear": f'query_mode = "linear", {data}', "res_gelu": data}, ["1e-3", "2e-2"],
                       [1, 2], 4)
     out = run_script("study.py", str(path), env=ONE_THREAD).stdout
-    # the two arms share the 2 slots: both tune at once, not one arm's sweep after the other's
-    first_end = out.index("sweep ended")
+    # the two arms share the 2 slots: both tune at once, not one arm's runs after the other's
+    first_end = out.index(" ended\n")
     for arm in ("linear", "res_gelu"):
-        assert out.index(f"{arm} @ 4 steps: 2 run(s), 1 at a time") < first_end
+        assert out.index(f"{arm} @ 4 steps: learning_rate=1e-3,seed=0 in slot") < first_end
         assert "learning_rate=1e-3,seed=0: starting" in (tmp_path / "runs" / arm / "sweep.log").read_text()
     record = json.loads((tmp_path / "results" / "study.json").read_text())["horizons"]["4"]
     for arm in ("linear", "res_gelu"):
@@ -270,3 +390,105 @@ def test_sigterm_to_a_study_checkpoints_every_running_point_and_the_same_command
     for point in running:  # resumed where it stopped, not started again
         assert [r["step"] for r in read_metrics(point, "config")] == [0, stopped[point]]
         assert read_metrics(point, "eval")[-1]["step"] == 150
+
+
+WIDTHS = """
+name = "widths"
+results_dir = "{results}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3", "2e-3"]
+seeds = [0, 6]
+max_widen = 1
+[held_out]
+seeds = [1, 2]
+[[horizon]]
+max_iters = 10
+[[arm]]
+name = "small"
+config = "config/mini/baseline.py"
+[[arm]]
+name = "wide"
+config = "config/mini/baseline.py"
+overrides = { n_embd = 256, n_head = 8, parametrization = "mup" }
+value_from = "small"
+seeds = [1]
+[[arm]]
+name = "fixed"
+config = "config/mini/res_gelu.py"
+value = "3e-3"
+[[table]]
+kind = "width_ladder"
+arms = ["small", "wide"]
+"""
+
+
+def test_tuning_on_several_seeds_chooses_on_their_mean_and_other_arms_take_the_value(tmp_path):
+    s = write_study(tmp_path, WIDTHS)
+    small, wide, fixed = s.arms
+    horizon = s.horizons[0]
+    # the wide arm waits for the small arm's choice; the fixed arm goes straight to its held-out seeds
+    assert study.advance(s, wide, horizon).todo == [] and study.advance(s, wide, horizon).chosen is None
+    assert study.advance(s, fixed, horizon).todo == [{"learning_rate": "3e-3", "seed": s, "data_seed": s}
+                                                     for s in (1, 2)]
+    assert study.advance(s, small, horizon).todo == [{"learning_rate": v, "seed": seed}
+                                                     for v in ("1e-3", "2e-3") for seed in (0, 6)]
+    # 1e-3 wins on seed 0, 2e-3 on their mean: 2e-3 sits at the high edge and 4e-3 joins
+    for (v, seed), loss in {("1e-3", 0): 2.0, ("1e-3", 6): 2.6, ("2e-3", 0): 2.1, ("2e-3", 6): 2.3}.items():
+        fake_run(study.point_dir(s, small, horizon, {"learning_rate": v, "seed": seed}), loss)
+    stage = study.advance(s, small, horizon)
+    assert stage.tuning == {"1e-3": pytest.approx(2.3), "2e-3": pytest.approx(2.2)}
+    assert stage.todo == [{"learning_rate": "4e-3", "seed": 0}, {"learning_rate": "4e-3", "seed": 6}]
+    fake_run(study.point_dir(s, small, horizon, {"learning_rate": "4e-3", "seed": 0}), 2.0)
+    fake_run(study.point_dir(s, small, horizon, {"learning_rate": "4e-3", "seed": 6}), None, diverged=True)
+    assert study.advance(s, small, horizon).chosen == "2e-3"
+    assert study.advance(s, wide, horizon).todo == [{"learning_rate": "2e-3", "seed": 1, "data_seed": 1}]
+    # the ladder table runs compare.py over the held-out seeds of its arms
+    cmd = study.table_command(s, s.tables[0], {a.name: a for a in s.arms})
+    assert cmd[-3:] == ["--width_ladder", "--seeds=1,2", "--format=markdown"]
+
+
+def test_reused_runs_must_be_complete_and_are_never_run(tmp_path):
+    reused = tmp_path / "other"
+    text = WIDTHS.replace('name = "small"\nconfig = "config/mini/baseline.py"',
+                          f'name = "small"\nconfig = "config/mini/baseline.py"\nruns = "{reused}"')
+    with pytest.raises(study.StudyError, match=r"arm small reuses the runs in .*other, which lack 4 the protocol asks"):
+        write_study(tmp_path, text)
+    # 1e-3 is best at the low edge, so 5e-4 joined the grid there, and lost
+    for v, loss in (("5e-4", 2.5), ("1e-3", 2.0), ("2e-3", 2.2)):
+        for seed in (0, 6):
+            fake_run(reused / f"learning_rate={v},seed={seed}", loss)
+    for seed in (1, 2):
+        fake_run(reused / f"learning_rate=1e-3,seed={seed},data_seed={seed}", 2.0)
+    s = write_study(tmp_path, text)
+    assert study.arm_dir(s, s.arms[0], s.horizons[0]) == str(reused)
+    assert study.advance(s, s.arms[0], s.horizons[0]).chosen == "1e-3"
+
+
+def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_it_saves(tmp_path, capsys):
+    toml = WIDTHS.replace("max_iters = 10", "max_iters = 1000")
+    s = write_study(tmp_path, toml)
+    small, wide, _ = s.arms
+    for v in ("1e-3", "2e-3"):
+        for seed in (0, 6):
+            fake_run(study.point_dir(s, small, s.horizons[0], {"learning_rate": v, "seed": seed}),
+                     2.0 + float(v), max_iters=1000)
+            with open(os.path.join(study.point_dir(s, small, s.horizons[0], {"learning_rate": v, "seed": seed}),
+                                   "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "ms_per_step": 200.0}) + "\n")
+    # one size measured: the wide arm's steps cost its FLOPs over the small arm's times 0.2 s
+    seconds, how = study.estimated_seconds(s, wide, s.horizons[0], 1)
+    ratio = study.run_flops(s, wide, s.horizons[0])[0] / study.run_flops(s, small, s.horizons[0])[0]
+    assert how == "scaled" and seconds == pytest.approx(1000 * 0.2 * ratio) and 3 < ratio < 4
+    assert study.estimated_seconds(s, small, s.horizons[0], 2) == (pytest.approx(400.0), "measured")
+    # on a GPU, the plan says what tuning the wide arm at its own size would have cost
+    cuda = toml.replace('value_from = "small"', 'value_from = "small"\noverrides = { n_embd = 256, n_head = 8, '
+                        'parametrization = "mup", device = "cuda" }').replace(
+        'overrides = { n_embd = 256, n_head = 8, parametrization = "mup" }\n', '')
+    s = write_study(tmp_path, cuda)
+    line, saved = study.tuning_saved(s, s.arms[1], s.horizons[0])
+    small_h, wide_h = (4 * study.run_flops(s, a, s.horizons[0])[0] / (s.peak_flops * s.mfu) / 3600
+                       for a in s.arms[:2])
+    assert line == (f"    tuning small (4 runs, n_embd=128) takes about {small_h:.1f} GPU-hours; the same tuning at "
+                    f"n_embd=256 would take {wide_h:.1f}: {wide_h - small_h:.1f} GPU-hours saved (FLOPs at the "
+                    f"study's [cost] peak and MFU)") and saved == pytest.approx(wide_h - small_h)

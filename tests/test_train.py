@@ -1,15 +1,28 @@
 """End-to-end tests of train.py, batches.py, configurator.py and sample.py on real Shakespeare tokens."""
 
 import glob
+import importlib
 import json
 import os
 import shutil
 import subprocess
+import types
 
 import numpy as np
 import pytest
 
-from helpers import ONE_THREAD, REPO, TINY, losses_by_step, read_metrics, read_wandb_history, run_script, train
+from helpers import (
+    ONE_THREAD,
+    REPO,
+    TINY,
+    losses_by_step,
+    read_metrics,
+    read_wandb_history,
+    run_script,
+    train,
+    train_in_process,
+)
+from model import GPT, GPTConfig
 from nonlinear_queries.batches import index_file, row_offsets
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.train_config import TrainConfig
@@ -74,6 +87,39 @@ def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
     # Uniform guessing scores 10.83 and the train split's unigram frequencies 6.54 on this
     # val split: 7.0 means most of the token statistics were learned (this run: 6.74).
     assert evals[-1]["val_loss"] < 7.0, evals
+
+
+def test_step_time_counts_training_steps_only(shakespeare_dir, tmp_path, monkeypatch):
+    # train.py's clock, advanced only by the work patched below: 0.25 s per training step, and much more by the
+    # evaluations, the diagnostics and the checkpoints, which a logged step time must leave out
+    script = importlib.import_module("train")
+    clock = [1000.0]
+    monkeypatch.setattr(script, "time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    def taking(seconds, work):
+        def timed(*args, **kwargs):
+            result = work(*args, **kwargs)
+            clock[0] += seconds
+            return result
+        return timed
+
+    for name, seconds in (("train_step", 0.25), ("evaluate", 100.0), ("diagnose", 10.0),
+                          ("save_training_state", 1000.0)):
+        monkeypatch.setattr(script, name, taking(seconds, getattr(script, name)))
+    out = tmp_path / "out"
+    # a checkpoint at step 6, between the logs of steps 4 and 8 (issue 33, item 9)
+    assert train_in_process(shakespeare_dir, out, "--max_iters=12", "--log_interval=4", "--eval_interval=6",
+                            "--peak_flops=1e12") == 0
+    records = read_metrics(out, "train")
+    assert [r["step"] for r in records] == [4, 8, 12]
+    assert [e["step"] for e in read_metrics(out, "eval")] == [0, 6, 12]
+    header = read_metrics(out, "config")[0]
+    tokens_per_step = header["tokens_per_iter"]
+    flops_per_token = GPT(GPTConfig(**{k: header["config"][k] for k in GPTConfig.__dataclass_fields__})
+                          ).flops_per_token()
+    for r in records:
+        assert r["ms_per_step"] == 250.0 and r["tokens_per_s"] == tokens_per_step / 0.25, r
+        assert r["mfu"] == pytest.approx(flops_per_token * tokens_per_step / 0.25 / 1e12, rel=1e-12), r
 
 
 @pytest.mark.slow

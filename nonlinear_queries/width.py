@@ -1,0 +1,302 @@
+"""
+What changes as the model widens, from runs at several widths (compare.py's --width_transfer and --width_ladder;
+results/width_transfer, results/width_ladder; docs/width.md).
+
+- transfer: per arm and parametrization, the mean val loss of every learning rate at every width, the best rate
+  per width, how far it moves from the smallest width to the largest (in x2 steps), and what the base width's
+  best rate costs at the largest width. Transfer holds for an arm when the best rate moves by at most one x2 step
+  and the base width's rate costs at most 1% of val loss at the largest width (studies/width_transfer.toml).
+- ladder: per width, each arm's relative improvement over the baseline arm at the same width, from the runs
+  paired by seed (same init seed, same data order), with its 95% confidence interval, and the slope of the
+  improvement against log2(width) with its 95% interval: the gap grows or shrinks only where that interval
+  excludes 0.
+
+An arm is the runs' settings apart from the seeds, the width (n_embd, n_head), the parametrization and its base,
+and the tuning key. A run at the μP base width (m = 1) is both an SP and a μP run (μP equals SP there bit for
+bit, tests/test_width.py), so it joins both curves.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nonlinear_queries import stats
+from nonlinear_queries.runs import IGNORED_KEYS
+
+SEED_KEYS = {"seed", "data_seed"}
+WIDTH_KEYS = {"n_embd", "n_head", "parametrization", "mup_base_width", "mup_base_head_dim"}
+
+
+def parametrizations(config):
+    """The parametrizations a run's config trains under: {'mup'} or {'sp'}, both at the μP base width, where μP
+    is SP (width multiplier 1 and the head size of the base, or a fixed head size)."""
+    head_dim = config["n_embd"] // config["n_head"]
+    at_base = (config["n_embd"] == config.get("mup_base_width", 128)
+               and config.get("mup_base_head_dim", 0) in (0, head_dim))
+    return {"sp", "mup"} if at_base else {config.get("parametrization", "sp")}
+
+
+def arm_key(config, skip):
+    """The arm a run belongs to: its settings apart from `skip`, as a comparable string."""
+    return json.dumps({k: v for k, v in config.items() if k not in skip}, sort_keys=True)
+
+
+def arm_labels(runs, skip):
+    """{arm key: label}: each arm's run_name, plus key=value of the settings in which arms of one name differ."""
+    arms = {}
+    for run in runs:
+        arms.setdefault(arm_key(run.config, skip), run)
+    names = {key: run.header["run_name"] for key, run in arms.items()}
+    labels = {}
+    for key, run in arms.items():
+        same = [arms[k].config for k in arms if names[k] == names[key]]
+        differ = [k for k in run.config if k not in skip and len({json.dumps(c.get(k)) for c in same}) > 1]
+        labels[key] = " ".join([names[key], *(f"{k}={run.config.get(k)}" for k in differ)])
+    return labels
+
+
+@dataclass
+class TransferCurve:
+    """One arm under one parametrization at one width: {rate: [val loss of each seed's run]} at the step."""
+
+    arm: str
+    parametrization: str
+    width: int
+    losses: dict
+
+    def mean(self, rate):
+        return float(np.mean(self.losses[rate]))
+
+    @property
+    def best(self):
+        """The rate with the lowest mean val loss (ties: the lower rate)."""
+        return min(self.losses, key=lambda r: (self.mean(r), r))
+
+
+def transfer_curves(runs, step, rate_key="learning_rate"):
+    """[TransferCurve] of runs that did not diverge and have an eval at `step`, ordered by arm (first
+    appearance), parametrization (SP first) and width. A diverged run's rate counts as an infinite loss."""
+    skip = IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS | {rate_key}
+    labels = arm_labels(runs, skip)
+    curves = {}
+    for run in runs:
+        loss = math.inf if run.diverged is not None else run.evals.get(step, (None, None))[1]
+        if loss is None:
+            continue
+        for p in parametrizations(run.config):
+            key = (labels[arm_key(run.config, skip)], p, run.config["n_embd"])
+            curve = curves.setdefault(key, TransferCurve(*key, {}))
+            curve.losses.setdefault(run.config[rate_key], []).append(loss)
+    order = list(dict.fromkeys(labels.values()))
+    return sorted(curves.values(), key=lambda c: (order.index(c.arm), c.parametrization != "sp", c.width))
+
+
+@dataclass
+class Transfer:
+    """Whether the best rate of one arm under one parametrization holds from the smallest to the largest width:
+    the best rate per width, its move in x2 steps (log2 of the largest width's best over the smallest's), and the
+    relative val loss (%) at the largest width of the base width's best rate over that width's best (None where
+    the base rate was not run at the largest width)."""
+
+    arm: str
+    parametrization: str
+    best: dict  # width -> best rate
+    shift: float
+    cost: float | None
+    holds: bool
+
+
+def transfer_verdicts(curves, base_width, max_shift=1, max_cost=1.0):
+    """[Transfer] per arm and parametrization of `curves` (transfer_curves), judged by the study's criterion: the
+    best rate moves by at most `max_shift` x2 steps from the smallest width to the largest, and the best rate of
+    `base_width` costs at most `max_cost` % of val loss at the largest width."""
+    out = []
+    for arm, p in dict.fromkeys((c.arm, c.parametrization) for c in curves):
+        mine = {c.width: c for c in curves if (c.arm, c.parametrization) == (arm, p)}
+        widths = sorted(mine)
+        best = {w: mine[w].best for w in widths}
+        shift = math.log2(best[widths[-1]] / best[widths[0]])
+        cost = None
+        if base_width in mine and best[base_width] in mine[widths[-1]].losses:
+            largest = mine[widths[-1]]
+            cost = 100 * (largest.mean(best[base_width]) - largest.mean(largest.best)) / largest.mean(largest.best)
+        holds = abs(shift) <= max_shift + 1e-9 and cost is not None and cost <= max_cost
+        out.append(Transfer(arm, p, best, shift, cost, holds))
+    return out
+
+
+def transfer_tables(curves, base_width):
+    """(the loss table, the verdict table), each (header, rows) for stats.print_table: per arm, parametrization
+    and width the mean val loss at every rate (the best in bold, n seeds in the header), and per arm and
+    parametrization the best rate at each width, its shift, the base rate's cost and whether transfer holds."""
+    rates = sorted({r for c in curves for r in c.losses})
+    seeds = sorted({len(v) for c in curves for v in c.losses.values()})
+    header = ["arm", "param.", "width", *(f"{short(r)}" for r in rates), "best"]
+    rows = []
+    for c in curves:
+        cells = [f"**{c.mean(r):.4f}**" if r == c.best else f"{c.mean(r):.4f}" if r in c.losses else ""
+                 for r in rates]
+        rows.append([c.arm, label_of(c.parametrization), str(c.width), *cells, short(c.best)])
+    header[3] += f" (mean of {'/'.join(map(str, seeds))} seeds)"
+    verdicts = transfer_verdicts(curves, base_width)
+    widths = sorted({c.width for c in curves})
+    vheader = ["arm", "param.", *(f"best at {w}" for w in widths), f"shift {widths[0]}→{widths[-1]} (x2 steps)",
+               f"cost at {widths[-1]} of {base_width}'s best (%)", "transfer holds"]
+    vrows = [[v.arm, label_of(v.parametrization), *(short(v.best[w]) if w in v.best else "" for w in widths),
+              f"{v.shift:+.0f}", "not run" if v.cost is None else f"{v.cost:.2f}", "yes" if v.holds else "no"]
+             for v in verdicts]
+    return (header, rows), (vheader, vrows)
+
+
+def short(rate):
+    """A rate as the study files write it: 3e-3, 7.5e-4, 1.2e-2."""
+    mantissa, exponent = f"{rate:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def label_of(parametrization):
+    return {"sp": "SP", "mup": "μP"}[parametrization]
+
+
+@dataclass
+class Rung:
+    """One arm against the baseline at one width: the val losses of the runs paired by seed (same init seed, same
+    data order), the per-seed relative improvement g = 100 (L_base - L) / L_base (%, positive = lower loss than
+    the baseline), its mean, 95% confidence interval (the paired t interval) and the paired t-test's p on g, the
+    minimum detectable effect of Welch's test on the two groups (%, of the baseline's mean, 80% power), and the
+    model's non-embedding parameters and training FLOPs per run."""
+
+    arm: str
+    width: int
+    losses: np.ndarray
+    base_losses: np.ndarray
+    gaps: np.ndarray
+    ci: tuple
+    p: float | None
+    mde: float | None
+    params: int
+    flops: float
+
+    @property
+    def gap(self):
+        return float(self.gaps.mean())
+
+
+@dataclass
+class Slope:
+    """The least-squares slope of an arm's per-seed relative improvement (%) against log2(width), in percentage
+    points per doubling of the width, with its 95% confidence interval (t with n - 2 degrees of freedom, n the
+    pairs at every width) and what the interval supports."""
+
+    arm: str
+    slope: float
+    ci: tuple
+    n: int
+
+    @property
+    def verdict(self):
+        if self.ci[0] > 0:
+            return "grows with width"
+        if self.ci[1] < 0:
+            return "shrinks with width"
+        return "no trend detected"
+
+
+def one_sample_p(values):
+    """The two-sided p of the one-sample t-test of mean(values) = 0 (scipy.stats.ttest_1samp; for the per-seed
+    gaps, the paired t-test on the relative scale); None for fewer than 2 values."""
+    from scipy import stats as sps
+
+    return float(sps.ttest_1samp(values, 0.0).pvalue) if len(values) > 1 else None
+
+
+def t_interval(values):
+    """(low, high) of the 95% t interval of the mean of `values`; (nan, nan) for fewer than 2."""
+    from scipy import stats as sps
+
+    if len(values) < 2:
+        return (math.nan, math.nan)
+    half = sps.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values))
+    return (float(np.mean(values) - half), float(np.mean(values) + half))
+
+
+def run_flops(config):
+    """Training FLOPs of one run of `config` (a run's config dict): model.GPT.flops_per_token times the tokens of
+    its max_iters steps."""
+    import torch
+
+    from model import GPT, GPTConfig, model_config_keys
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**{k: config[k] for k in model_config_keys() if k in config}))
+    tokens = config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
+    return model.flops_per_token() * tokens * config["max_iters"]
+
+
+def ladder(runs, step, baseline=None):
+    """([Rung], [Slope], the baseline's label) of `runs` at `step`: every arm but the baseline (by default the
+    first run's arm; else the label `baseline`) against the baseline at each width where both have runs, paired
+    by seed and data_seed; runs that diverged or lack the step are left out. Raises ValueError for an unknown
+    baseline or an arm with no paired runs."""
+    skip = IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS
+    labels = arm_labels(runs, skip)
+    by_arm = {}
+    for run in runs:
+        if run.diverged is None and step in run.evals:
+            seed = (run.config.get("seed"), run.config.get("data_seed"))
+            by_arm.setdefault(labels[arm_key(run.config, skip)], {}).setdefault(run.config["n_embd"], {})[seed] = run
+    arms = list(dict.fromkeys(labels.values()))
+    base = arms[0] if baseline is None else baseline
+    if base not in by_arm:
+        raise ValueError(f"no baseline arm {base!r} among the runs' arms: {', '.join(map(repr, arms))}")
+    rungs, slopes = [], []
+    for arm in (a for a in arms if a != base and a in by_arm):
+        mine = []
+        for width in sorted(by_arm[arm]):
+            pairs = sorted(set(by_arm[arm][width]) & set(by_arm[base].get(width, {})))
+            if not pairs:
+                continue
+            losses = np.array([by_arm[arm][width][s].evals[step][1] for s in pairs])
+            base_losses = np.array([by_arm[base][width][s].evals[step][1] for s in pairs])
+            gaps = 100 * (base_losses - losses) / base_losses
+            p = one_sample_p(gaps)
+            mde = (100 * stats.min_detectable_effect(len(losses), len(base_losses), losses.std(ddof=1),
+                                                     base_losses.std(ddof=1)) / base_losses.mean()
+                   if len(pairs) > 1 else None)
+            run = by_arm[arm][width][pairs[0]]
+            mine.append(Rung(arm, width, losses, base_losses, gaps, t_interval(gaps), p, mde,
+                             run.header.get("non_embedding_params"), run_flops(run.config)))
+        if not mine:
+            raise ValueError(f"{arm}: no run pairs with the baseline {base} at any width (same seed and data_seed)")
+        rungs += mine
+        if len(mine) > 1:
+            x = np.concatenate([np.full(len(r.gaps), math.log2(r.width)) for r in mine])
+            y = np.concatenate([r.gaps for r in mine])
+            slopes.append(Slope(arm, *slope_interval(x, y), len(y)))
+    return rungs, slopes, base
+
+
+def slope_interval(x, y):
+    """(slope, (low, high)) of the least-squares line of y on x with the 95% t interval of the slope
+    (scipy.stats.linregress's standard error, n - 2 degrees of freedom)."""
+    from scipy import stats as sps
+
+    fit = sps.linregress(x, y)
+    half = sps.t.ppf(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.nan
+    return float(fit.slope), (float(fit.slope - half), float(fit.slope + half))
+
+
+def ladder_tables(rungs, slopes, baseline):
+    """(the per-width table, the slope table), each (header, rows) for stats.print_table."""
+    header = ["arm", "width", "non-emb. params", "training PFLOPs", "n", "val loss", f"{baseline} val loss",
+              "rel. improvement (%)", "95% CI (%)", "paired p", "MDE (%)"]
+    rows = [[r.arm, str(r.width), f"{r.params:,}", f"{r.flops / 1e15:.3f}", str(len(r.gaps)),
+             stats.pm_cell(float(r.losses.mean()), float(r.losses.std(ddof=1)) if len(r.losses) > 1 else None),
+             stats.pm_cell(float(r.base_losses.mean()),
+                           float(r.base_losses.std(ddof=1)) if len(r.base_losses) > 1 else None),
+             f"{r.gap:+.2f}", f"[{r.ci[0]:+.2f}, {r.ci[1]:+.2f}]", stats.p_cell(r.p),
+             "" if r.mde is None else f"{r.mde:.2f}"] for r in rungs]
+    sheader = ["arm", "slope (% per doubling of width)", "95% CI", "pairs", "what the interval supports"]
+    srows = [[s.arm, f"{s.slope:+.2f}", f"[{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]", str(s.n), s.verdict] for s in slopes]
+    return (header, rows), (sheader, srows)

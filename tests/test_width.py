@@ -1,0 +1,306 @@
+"""μP (parametrization='mup', docs/width.md): its rules held against SP's numbers, the start-up error of a parameter
+no rule classifies, the coordinate check that tells μP from SP, μP under compile, DDP and FSDP2, and the width
+tables of compare.py (--width_transfer, --width_ladder) on hand-made runs."""
+
+import csv
+import io
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from scipy import stats
+from test_compare import make_run, run_compare
+
+from helpers import ONE_THREAD, REPO, read_metrics, run_script, train
+from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
+from nonlinear_queries.coord_check import coord_check
+from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
+from nonlinear_queries.pretrained import hf_incompatibility
+from nonlinear_queries.runtime import parallelize, setup
+from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.training import get_lr
+
+SMALL = dict(n_layer=2, n_head=4, n_embd=64, block_size=16, vocab_size=64, query_mode="res_gelu")
+HIDDEN = {"attn.c_kv.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight", "attn.query.w1.weight",
+          "attn.query.w2.weight"}
+
+
+def models(**settings):
+    """(SP model, μP model at width multiplier 64 / 32 = 2), both initialized from seed 0."""
+    out = []
+    for p in ("sp", "mup"):
+        torch.manual_seed(0)
+        out.append(GPT(GPTConfig(**{**SMALL, **settings}, parametrization=p, mup_base_width=32)))
+    return out
+
+
+def test_mup_scales_the_hidden_init_the_logits_and_nothing_else():
+    sp, mup = models()
+    assert mup.config.width_mult == 2.0
+    roles = mup.mup_roles
+    assert {n.split(".", 3)[-1] for n, r in roles.items() if r == "hidden"} == HIDDEN
+    assert {n for n, r in roles.items() if r == "embedding"} == {"transformer.wte.weight", "transformer.wpe.weight"}
+    assert all(p.dim() == 1 for n, p in mup.named_parameters() if roles[n] == "vector")
+    # hidden matrices start at SP's draw times 1/sqrt(m) (the residual projections keep their 1/sqrt(2 n_layer));
+    # embeddings and vectors are SP's exactly
+    for (name, p), q in zip(sp.named_parameters(), mup.parameters()):
+        want = p * 2**-0.5 if roles[name] == "hidden" else p
+        assert torch.equal(q, want), name
+    h = torch.randn(3, 64)
+    assert torch.equal(mup.logits(h), mup.lm_head(h) * 0.5)
+    # with the head size fixed the softmax scale is SP's; a head grown from 8 to 16 gets sqrt(8) / 16
+    assert mup.transformer.h[0].attn.scale == sp.transformer.h[0].attn.scale == 0.5 / math.sqrt(16)
+    wider_heads = GPT(GPTConfig(**SMALL, parametrization="mup", mup_base_width=32, mup_base_head_dim=8))
+    assert wider_heads.transformer.h[0].attn.scale == pytest.approx(0.5 * math.sqrt(8) / 16, rel=1e-15)
+    assert sp.mup_roles == {}
+    linear = GPTConfig(**{**SMALL, "query_mode": "linear"}, parametrization="mup", mup_base_width=32)
+    assert hf_incompatibility(linear).startswith("parametrization='mup' at width multiplier 2")
+    assert hf_incompatibility(GPTConfig(**{**SMALL, "query_mode": "linear"}, parametrization="mup",
+                                        mup_base_width=64)) is None
+
+
+def test_an_untied_head_is_an_output_and_a_fixed_bottleneck_is_refused():
+    _, mup = models(tie_weights=False)
+    assert mup.mup_roles["lm_head.weight"] == "output"
+    with pytest.raises(ValueError, match=r"no rule for transformer\.h\.0\.attn\.query\.w1\.weight, of shape "
+                                         r"\(16, 64\)"):
+        GPT(GPTConfig(**SMALL, parametrization="mup", query_rank=16))
+
+
+def adamw_and_muon(width, optimizer="adamw"):
+    cfg = TrainConfig(**{**SMALL, "n_embd": width, "n_head": width // 16}, parametrization="mup", mup_base_width=32,
+                      learning_rate=1e-3, weight_decay=0.1, warmup_iters=10, lr_decay_iters=100, min_lr=1e-4,
+                      optimizer=optimizer, muon_learning_rate=0.02)
+    model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in GPTConfig.__dataclass_fields__}))
+    return cfg, model, build_optimizers(model, cfg, "cpu")
+
+
+@pytest.mark.parametrize("step", [3, 50])  # in the warmup and in the cosine decay
+def test_the_schedule_scales_every_group_and_hidden_rates_are_eta_over_m_with_lr_times_wd_fixed(step):
+    products = []
+    for width, m in ((64, 2), (128, 4)):
+        cfg, model, (adamw,) = adamw_and_muon(width)
+        set_learning_rates([adamw], get_lr(step, cfg), cfg)
+        hidden, matrices, vectors = adamw.param_groups
+        names = {id(p): n for n, p in model.named_parameters()}
+        assert {model.mup_roles[names[id(p)]] for p in hidden["params"]} == {"hidden"}
+        assert hidden["lr"] == get_lr(step, cfg) / m and hidden["weight_decay"] == pytest.approx(0.1 * m)
+        assert matrices["lr"] == vectors["lr"] == get_lr(step, cfg)
+        assert (matrices["weight_decay"], vectors["weight_decay"]) == (0.1, 0.0)
+        products.append(hidden["lr"] * hidden["weight_decay"])
+    # the decoupled decay per step, lr * wd, is the same at every width (the `mup` package's MuAdamW)
+    assert products[0] == pytest.approx(products[1], rel=1e-12)
+
+
+def test_muon_updates_are_not_divided_by_m_again():
+    cfg, model, (adamw, muon) = adamw_and_muon(128, optimizer="muon")
+    set_learning_rates([adamw, muon], get_lr(50, cfg), cfg)
+    assert [g["lr"] for g in muon.param_groups] == [cfg.muon_learning_rate * get_lr(50, cfg) / cfg.learning_rate]
+    muon_ids = {id(p) for g in muon.param_groups for p in g["params"]}
+    assert {model.mup_roles[n] for n, p in model.named_parameters() if id(p) in muon_ids} == {"hidden"}
+    assert all(g["lr"] == get_lr(50, cfg) for g in adamw.param_groups)
+
+
+class FixedWidthQuery(QueryModule):
+    """A toy query with a matrix of 8 rows, whatever the width: no μP rule covers it."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.down = nn.Parameter(torch.zeros(8, config.n_embd))
+        self.up = nn.Linear(8, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.up(x @ self.down.T)
+
+
+def test_a_parameter_no_rule_classifies_stops_the_model_at_start_up(monkeypatch):
+    monkeypatch.setitem(QUERY_MODULES, "toy", FixedWidthQuery)
+    GPT(GPTConfig(**{**SMALL, "query_mode": "toy"}))  # SP needs no rule
+    with pytest.raises(ValueError, match=r"no rule for transformer\.h\.0\.attn\.query\.down, of shape \(8, 64\), "
+                                         r"of which 1 of 2 dimensions grow with n_embd"):
+        GPT(GPTConfig(**{**SMALL, "query_mode": "toy"}, parametrization="mup"))
+
+
+@pytest.mark.slow
+def test_train_says_in_one_line_which_parameter_mup_cannot_classify(shakespeare_dir, tmp_path):
+    proc = train(shakespeare_dir, tmp_path / "out", "--query_mode=res_gelu", "--query_rank=4",
+                 "--parametrization=mup", "--mup_base_width=16", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: parametrization='mup' has no rule for transformer.h.0.attn.query.w1.weight")
+    assert not os.path.exists(tmp_path / "out" / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_mup_at_the_base_width_is_sp_bit_for_bit(shakespeare_dir, tmp_path):
+    # TINY is 32 wide: μP with base width 32 is m = 1. 50 steps, evaluations every 25, res_gelu.
+    args = ["--query_mode=res_gelu", "--max_iters=50", "--eval_interval=25", "--learning_rate=3e-3"]
+    train(shakespeare_dir, tmp_path / "sp", *args, env=ONE_THREAD)
+    train(shakespeare_dir, tmp_path / "mup", *args, "--parametrization=mup", "--mup_base_width=32", env=ONE_THREAD)
+    for kind, keys in (("train", ("loss", "grad_norm")), ("eval", ("train_loss", "val_loss"))):
+        sp, mup = read_metrics(tmp_path / "sp", kind), read_metrics(tmp_path / "mup", kind)
+        assert len(sp) == (50 if kind == "train" else 3)
+        assert [[r[k] for k in keys] for r in sp] == [[r[k] for k in keys] for r in mup]
+    weights = [torch.load(tmp_path / d / "ckpt.pt", weights_only=True)["model"] for d in ("sp", "mup")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.fixture(scope="module")
+def chars(tmp_path_factory):
+    """Character-level Shakespeare (data/shakespeare_char/prepare.py) in a temporary directory."""
+    out = tmp_path_factory.mktemp("shakespeare_char")
+    run_script("data/shakespeare_char/prepare.py", f"--out_dir={out}")
+    return str(out)
+
+
+@pytest.mark.slow
+def test_a_wider_mup_model_trains_from_the_base_widths_config(chars, tmp_path):
+    proc = run_script("train.py", "config/mini/res_gelu.py", "--parametrization=mup", "--n_embd=256", "--n_head=8",
+                      f"--data_dir={chars}", f"--out_dir={tmp_path}", "--max_iters=30", "--eval_interval=30",
+                      "--eval_iters=4", "--log_interval=10", "--warmup_iters=10")
+    assert "res_gelu: query_mode=res_gelu, 3,150,080 non-embedding parameters" in proc.stdout
+    header = read_metrics(tmp_path, "config")[0]["config"]
+    assert (header["parametrization"], header["n_embd"], header["mup_base_width"]) == ("mup", 256, 128)
+    evals = read_metrics(tmp_path, "eval")
+    assert evals[-1]["step"] == 30 and evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0
+
+
+def test_the_coordinate_check_holds_under_mup_and_fails_under_sp(chars):
+    # the issue's check, as results/coord_check/README.md runs it: widths 64-512, 2 layers, 10 steps of 4 x 64
+    # characters at a deliberately high rate, 3 seeds, res_gelu (every activation, the query branch f(x)
+    # included); slopes of log mean|x| against log width at steps >= 2
+    from nonlinear_queries.configurator import parse_config
+    from nonlinear_queries.coord_check import slope_cell, slope_summary
+
+    cfg = parse_config(TrainConfig, [os.path.join(REPO, "config/mini/res_gelu.py"), "--n_layer=2", "--batch_size=4",
+                                     "--block_size=64"])[0]
+    data = np.memmap(os.path.join(chars, "train.bin"), dtype=np.uint16, mode="r")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the order of the sums, hence the numbers, as analyze.py's with OMP_NUM_THREADS=1
+    try:
+        checks = [coord_check({**cfg.__dict__, "parametrization": p}, [64, 128, 256, 512], [0, 1, 2], 10, 1e-2, data)
+                  for p in ("sp", "mup")]
+    finally:
+        torch.set_num_threads(threads)
+    sp, mup = ({name: s[2:] for name, s in c.slopes().items()} for c in checks)
+    assert set(mup) == {"embedding", "logits", *(f"{a}_{i}" for a in ("attn", "mlp", "query", "query_f")
+                                                  for i in range(2))}
+    assert max(s.max() for s in mup.values()) <= 0.1, mup
+    assert max(s.max() for s in sp.values()) >= 0.25, sp
+    # under SP the blocks' outputs grow about as the square of the width; under μP none grows
+    assert min(sp[f"{a}_0"].min() for a in ("attn", "mlp")) >= 1.0
+    # and the committed table is these numbers
+    lines = open(os.path.join(REPO, "results", "coord_check", "README.md")).read().splitlines()
+    start = lines.index("| activation | SP max slope | SP min slope | SP last slope | μP max slope | μP min slope | "
+                        "μP last slope |")
+    committed = [line for line in lines[start + 2:] if line.startswith("|")][:len(mup)]
+    summaries = [slope_summary(c) for c in checks]
+    assert committed == [f"| {name} | " + " | ".join(slope_cell(v) for s in summaries for v in s[name]) + " |"
+                         for name in checks[0].values]
+
+
+@pytest.fixture
+def process_group_of_one():
+    rt = setup("cpu", "float32", parallelism="fsdp")
+    yield rt
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_mup_compiles_with_no_graph_break_of_its_own_and_trains_as_eager_under_ddp_and_fsdp(process_group_of_one,
+                                                                                              parallelism):
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    x, y = torch.randint(0, 64, (2, 4, 16), generator=torch.Generator().manual_seed(0))
+
+    def losses(parametrization, compile):
+        """Three AdamW steps of the μP (m = 2) or SP model: eager and alone, or compiled and parallelized."""
+        torch._dynamo.reset()
+        counters.clear()
+        cfg = TrainConfig(**SMALL, parametrization=parametrization, mup_base_width=32, learning_rate=3e-3)
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**SMALL, parametrization=parametrization, mup_base_width=32))
+        counter = CompileCounterWithBackend("aot_eager")
+        train_model = parallelize(model, process_group_of_one, parallelism, compile=True, backend=counter)[1] \
+            if compile else model
+        optimizers = build_optimizers(model, cfg, "cpu")
+        set_learning_rates(optimizers, cfg.learning_rate, cfg)
+        out = []
+        for _ in range(3):
+            loss = train_model(x, y)[1]
+            loss.backward()
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            out.append(loss.item())
+        return out, dict(counters["graph_break"]), counter.frame_count
+
+    eager, _, _ = losses("mup", compile=False)
+    compiled, breaks, frames = losses("mup", compile=True)
+    _, sp_breaks, sp_frames = losses("sp", compile=True)
+    torch._dynamo.reset()
+    assert compiled == pytest.approx(eager, rel=1e-5) and eager[-1] < eager[0]
+    # the whole model is one graph under ddp; under fsdp each block is its own compile, and FSDP2's hooks break
+    # the graph there with SP too: μP adds no break and no graph
+    assert (breaks, frames) == (sp_breaks, sp_frames) and frames >= 1
+    assert parallelism == "fsdp" or breaks == {}
+
+
+def ladder_runs(tmp_path, gaps):
+    """Hand-made ladder: baseline and res_gelu at widths {w: [res_gelu's rel. improvement per seed (%)]}; the
+    baseline's val loss is 2.0 + 0.01 seed at every width."""
+    dirs = []
+    for width, per_seed in gaps.items():
+        for seed, gap in enumerate(per_seed, start=1):
+            base = 2.0 + 0.01 * seed
+            for name, loss, mode in (("baseline", base, "linear"), ("res_gelu", base * (1 - gap / 100), "res_gelu")):
+                dirs.append(make_run(tmp_path / f"{name}_{width}_{seed}", name, {0: 4.0, 100: loss}, query_mode=mode,
+                                     n_embd=width, n_head=width // 32, seed=seed, data_seed=seed, max_iters=100,
+                                     parametrization="sp" if width == 128 else "mup"))
+    return dirs
+
+
+def test_the_ladder_pairs_seeds_per_width_and_fits_the_slope_against_log_width(tmp_path):
+    gaps = {64: [1.0, 1.5, 2.0], 128: [0.5, 1.0, 2.5], 256: [-0.5, 0.5, 0.0]}
+    dirs = ladder_runs(tmp_path, gaps)
+    proc = run_compare(*dirs, "--width_ladder", "--format=csv")
+    lines = list(csv.reader(io.StringIO(proc.stdout)))
+    rows = {int(r[1]): r for r in lines[1:4]}
+    for width, g in gaps.items():
+        low, high = stats.t.interval(0.95, 2, loc=np.mean(g), scale=stats.sem(g))
+        assert rows[width][0] == "res_gelu" and rows[width][4] == "3"
+        assert float(rows[width][7]) == pytest.approx(np.mean(g), abs=1e-9)
+        assert rows[width][8] == f"[{low:+.2f}, {high:+.2f}]"
+        assert float(rows[width][9]) == pytest.approx(stats.ttest_1samp(g, 0).pvalue, rel=1e-9)
+    x = np.repeat(np.log2([64, 128, 256]), 3)
+    fit = stats.linregress(x, [v for g in gaps.values() for v in g])
+    half = stats.t.ppf(0.975, 7) * fit.stderr
+    slope_row = lines[-1]
+    assert slope_row[0] == "res_gelu" and float(slope_row[1]) == pytest.approx(fit.slope, rel=1e-9)
+    assert slope_row[2] == f"[{fit.slope - half:+.2f}, {fit.slope + half:+.2f}]" and slope_row[3] == "9"
+    assert slope_row[4] == ("shrinks with width" if fit.slope + half < 0 else "no trend detected")
+
+
+def test_the_transfer_table_finds_each_widths_best_rate_and_judges_transfer(tmp_path):
+    # val loss = 2 + (log2(lr / best))^2 / 10: SP's best doubles with every halving of the width, μP's stays;
+    # the width-128 runs (m = 1) count for both
+    dirs = []
+    for p, best in (("sp", {64: 4e-3, 128: 2e-3, 256: 1e-3}), ("mup", {64: 2e-3, 128: 2e-3, 256: 2e-3})):
+        for width, b in best.items():
+            if p == "mup" and width == 128:
+                continue
+            for lr in (1e-3, 2e-3, 4e-3):
+                for seed in (0, 6):
+                    loss = 2 + math.log2(lr / b) ** 2 / 10 + 0.001 * seed
+                    dirs.append(make_run(tmp_path / f"{p}_{width}_{lr}_{seed}", "baseline", {0: 4.0, 100: loss},
+                                         n_embd=width, n_head=width // 32, learning_rate=lr, seed=seed,
+                                         parametrization=p, max_iters=100))
+    proc = run_compare(*dirs, "--width_transfer", "--format=csv", f"--plot={tmp_path / 'transfer.png'}")
+    verdicts = [row for row in csv.reader(io.StringIO(proc.stdout)) if row[0] == "baseline"][-2:]
+    assert verdicts[0][1:] == ["SP", "4e-3", "2e-3", "1e-3", "-2", f"{100 * 0.1 / 2.003:.2f}", "no"]
+    assert verdicts[1][1:] == ["μP", "2e-3", "2e-3", "2e-3", "+0", "0.00", "yes"]
+    assert os.path.getsize(tmp_path / "transfer.png") > 10_000
