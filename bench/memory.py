@@ -23,7 +23,8 @@ What each part costs, in bytes:
   1/W of each, plus the weights it gathers for the units at work: the root unit (embeddings,
   final norm, LM head) for the whole step and up to two blocks (one computing, one
   prefetched), in float32 (autocast casts them as under DDP, runtime.parallelize); and while a
-  unit's gradients are reduce-scattered, those gradients unsharded and their float32 copy.
+  unit's gradients are reduce-scattered, those gradients unsharded and their copy in the
+  reduce-scatter's buffer.
 - activations: counted, not modelled: one Block of the config at its real width runs a
   forward pass on the CPU (at 16 and 32 tokens, so the bytes per token and the constant part
   separate) under torch.autograd.graph.saved_tensors_hooks, and every tensor it saves for the

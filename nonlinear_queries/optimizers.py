@@ -72,8 +72,8 @@ class Muon(torch.optim.Muon):
     its momentum), torch's step would run Newton-Schulz on the shards, where DTensor turns
     its norm and matmuls into blocking collectives (on 2 processes: 6 all-reduces and 7 or 8
     all-gathers a matrix and step, and rounding that differs from one process's).
-    Here each matrix's parameter, gradient and momentum (k, rows, cols) are all-gathered in one
-    collective, a torch.optim.Muon with the group's settings takes its step on those whole
+    Here each matrix's parameter, gradient and momentum, stacked (3, rows, cols), are all-gathered
+    in one collective, a torch.optim.Muon with the group's settings takes its step on those whole
     tensors (the same arithmetic as in one process), and each process keeps its own rows of the
     new parameter and momentum. Per matrix and step: one all-gather of 3 x its size, and every
     process orthogonalizes every matrix; the momentum stays sharded (a DTensor like its
