@@ -22,15 +22,16 @@ What each part costs, in bytes:
   process, and a second copy of the gradients in its all-reduce buckets (W > 1). FSDP keeps
   1/W of each, plus the weights it gathers for the units at work: the root unit (embeddings,
   final norm, LM head) for the whole step and up to two blocks (one computing, one
-  prefetched), in bfloat16 on CUDA (MixedPrecisionPolicy); and while a unit's gradients are
-  reduce-scattered, those gradients unsharded and their float32 copy.
+  prefetched), in float32 (autocast casts them as under DDP, runtime.parallelize); and while a
+  unit's gradients are reduce-scattered, those gradients unsharded and their copy in the
+  reduce-scatter's buffer.
 - activations: counted, not modelled: one Block of the config at its real width runs a
   forward pass on the CPU (at 16 and 32 tokens, so the bytes per token and the constant part
   separate) under torch.autograd.graph.saved_tensors_hooks, and every tensor it saves for the
   backward pass that is not a parameter is added up once per storage; with bf16 autocast as on
-  CUDA (under FSDP with bfloat16 weights and input, as MixedPrecisionPolicy gives them). The
-  constant part is the weight copies a forward pass makes (autocast's bfloat16 casts, the
-  fused input projection's stacked matrix). Times n_layer; with activation checkpointing
+  CUDA, the same under DDP and FSDP (a block computes the same either way). The constant part
+  is the weight copies a forward pass makes (autocast's bfloat16 casts, the fused input
+  projection's stacked matrix). Times n_layer; with activation checkpointing
   each block keeps only its input, and one block's activations exist again while its
   backward recomputes them (Chen et al. 2016).
 - the LM head: per token, the final norm's input and output, then 12 bytes per vocabulary
@@ -75,14 +76,12 @@ def model_config(cfg):
     return GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()})
 
 
-def block_activations(mcfg, bf16, sharded):
+def block_activations(mcfg, bf16):
     """(bytes per token, constant bytes) that one Block of `mcfg` saves for its backward pass:
     counted on the CPU at 16 and 32 tokens (see the module docstring). bf16: bfloat16 autocast
-    (CUDA's training); sharded: FSDP's bfloat16 weights and block input on top of it."""
+    (CUDA's training)."""
     torch.manual_seed(0)
     block = Block(mcfg)
-    if bf16 and sharded:
-        block = block.to(torch.bfloat16)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     totals = []
     for tokens in (16, 32):
@@ -94,8 +93,7 @@ def block_activations(mcfg, bf16, sharded):
                 seen[storage.data_ptr()] = storage.nbytes()
             return t
 
-        x = torch.randn(1, tokens, mcfg.n_embd, dtype=torch.bfloat16 if bf16 and sharded else torch.float32,
-                        requires_grad=True)
+        x = torch.randn(1, tokens, mcfg.n_embd, requires_grad=True)  # the residual stream: float32
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             block(x)
@@ -118,24 +116,23 @@ def estimate(cfg, parallelism, world_size, checkpointing, bf16, activations=None
     muon = sum(p.numel() for p in model.transformer.h.parameters() if p.dim() == 2) if cfg.optimizer == "muon" else 0
     states = 8 * (n_params - muon) + 4 * muon
     sharded = parallelism == "fsdp"
-    per_token, constant = activations or block_activations(mcfg, bf16, sharded)
+    per_token, constant = activations or block_activations(mcfg, bf16)
     tokens = cfg.batch_size * cfg.block_size
     d, vocab = mcfg.n_embd, mcfg.vocab_size
     head = tokens * (4 * d + (2 if bf16 else 4) * d + 12 * vocab)
     if checkpointing:  # each block keeps its input; one block's activations exist again in its backward,
         # which comes after the head's, whose buffers are freed by then
-        activations = mcfg.n_layer * (2 if bf16 and sharded else 4) * d * tokens + max(
+        activations = mcfg.n_layer * 4 * d * tokens + max(
             per_token * tokens + constant, head)
     else:
         activations = mcfg.n_layer * (per_token * tokens + constant) + head
     if sharded:
-        gathered = 2 if bf16 else 4  # bytes per gathered weight
         shard = 1 / world_size
         parts = {"weights": 4 * n_params * shard, "optimizer states": states * shard,
-                 "gathered weights": gathered * (root_params + 2 * block_params), "activations": activations}
-        forward_end = sum(parts.values()) + gathered * root_params  # + the root's first gradients (the LM head's)
-        parts["gradients"] = 4 * n_params * shard + (gathered + 4) * max(root_params, block_params)
-        backward_end = parts["weights"] + parts["optimizer states"] + parts["gradients"] + gathered * root_params
+                 "gathered weights": 4 * (root_params + 2 * block_params), "activations": activations}
+        forward_end = sum(parts.values()) + 4 * root_params  # + the root's first gradients (the LM head's)
+        parts["gradients"] = 4 * n_params * shard + 8 * max(root_params, block_params)
+        backward_end = parts["weights"] + parts["optimizer states"] + parts["gradients"] + 4 * root_params
     else:
         parts = {"weights": 4 * n_params, "optimizer states": states, "activations": activations}
         forward_end = sum(parts.values()) + 4 * root_params
@@ -165,12 +162,9 @@ def estimate_table(paths, args):
     for path in paths:
         overrides = {"batch_size": args.batch_size} if args.batch_size else {}
         cfg = config_of(path, **overrides)
-        cache = {}
-        peaks = {}
-        for name, parallelism, checkpointing in SETTINGS:
-            if parallelism not in cache:
-                cache[parallelism] = block_activations(model_config(cfg), True, parallelism == "fsdp")
-            peaks[name] = estimate(cfg, parallelism, args.world_size, checkpointing, True, cache[parallelism])["peak"]
+        activations = block_activations(model_config(cfg), True)
+        peaks = {name: estimate(cfg, parallelism, args.world_size, checkpointing, True, activations)["peak"]
+                 for name, parallelism, checkpointing in SETTINGS}
         with torch.device("meta"):
             n_params = GPT(model_config(cfg)).get_num_params(non_embedding=False)
         name = os.path.relpath(path, os.path.join(REPO, "config"))[:-3]

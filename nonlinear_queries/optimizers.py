@@ -7,7 +7,8 @@ The optimizers of train.py, chosen by `optimizer`, as a list the loop treats uni
   PyTorch's torch.optim.Muon): Muon for the 2-D weight matrices inside the transformer
   blocks, the query modules' included, whose updates it orthogonalizes by Newton-Schulz
   iterations; AdamW, as above, for everything else: the embeddings, the LM head and every
-  1-D parameter (norm weights, biases), which Muon is not meant for.
+  1-D parameter (norm weights, biases), which Muon is not meant for. Under FSDP each matrix
+  is orthogonalized whole, gathered once a step (`Muon`).
 
 The learning-rate schedule (training.get_lr) drives both: each optimizer's rate is its
 base rate (learning_rate for AdamW, muon_learning_rate for Muon) times get_lr(step) /
@@ -26,7 +27,10 @@ independent of width (Jordan et al. 2024; Bernstein & Newhouse 2024), so dividin
 would undertrain the wide model.
 """
 
+import inspect
+
 import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, exclude=()):
@@ -55,6 +59,84 @@ def muon_parameters(model):
     return [p for p in model.transformer.h.parameters() if p.requires_grad and p.dim() == 2]
 
 
+# torch.optim.Muon's settings, as its constructor names them (a group also holds others' keys, and an optimizer's
+# defaults gain 'differentiable' when it is unpickled, as a sharded checkpoint's loading does)
+MUON_SETTINGS = [name for name in inspect.signature(torch.optim.Muon).parameters if name != "params"]
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon, whose step also runs on the whole matrix when FSDP2 shards it.
+
+    On plain tensors (one process, DDP) the step is torch.optim.Muon's own. On DTensor shards
+    (runtime.parallelize's FSDP: each process holds some rows of every matrix, its gradient and
+    its momentum), torch's step would run Newton-Schulz on the shards, where DTensor turns
+    its norm and matmuls into blocking collectives (on 2 processes: 6 all-reduces and 7 or 8
+    all-gathers a matrix and step, and rounding that differs from one process's).
+    Here each matrix's parameter, gradient and momentum, stacked (3, rows, cols), are all-gathered
+    in one collective, a torch.optim.Muon with the group's settings takes its step on those whole
+    tensors (the same arithmetic as in one process), and each process keeps its own rows of the
+    new parameter and momentum. Per matrix and step: one all-gather of 3 x its size, and every
+    process orthogonalizes every matrix; the momentum stays sharded (a DTensor like its
+    parameter), so state_dict and the sharded checkpoints (DCP) see what they see under
+    torch.optim.Muon.
+
+    Named Muon, as torch's: checkpoints record their optimizers by class name (checkpoint.py),
+    and a sharded checkpoint's optimizers are rebuilt without FSDP when it is converted to one
+    file. Param groups keep any extra keys; the step reads only Muon's own settings from them.
+    Raises ValueError for a DTensor placed otherwise than sharded (Shard) or replicated.
+    """
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            settings = {key: group[key] for key in MUON_SETTINGS}
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._step_whole(p, settings)
+        return loss
+
+    def _step_whole(self, p, settings):
+        """torch.optim.Muon's step with `settings` on the whole of the sharded matrix p (a DTensor with
+        a gradient); p and its momentum keep this process's rows of the result."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:  # as torch.optim.Muon starts it: zeros like the gradient (sharded)
+            state["momentum_buffer"] = torch.zeros_like(p.grad)
+        param, grad, momentum = gather_whole([p, p.grad, state["momentum_buffer"]])
+        param.grad = grad
+        whole = torch.optim.Muon([param], **settings)
+        whole.state[param]["momentum_buffer"] = momentum
+        whole.step()
+        p.copy_(own_part(param, p))
+        state["momentum_buffer"].copy_(own_part(whole.state[param]["momentum_buffer"], p))
+
+
+def gather_whole(shards):
+    """The whole tensors of DTensors `shards` (of one shape, placed alike, on one device mesh) by one
+    collective: a list of plain tensors of that shape, views of one gathered stack. Raises ValueError for a
+    placement other than Shard or Replicate."""
+    like = shards[0]
+    if any(type(placement) not in (Shard, Replicate) for placement in like.placements):
+        raise ValueError(f"Muon gathers matrices sharded by rows or columns (Shard) or replicated; got the "
+                         f"placements {like.placements}")
+    # stacked on a new leading dimension, so each Shard(d) becomes Shard(d + 1)
+    placements = [Shard(pl.dim + 1) if isinstance(pl, Shard) else pl for pl in like.placements]
+    shape = (len(shards), *like.shape)
+    stack = DTensor.from_local(torch.stack([s.to_local() for s in shards]), like.device_mesh, placements,
+                               run_check=False, shape=shape, stride=torch.empty(shape, device="meta").stride())
+    return list(stack.full_tensor().unbind())
+
+
+def own_part(whole, like):
+    """This process's part of the plain tensor `whole`, as a DTensor placed as `like`: a slice, no collective."""
+    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
+
+
 def build_optimizers(model, cfg, device_type):
     """[AdamW] or, with cfg.optimizer='muon', [AdamW, Muon] for `model` (a GPT) from the training
     config cfg (learning_rate, weight_decay, beta1, beta2; muon_learning_rate, muon_momentum,
@@ -64,9 +146,8 @@ def build_optimizers(model, cfg, device_type):
     matrices = muon_parameters(model)
     adamw_rest = configure_optimizers(model, cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type,
                        exclude=matrices)
-    muon = torch.optim.Muon([{"params": matrices, "lr_mult": 1.0}], lr=cfg.muon_learning_rate,
-                            momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay,
-                            adjust_lr_fn=cfg.muon_adjust_lr_fn)
+    muon = Muon([{"params": matrices, "lr_mult": 1.0}], lr=cfg.muon_learning_rate, momentum=cfg.muon_momentum,
+                weight_decay=cfg.muon_weight_decay, adjust_lr_fn=cfg.muon_adjust_lr_fn)
     return [adamw_rest, muon]
 
 

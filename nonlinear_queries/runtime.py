@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
@@ -117,7 +117,8 @@ def setup(device="auto", dtype="auto", backend="auto", join_process_group=True, 
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if grouped and join_process_group and not dist.is_initialized():
-        device_id = torch.device(device) if device_type == "cuda" else None
+        # init_process_group wants a device with an index: plain 'cuda' (one GPU, no torchrun) is the current one
+        device_id = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else None
         if launched:
             dist.init_process_group(backend=backend, device_id=device_id)
         else:  # FSDP in one process: a group of one, whose store lives in this process
@@ -176,10 +177,12 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     root (embeddings, final norm, LM head): each process keeps 1/W of every weight, gradient and
     optimizer state, all-gathers a unit's weights just before its forward and backward, and
     reduce-scatters its gradients (averaged over the processes) after its backward, as in Zhao et
-    al. 2023, "PyTorch FSDP". On CUDA with bfloat16 the gathered weights are bfloat16 and the
-    gradients are reduced in float32 (MixedPrecisionPolicy); on the CPU everything stays float32.
-    The model is changed in place (its parameters become DTensor shards, its state-dict names stay)
-    and is returned twice.
+    al. 2023, "PyTorch FSDP". Weights are gathered and gradients reduced in float32, and mixed
+    precision is left to rt.autocast as under DDP, so a step computes what DDP's computes: the
+    residual stream and RoPE's cos/sin stay float32, and each matmul casts its float32 weight to
+    bfloat16 (no MixedPrecisionPolicy: its bfloat16 gathers cast every block's input to bfloat16,
+    and it would round the norms' weights, which autocast keeps float32). The model is changed in
+    place (its parameters become DTensor shards, its state-dict names stay) and is returned twice.
     """
     if activation_checkpointing:
         for block in model.transformer.h:
@@ -190,11 +193,9 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
                 block.compile(backend=backend)
             model.compile(backend=backend)
         mesh = init_device_mesh(rt.device_type, (rt.world_size,))
-        low = rt.device_type == "cuda" and rt.dtype == "bfloat16"
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if low else None, reduce_dtype=torch.float32)
         units = [*model.transformer.h, model]
         for unit in units:
-            fully_shard(unit, mesh=mesh, mp_policy=policy)
+            fully_shard(unit, mesh=mesh)  # float32 throughout; autocast does the mixed precision, as under DDP
         if rt.backend == "gloo":
             # Reduce-scatter with SUM, then let FSDP divide by W itself, instead of gloo's AVG: gloo's AVG
             # summed without dividing in some PyTorch releases (pytorch issue #162338), which would double

