@@ -12,6 +12,7 @@ import train_speed
 from common import fresh_compiler
 from helpers import markdown_table, run_script
 from model import GPT, GPTConfig
+from nonlinear_queries.optimizers import Muon
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
 
@@ -39,7 +40,7 @@ def test_train_speed_modern_recipe_is_config_modern_with_its_optimizers():
         recipe="modern", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=512, compile=False))
     model, _, optimizers = train_speed.build(args, {"query_mode": "res_gelu"}, "cpu")
     assert model.config.pos_encoding == "rope" and model.config.query_mode == "res_gelu"
-    assert [type(o) for o in optimizers] == [torch.optim.AdamW, torch.optim.Muon]
+    assert [type(o) for o in optimizers] == [torch.optim.AdamW, Muon]  # torch.optim.Muon's, FSDP-aware
     out = run_script("bench/train_speed.py", "--recipe=modern", *TINY_MODEL, "--block_size=16", "--batch_size=2",
                      "--rounds=1", "--warmup=1", "--modes=linear,res_gelu", "--no_mlp475").stdout
     assert list(markdown_table(out, "variant")) == ["linear", "res_gelu"] and "modern recipe" in out

@@ -31,9 +31,24 @@ def test_paper_config_hyperparameters(name):
     assert c["out_dir"] == f"out-{name.replace('_', '-')}"
 
 
+# the μP twins (docs/width.md): config: (its SP config, max lr, min lr), the rate the base width 128 chose
+MUP = {"baseline_mup": ("baseline", 3e-3, 3e-4), "res_gelu_mup": ("res_gelu", 3e-3, 3e-5)}
+
+
+@pytest.mark.parametrize("name", sorted(MUP))
+def test_a_mup_twin_is_its_table1_config_under_mup_at_the_base_widths_rate(name):
+    twin, (sp_name, lr, min_lr) = read_config_file(os.path.join(REPO, "config", f"{name}.py")), MUP[name]
+    sp = read_config_file(os.path.join(REPO, "config", f"{sp_name}.py"))
+    changed = {k for k in {*twin, *sp} if twin.get(k) != sp.get(k)}
+    assert changed - {"learning_rate", "min_lr"} == {"parametrization", "mup_base_width", "out_dir", "wandb_group"}
+    assert (twin["parametrization"], twin["mup_base_width"], twin["learning_rate"], twin["min_lr"]) == (
+        "mup", 128, lr, min_lr)
+    assert min_lr / lr == pytest.approx(sp["min_lr"] / sp["learning_rate"])  # the SP config's decay, kept
+
+
 def test_every_config_is_listed():
     names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
-    assert names == set(TABLE1) | {"quickstart"}
+    assert names == set(TABLE1) | set(MUP) | {"quickstart"}
     # the modern recipe (tests/test_modern.py holds its settings)
     assert {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "modern", "*.py"))} == {
         "baseline", "res_gelu"}

@@ -5,15 +5,18 @@ Above each such table a README holds an HTML comment (invisible when rendered) n
     <!-- table from: python compare.py results/ablations/{baseline,res_gelu} --paired --format=markdown -->
 
 The test runs the command in this process (compare.py's or analyze.py's main) from the repo root and compares
-the committed table with the printed one cell by cell. A README may leave out columns that are the same in
-every row (it says so in its prose): the committed header must then be the printed header with those columns
-removed, in the same order, and each row the printed row with the same columns removed. `(headers renamed)`
+the committed table with the printed one cell by cell; a command that prints two tables (compare.py
+--width_ladder) has a marker for each, the second ending in `[table 2]`. A README may leave out columns that are
+the same in every row (it says so in its prose): the committed header must then be the printed header with those
+columns removed, in the same order, and each row the printed row with the same columns removed. `(headers renamed)`
 marks a table whose column headers a person rewrote (analyze.py's "baseline learning_rate=0.003 (n=3)" as
 "baseline lr 3e-3"): its header is left out of the comparison, every other line is compared in full.
 
 Tables that put together numbers of several commands (each run's val loss, the relative improvement at several
 steps) are marked `<!-- table built by tests/test_results.py: NAME -->`: BUILDERS[NAME] builds them from the
-committed runs through the same library (nonlinear_queries.runs and .stats), and every cell is compared.
+committed runs through the same library (nonlinear_queries.runs and .stats), and every cell is compared. A
+table too costly to compute twice (results/coord_check's) is marked `<!-- table checked by tests/FILE.py: TEST -->`,
+the test that computes it and compares it cell by cell.
 
 Numbers that a README's prose states and no table holds are checked where it is cheap: PROSE[readme] builds,
 from the runs, the words that state them, and the README (its line breaks ignored) must hold those words.
@@ -39,7 +42,10 @@ from nonlinear_queries.runs import Group, diag_value, load_run, make_groups, pai
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
-MARKER = re.compile(r"<!-- table (\(headers renamed\) )?from: python (compare|analyze)\.py (.*) -->$")
+MARKER = re.compile(r"<!-- table (\(headers renamed\) )?from: python (compare|analyze)\.py (.*?)"
+                    r"(?: \[table (\d)\])? -->$")
+# a table that a test elsewhere computes and compares, naming the test
+CHECKED = re.compile(r"<!-- table checked by (tests/test_\w+\.py): (test_\w+) -->$")
 PROGRAMS = {"compare": compare, "analyze": analyze}
 
 
@@ -70,9 +76,11 @@ def marked_tables(marker):
 
 
 def generated_tables():
-    """[(readme, line number, renamed, program, argv, committed table lines)] for every marker in the READMEs."""
+    """[(readme, line number, renamed, program, argv, committed table lines, which)] for every marker in the
+    READMEs; which: the number of the printed table the marker names ('[table 2]' at its end: a command that prints
+    two tables), 1 by default."""
     return [(readme, line, bool(match.group(1)), match.group(2),
-             [w for word in shlex.split(match.group(3)) for w in brace_expand(word)], table)
+             [w for word in shlex.split(match.group(3)) for w in brace_expand(word)], table, int(match.group(4) or 1))
             for readme, line, match, table in marked_tables(MARKER)]
 
 
@@ -84,8 +92,9 @@ def cells(line):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def printed_table(program, argv):
-    """The markdown table lines that `program`.py prints for argv, run from the repo root in this process."""
+def printed_table(program, argv, which=1):
+    """The lines of the `which`-th markdown table that `program`.py prints for argv, run from the repo root in this
+    process."""
     out, cwd, saved = io.StringIO(), os.getcwd(), sys.argv
     try:
         os.chdir(REPO)
@@ -95,7 +104,14 @@ def printed_table(program, argv):
     finally:
         os.chdir(cwd)
         sys.argv = saved
-    return [line for line in out.getvalue().splitlines() if line.startswith("|")]
+    tables, previous = [], ""
+    for line in out.getvalue().splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        previous = line
+    return tables[which - 1] if len(tables) >= which else []
 
 
 def short_lr(lr):
@@ -407,13 +423,20 @@ NOT_GENERATED = {(readme, "| arm | what changes against the baseline | question 
                  for readme in ("results/ablations/README.md", "results/long_horizon/README.md")}
 
 
+def checked_elsewhere(marker):
+    """Whether `marker` names a test that exists in the test file it names (CHECKED)."""
+    match = CHECKED.match(marker)
+    return bool(match) and f"def {match.group(2)}(" in open(os.path.join(REPO, match.group(1))).read()
+
+
 def test_every_table_of_numbers_is_generated():
     for readme in sorted(glob.glob(os.path.join(REPO, "results", "*", "README.md"))):
         lines = ["", *open(readme).read().splitlines()]
         for before, line in zip(lines, lines[1:]):
             if line.startswith("|") and not before.startswith("|"):
                 name = os.path.relpath(readme, REPO)
-                assert MARKER.match(before) or BUILT.match(before) or (name, line) in NOT_GENERATED, (
+                assert (MARKER.match(before) or BUILT.match(before) or (name, line) in NOT_GENERATED
+                        or checked_elsewhere(before)), (
                     f"{name}: the table {line[:60]!r} has no marker naming the command that makes it")
 
 
@@ -425,11 +448,11 @@ def test_every_results_readme_has_generated_tables():
     assert sorted(name for *_, name, _ in BUILT_TABLES) == sorted(BUILDERS)
 
 
-@pytest.mark.parametrize("readme, line, renamed, program, argv, committed", TABLES,
+@pytest.mark.parametrize("readme, line, renamed, program, argv, committed, which", TABLES,
                          ids=[f"{readme}:{line}" for readme, line, *_ in TABLES])
-def test_committed_table_equals_what_its_command_prints(readme, line, renamed, program, argv, committed):
+def test_committed_table_equals_what_its_command_prints(readme, line, renamed, program, argv, committed, which):
     assert len(committed) >= 3, f"{readme}:{line}: no table below the marker"
-    printed = printed_table(program, argv)
+    printed = printed_table(program, argv, which)
     assert len(printed) == len(committed), f"{readme}:{line}: {len(printed)} printed lines, {len(committed)} committed"
     header = cells(printed[0])
     if renamed:

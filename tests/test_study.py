@@ -273,7 +273,7 @@ def test_the_ablations_study_writes_the_committed_tables(tmp_path):
                for section in (tmp_path / "TABLES.md").read_text().split("\n## ")[1:]]
     committed = [t for t in TABLES if t[0] == "results/ablations/README.md"]
     assert len(written) == len(committed) == 4
-    for lines, (readme, line, _, program, argv, _) in zip(written, committed):
+    for lines, (readme, line, _, program, argv, _, _) in zip(written, committed):
         assert lines == printed_table(program, argv), f"the table for {readme}:{line}"
 
 
@@ -437,7 +437,7 @@ def test_tuning_on_several_seeds_chooses_on_their_mean_and_other_arms_take_the_v
     for (v, seed), loss in {("1e-3", 0): 2.0, ("1e-3", 6): 2.6, ("2e-3", 0): 2.1, ("2e-3", 6): 2.3}.items():
         fake_run(study.point_dir(s, small, horizon, {"learning_rate": v, "seed": seed}), loss)
     stage = study.advance(s, small, horizon)
-    assert stage.tuning == {"1e-3": pytest.approx(2.3), "2e-3": pytest.approx(2.2)}
+    assert stage.tuning == {"1e-3": pytest.approx(2.3), "2e-3": pytest.approx(2.2), "4e-3": None}
     assert stage.todo == [{"learning_rate": "4e-3", "seed": 0}, {"learning_rate": "4e-3", "seed": 6}]
     fake_run(study.point_dir(s, small, horizon, {"learning_rate": "4e-3", "seed": 0}), 2.0)
     fake_run(study.point_dir(s, small, horizon, {"learning_rate": "4e-3", "seed": 6}), None, diverged=True)
@@ -445,7 +445,8 @@ def test_tuning_on_several_seeds_chooses_on_their_mean_and_other_arms_take_the_v
     assert study.advance(s, wide, horizon).todo == [{"learning_rate": "2e-3", "seed": 1, "data_seed": 1}]
     # the ladder table runs compare.py over the held-out seeds of its arms
     cmd = study.table_command(s, s.tables[0], {a.name: a for a in s.arms})
-    assert cmd[-3:] == ["--width_ladder", "--seeds=1,2", "--format=markdown"]
+    assert cmd[:3] == ["compare.py", study.arm_dir(s, small, horizon), study.arm_dir(s, wide, horizon)]
+    assert {"--width_ladder", "--seeds=1,2", "--format=markdown"} <= set(cmd) and "--best_over" not in " ".join(cmd)
 
 
 def test_reused_runs_must_be_complete_and_are_never_run(tmp_path):
@@ -487,8 +488,10 @@ def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_
         'overrides = { n_embd = 256, n_head = 8, parametrization = "mup" }\n', '')
     s = write_study(tmp_path, cuda)
     line, saved = study.tuning_saved(s, s.arms[1], s.horizons[0])
-    small_h, wide_h = (4 * study.run_flops(s, a, s.horizons[0])[0] / (s.peak_flops * s.mfu) / 3600
+    n = 2 * len(study.advance(s, s.arms[0], s.horizons[0]).values)  # the grid, widened, times the 2 tuning seeds
+    small_h, wide_h = (n * study.run_flops(s, a, s.horizons[0])[0] / (s.peak_flops * s.mfu) / 3600
                        for a in s.arms[:2])
-    assert line == (f"    tuning small (4 runs, n_embd=128) takes about {small_h:.1f} GPU-hours; the same tuning at "
+    assert n == 6 and saved == pytest.approx(wide_h - small_h)
+    assert line == (f"    tuning small ({n} runs, n_embd=128) takes about {small_h:.1f} GPU-hours; the same tuning at "
                     f"n_embd=256 would take {wide_h:.1f}: {wide_h - small_h:.1f} GPU-hours saved (FLOPs at the "
-                    f"study's [cost] peak and MFU)") and saved == pytest.approx(wide_h - small_h)
+                    f"study's [cost] peak and MFU)")
