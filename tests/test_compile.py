@@ -65,10 +65,12 @@ def process_group_of_one():
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_every_parallelism_compiles_its_blocks(process_group_of_one, parallelism, checkpointing):
-    config = GPTConfig(**TINY, query_mode="res_gelu")
+@pytest.mark.parametrize("parallelism, checkpointing, parametrization", [
+    (p, c, "sp") for p in ("ddp", "fsdp") for c in (False, True)] + [(p, True, "mup") for p in ("ddp", "fsdp")],
+    ids=lambda v: {False: "plain", True: "checkpointing"}.get(v, v))
+def test_every_parallelism_compiles_its_blocks(process_group_of_one, parallelism, checkpointing, parametrization):
+    # μP at m = 32 / 16 = 2: its 1/m on the logits is one more op in the root's graph, and nothing else changes
+    config = GPTConfig(**TINY, query_mode="res_gelu", parametrization=parametrization, mup_base_width=16)
     x, y = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     reference = GPT(config)

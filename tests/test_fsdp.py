@@ -422,3 +422,15 @@ def test_activation_checkpointing_gives_the_same_gradients_from_less_memory():
     (plain, plain_bytes), (checkpointed, checkpointed_bytes) = gradients(False), gradients(True)
     assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed))
     assert checkpointed_bytes < plain_bytes / 2, (checkpointed_bytes, plain_bytes)
+
+
+@pytest.mark.slow
+def test_mup_on_two_fsdp_processes_trains_like_one(shakespeare_dir, tmp_path):
+    # μP at m = 32 / 16 = 2: its hidden group's 1/m rate and m weight decay are plain floats on the param groups,
+    # which FSDP's DTensors leave alone (the `mup` package's attributes on the tensors would be lost)
+    mup = ["--parametrization=mup", "--mup_base_width=16", "--max_iters=4"]
+    train(shakespeare_dir, tmp_path / "one", *mup)
+    code, log = output(launch(shakespeare_dir, tmp_path / "two", FSDP, *mup), tmp_path / "two")
+    assert code == 0, log
+    assert_same_steps(tmp_path / "two", tmp_path / "one", range(1, 5))
+    assert read_metrics(tmp_path / "two", "config")[0]["config"]["parametrization"] == "mup"

@@ -305,3 +305,10 @@ def test_the_transfer_table_finds_each_widths_best_rate_and_judges_transfer(tmp_
     assert verdicts[0][1:] == ["SP", "4e-3", "2e-3", "1e-3", "-2", f"{100 * 0.1 / 2.003:.2f}", "no"]
     assert verdicts[1][1:] == ["μP", "2e-3", "2e-3", "2e-3", "+0", "0.00", "yes"]
     assert os.path.getsize(tmp_path / "transfer.png") > 10_000
+
+
+def test_mup_is_for_training_from_scratch_not_for_fine_tuning_sp_weights():
+    with pytest.raises(ValueError, match="parametrization='mup' trains a model from scratch"):
+        TrainConfig(parametrization="mup", init_from="gpt2")
+    with pytest.raises(ValueError, match="parametrization must be 'sp' or 'mup'"):
+        GPTConfig(parametrization="muP")
