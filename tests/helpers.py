@@ -3,6 +3,7 @@ would, readers of what a run writes (metrics.jsonl, markdown tables, .wandb file
 hand-written references the model is held to (random parameters, causal attention written out).
 tests/conftest.py keeps the fixtures and the environment every test runs in."""
 
+import glob
 import json
 import os
 import struct
@@ -215,3 +216,20 @@ def reference_attention(attn, x, q, scale, qk_norm=False, rope_theta=None):
     B, T, C = x.shape
     logits, v = reference_attention_logits(attn, x, q, scale, qk_norm, rope_theta)
     return attn.c_proj((torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def descendants(pid):
+    """Process ids of every process that `pid` started, and those they started, from /proc's parent ids."""
+    parents = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(stat.split("/")[2]))
+        except OSError:  # a process that ended meanwhile
+            continue
+    family, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        family += children
+        todo += children
+    return family

@@ -8,7 +8,6 @@ tests/test_compare.py.)
 
 Runs compared across processes are single-threaded (see tests/test_faults.py)."""
 
-import glob
 import os
 import shutil
 import signal
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, run_script
+from helpers import ONE_THREAD, REPO, TINY, descendants, last_logged_step, read_metrics, run_script
 from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
 from model import GPT, GPTConfig
@@ -59,18 +58,7 @@ def launch(data_dir, out_dir, *args):
 def kill(proc):
     """SIGKILL the process and every process it started, found by their parent ids (a kill of torchrun's
     process group misses its workers), workers first: a power cut, as far as the run can tell."""
-    parents = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(stat.split("/")[2]))
-        except OSError:  # a process that ended meanwhile
-            continue
-    family, todo = [], [proc.pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        family += children
-        todo += children
+    family = descendants(proc.pid)
     for pid in [*reversed(family), proc.pid]:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -16,7 +16,17 @@ import pytest
 import torch
 from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
 
-from helpers import ONE_THREAD, REPO, TINY, last_logged_step, losses_by_step, read_metrics, run_script, wait_until
+from helpers import (
+    ONE_THREAD,
+    REPO,
+    TINY,
+    descendants,
+    last_logged_step,
+    losses_by_step,
+    read_metrics,
+    run_script,
+    wait_until,
+)
 from helpers import val_losses_by_step as evals
 
 GRID = ["--max_iters=6", "--eval_interval=3", "--lr_decay_iters=12", "--dropout=0.1"]
@@ -161,23 +171,6 @@ def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):
 
 # ---------------------------------------------------------------------------------------
 # a multi-process point's torchrun and the preemption signal
-
-
-def descendants(pid):
-    """Process ids of every process that `pid` started, and those they started, from /proc's parent ids."""
-    parents = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(stat.split("/")[2]))
-        except OSError:  # a process that ended meanwhile
-            continue
-    family, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        family += children
-        todo += children
-    return family
 
 
 def alive(pid):
