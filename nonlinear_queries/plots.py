@@ -220,6 +220,8 @@ def rate_transfer(curves, verdicts):
     panel titled with whether transfer holds (width.transfer_verdicts). curves: [width.TransferCurve]."""
     from matplotlib.figure import Figure
 
+    from nonlinear_queries.width import short
+
     arms = list(dict.fromkeys(c.arm for c in curves))
     widths = sorted({c.width for c in curves})
     fig = Figure(figsize=(10, 3.6 * len(arms)), layout="constrained")
@@ -235,10 +237,12 @@ def rate_transfer(curves, verdicts):
                         label=f"width {c.width}")
                 ax.plot(np.log2(c.best), c.mean(c.best), "*", markersize=14, color=color, markeredgecolor="black")
             v = holds.get((arm, p))
-            verdict = "" if v is None else (f"best rate moves {v.shift:+.0f} x2 steps; transfer "
-                                            f"{'holds' if v.holds else 'does not hold'}")
+            verdict = "" if v is None or v.shift is None else (
+                f"best rate moves {v.shift:+.0f} x2 steps; transfer {'holds' if v.holds else 'does not hold'}")
             ax.set_title(f"{arm}, {'SP' if p == 'sp' else 'μP'}\n{verdict}", fontsize="medium", wrap=True)
-            ax.set_xlabel("log2(learning rate)")
+            rates = sorted({r for c in curves for r in c.losses})
+            ax.set_xticks(np.log2(rates), [short(r) for r in rates], fontsize="small")
+            ax.set_xlabel("learning rate (log2 scale)")
             ax.grid(alpha=0.3)
         row[0].set_ylabel("val loss (nats per token)")
         row[1].legend(title="star: best rate", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")

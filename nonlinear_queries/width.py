@@ -96,14 +96,14 @@ def transfer_curves(runs, step, rate_key="learning_rate"):
 @dataclass
 class Transfer:
     """Whether the best rate of one arm under one parametrization holds from the smallest to the largest width:
-    the best rate per width, its move in x2 steps (log2 of the largest width's best over the smallest's), and the
-    relative val loss (%) at the largest width of the base width's best rate over that width's best (None where
-    the base rate was not run at the largest width)."""
+    the best rate per width, its move in x2 steps (log2 of the largest width's best over the smallest's; None for
+    an arm not run at every width of the table), and the relative val loss (%) at the largest width of the base
+    width's best rate over that width's best (None where the base rate was not run at the largest width)."""
 
     arm: str
     parametrization: str
     best: dict  # width -> best rate
-    shift: float
+    shift: float | None
     cost: float | None
     holds: bool
 
@@ -112,11 +112,13 @@ def transfer_verdicts(curves, base_width, max_shift=1, max_cost=1.0):
     """[Transfer] per arm and parametrization of `curves` (transfer_curves), judged by the study's criterion: the
     best rate moves by at most `max_shift` x2 steps from the smallest width to the largest, and the best rate of
     `base_width` costs at most `max_cost` % of val loss at the largest width."""
-    out = []
+    out, widths = [], sorted({c.width for c in curves})
     for arm, p in dict.fromkeys((c.arm, c.parametrization) for c in curves):
         mine = {c.width: c for c in curves if (c.arm, c.parametrization) == (arm, p)}
-        widths = sorted(mine)
-        best = {w: mine[w].best for w in widths}
+        best = {w: mine[w].best for w in sorted(mine)}
+        if set(mine) != set(widths):  # an arm not yet run at every width is not judged
+            out.append(Transfer(arm, p, best, None, None, False))
+            continue
         shift = math.log2(best[widths[-1]] / best[widths[0]])
         cost = None
         if base_width in mine and best[base_width] in mine[widths[-1]].losses:
@@ -145,7 +147,8 @@ def transfer_tables(curves, base_width):
     vheader = ["arm", "param.", *(f"best at {w}" for w in widths), f"shift {widths[0]}→{widths[-1]} (x2 steps)",
                f"cost at {widths[-1]} of {base_width}'s best (%)", "transfer holds"]
     vrows = [[v.arm, label_of(v.parametrization), *(short(v.best[w]) if w in v.best else "" for w in widths),
-              f"{v.shift:+.0f}", "not run" if v.cost is None else f"{v.cost:.2f}", "yes" if v.holds else "no"]
+              "not at every width" if v.shift is None else f"{v.shift:+.0f}",
+              "not run" if v.cost is None else f"{v.cost:.2f}", "yes" if v.holds else "no"]
              for v in verdicts]
     return (header, rows), (vheader, vrows)
 
