@@ -542,13 +542,13 @@ def plan(study):
 
 def table_command(study, table, arms):
     """compare.py's command line for `table`: where every arm is tuned in this table's runs, the held-out
-    protocol's flags (choose on the tuning seed, report the others, Holm, paired), else (arms at a value chosen
-    elsewhere) the paired column; a width table (Table.kind) over the held-out seeds, or over the tuning runs
-    where there are none."""
+    protocol's flags (choose on the tuning seed, report the others, Holm, paired); arms at a value fixed or
+    chosen by another arm, Holm and paired; at an untuned horizon, the paired column; a width table (Table.kind)
+    over the held-out seeds, or over the tuning runs where there are none."""
     horizon = next(h for h in study.horizons if h.max_iters == table.horizon)
     tuned = horizon.tune and not any(arms[a].value or arms[a].value_from for a in table.arms)
     protocol = ([f"--best_over={study.key}", f"--select_on=seed={study.tuning_seed}", "--holm", "--paired"]
-                if tuned else ["--paired"])
+                if tuned else ["--holm", "--paired"] if horizon.tune else ["--paired"])
     if table.kind != "compare":
         seeds = sorted({s for a in table.arms for s in held_out_seeds(arms[a], horizon)})
         protocol = [f"--{table.kind}", *([f"--seeds={','.join(map(str, seeds))}"] if seeds else [])]
