@@ -316,7 +316,7 @@ def report(args):
     groups = rd.make_groups(runs, group_over)
     baseline = rd.find_baseline(groups, args.baseline)
     if args.step is None:
-        step = rd.default_step(runs)
+        step = default_step(runs)
         caption = f"val loss at step {step}, the last eval step that every run that did not diverge has reached"
     else:
         step, caption = args.step, f"val loss at step {args.step}"
@@ -372,6 +372,15 @@ def report(args):
         print(f"wrote {args.figure2}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 
+def default_step(runs):
+    """rd.default_step, saying on stderr when a run still training holds it back (rd.unfinished_note)."""
+    step = rd.default_step(runs)
+    note = rd.unfinished_note(runs, step)
+    if note:
+        print(note, file=sys.stderr)
+    return step
+
+
 def width_report(runs, args):
     """--width_transfer or --width_ladder: its tables at --step (default: the last step every run has), and with
     --plot its figure (nonlinear_queries/width.py)."""
@@ -379,7 +388,7 @@ def width_report(runs, args):
     from nonlinear_queries import width
     from nonlinear_queries.plots import rate_transfer, width_ladder
 
-    step = args.step if args.step is not None else rd.default_step(runs)
+    step = args.step if args.step is not None else default_step(runs)
     if args.width_transfer:
         base_width = runs[0].config.get("mup_base_width", 128)
         curves = width.transfer_curves(runs, step)

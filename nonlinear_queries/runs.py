@@ -238,6 +238,17 @@ def default_step(runs):
     return max(common)
 
 
+def unfinished_note(runs, step):
+    """A one-line note for stderr where `step` (default_step's) is below some run's last eval because that run
+    has not reached its max_iters (a sweep or study still running), naming how many and one of them; else ""."""
+    behind = [r for r in runs if r.diverged is None and max(r.evals, default=-1) < r.config.get("max_iters", -1)]
+    if not behind or all(max(r.evals) <= step for r in runs if r.evals):
+        return ""
+    return (f"note: {len(behind)} run(s) have not reached their max_iters (e.g. {behind[0].out_dir}), so step {step} "
+            f"is the last eval every run has; pass --step=N to compare at a later eval, which leaves out the runs "
+            f"without it")
+
+
 def val_loss(run, step):
     """A run's val loss at `step` (nats per token), None if it has no eval there."""
     return run.evals[step][1] if step in run.evals else None

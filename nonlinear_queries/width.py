@@ -59,12 +59,14 @@ def arm_labels(runs, skip):
 
 @dataclass
 class TransferCurve:
-    """One arm under one parametrization at one width: {rate: [val loss of each seed's run]} at the step."""
+    """One arm under one parametrization at one width: {rate: [val loss of each seed's run]} at the step, and how
+    many of its runs (still training) have no eval there yet."""
 
     arm: str
     parametrization: str
     width: int
     losses: dict
+    unfinished: int = 0
 
     def mean(self, rate):
         return float(np.mean(self.losses[rate]))
@@ -76,21 +78,24 @@ class TransferCurve:
 
 
 def transfer_curves(runs, step, rate_key="learning_rate"):
-    """[TransferCurve] of runs that did not diverge and have an eval at `step`, ordered by arm (first
-    appearance), parametrization (SP first) and width. A diverged run's rate counts as an infinite loss."""
+    """[TransferCurve] of the runs at `step`, ordered by arm (first appearance), parametrization (SP first) and
+    width. A diverged run's rate counts as an infinite loss; a run without an eval at `step` is counted in its
+    curve's `unfinished`."""
     skip = IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS | {rate_key}
     labels = arm_labels(runs, skip)
     curves = {}
     for run in runs:
         loss = math.inf if run.diverged is not None else run.evals.get(step, (None, None))[1]
-        if loss is None:
-            continue
         for p in parametrizations(run.config):
             key = (labels[arm_key(run.config, skip)], p, run.config["n_embd"])
             curve = curves.setdefault(key, TransferCurve(*key, {}))
-            curve.losses.setdefault(run.config[rate_key], []).append(loss)
+            if loss is None:
+                curve.unfinished += 1
+            else:
+                curve.losses.setdefault(run.config[rate_key], []).append(loss)
     order = list(dict.fromkeys(labels.values()))
-    return sorted(curves.values(), key=lambda c: (order.index(c.arm), c.parametrization != "sp", c.width))
+    return sorted((c for c in curves.values() if c.losses),
+                  key=lambda c: (order.index(c.arm), c.parametrization != "sp", c.width))
 
 
 @dataclass
@@ -98,7 +103,8 @@ class Transfer:
     """Whether the best rate of one arm under one parametrization holds from the smallest to the largest width:
     the best rate per width, its move in x2 steps (log2 of the largest width's best over the smallest's; None for
     an arm not run at every width of the table), and the relative val loss (%) at the largest width of the base
-    width's best rate over that width's best (None where the base rate was not run at the largest width)."""
+    width's best rate over that width's best (None where the base rate was not run at the largest width); an arm
+    with runs still training (`unfinished` of them) is not judged."""
 
     arm: str
     parametrization: str
@@ -106,18 +112,21 @@ class Transfer:
     shift: float | None
     cost: float | None
     holds: bool
+    unfinished: int = 0
 
 
 def transfer_verdicts(curves, base_width, max_shift=1, max_cost=1.0):
     """[Transfer] per arm and parametrization of `curves` (transfer_curves), judged by the study's criterion: the
     best rate moves by at most `max_shift` x2 steps from the smallest width to the largest, and the best rate of
-    `base_width` costs at most `max_cost` % of val loss at the largest width."""
+    `base_width` costs at most `max_cost` % of val loss at the largest width. An arm whose runs have not all
+    reached the step is not judged: a rate not yet run cannot lose."""
     out, widths = [], sorted({c.width for c in curves})
     for arm, p in dict.fromkeys((c.arm, c.parametrization) for c in curves):
         mine = {c.width: c for c in curves if (c.arm, c.parametrization) == (arm, p)}
         best = {w: mine[w].best for w in sorted(mine)}
-        if set(mine) != set(widths):  # an arm not yet run at every width is not judged
-            out.append(Transfer(arm, p, best, None, None, False))
+        unfinished = sum(c.unfinished for c in mine.values())
+        if set(mine) != set(widths) or unfinished:  # an arm not yet run at every width, or still running
+            out.append(Transfer(arm, p, best, None, None, False, unfinished))
             continue
         shift = math.log2(best[widths[-1]] / best[widths[0]])
         cost = None
@@ -147,8 +156,10 @@ def transfer_tables(curves, base_width):
     vheader = ["arm", "param.", *(f"best at {w}" for w in widths), f"shift {widths[0]}→{widths[-1]} (x2 steps)",
                f"cost at {widths[-1]} of {base_width}'s best (%)", "transfer holds"]
     vrows = [[v.arm, label_of(v.parametrization), *(short(v.best[w]) if w in v.best else "" for w in widths),
+              f"{v.unfinished} run(s) unfinished" if v.unfinished else
               "not at every width" if v.shift is None else f"{v.shift:+.0f}",
-              "not run" if v.cost is None else f"{v.cost:.2f}", "yes" if v.holds else "no"]
+              "-" if v.shift is None else "not run" if v.cost is None else f"{v.cost:.2f}",
+              "not judged" if v.shift is None else "yes" if v.holds else "no"]
              for v in verdicts]
     return (header, rows), (vheader, vrows)
 

@@ -399,7 +399,8 @@ def long_horizon_prose():
 def readme_prose():
     """[(what, the words that say it)]: README.md's numbers of results/long_horizon, from the committed table of
     its 7 arms (which test_committed_table_equals_what_its_command_prints holds to the runs)."""
-    table = next(committed for readme, _, _, _, argv, committed, _ in TABLES if readme == "results/long_horizon/README.md"
+    table = next(committed for readme, _, _, _, argv, committed, _ in TABLES
+                 if readme == "results/long_horizon/README.md"
                  and sum(a.startswith("results/long_horizon/") for a in argv) == 7)
     header, rows = cells(table[0]), [cells(row) for row in table[2:]]
     column = header.index("p (Holm)")

@@ -306,6 +306,16 @@ def test_the_transfer_table_finds_each_widths_best_rate_and_judges_transfer(tmp_
     assert verdicts[1][1:] == ["μP", "2e-3", "2e-3", "2e-3", "+0", "0.00", "yes"]
     assert os.path.getsize(tmp_path / "transfer.png") > 10_000
 
+    # a run still training (its eval at step 100 not yet written) holds the default step back, which compare.py
+    # says, and at --step=100 its arm is not judged: the rate it will add could still be the best
+    dirs.append(make_run(tmp_path / "mup_256_running", "baseline", {0: 4.0}, n_embd=256, n_head=8,
+                         learning_rate=8e-3, seed=0, parametrization="mup", max_iters=100))
+    assert "1 run(s) have not reached their max_iters" in run_compare(*dirs, "--width_transfer").stderr
+    proc = run_compare(*dirs, "--width_transfer", "--step=100", "--format=csv")
+    verdicts = [row for row in csv.reader(io.StringIO(proc.stdout)) if row[0] == "baseline"][-2:]
+    assert verdicts[0][-1] == "no" and verdicts[1][1:] == ["μP", "2e-3", "2e-3", "2e-3", "1 run(s) unfinished", "-",
+                                                           "not judged"]
+
 
 def test_mup_is_for_training_from_scratch_not_for_fine_tuning_sp_weights():
     with pytest.raises(ValueError, match="parametrization='mup' trains a model from scratch"):
