@@ -201,6 +201,9 @@ def muon_steps_on_shards(rank, init_file, out):
     if rank == 0:
         torch.save({"counts": counts, "weights": weights, "momenta": momenta, "matrices": len(matrices),
                     "group": {k: v for k, v in muon.state_dict()["param_groups"][0].items() if k != "params"}}, out)
+    # as runtime.teardown: both ranks done before either leaves (once, under load, rank 0 aborted in gloo's
+    # teardown when rank 1 had left while it was still saving)
+    dist.barrier()
     dist.destroy_process_group()
 
 
