@@ -246,12 +246,13 @@ def long_horizon_temperature():
     return rows
 
 
-def long_horizon_restarts():
-    """results/long_horizon: every run that was stopped and resumed (its metrics.jsonl holds a `config` record past
-    step 0): the step each session started at, the commit each ran at, and the steps that two sessions logged."""
+def restarts(results, arms):
+    """results/RESULTS: every run of `arms` that was stopped and resumed (its metrics.jsonl holds a `config` record
+    past step 0): the step each session started at, the commit each ran at, and the steps that two sessions
+    logged."""
     rows = [["arm", "run", "sessions start at step", "commit of each session", "steps logged by two sessions"]]
-    for arm in LONG_ARMS:
-        for path in sorted(glob.glob(os.path.join(REPO, "results/long_horizon", arm, "*", "metrics.jsonl"))):
+    for arm in arms:
+        for path in sorted(glob.glob(os.path.join(REPO, "results", results, arm, "*", "metrics.jsonl"))):
             records = read_metrics(path)
             starts = [r for r in records if r["type"] == "config"]
             if len(starts) > 1:
@@ -259,6 +260,36 @@ def long_horizon_restarts():
                 twice = sorted({step for kind, step in set(logged) if logged.count((kind, step)) > 1})
                 rows.append([arm, os.path.basename(os.path.dirname(path)), ", ".join(str(r["step"]) for r in starts),
                              ", ".join(r["git_commit"][:7] for r in starts), ", ".join(map(str, twice)) or "none"])
+    return rows
+
+
+def long_horizon_restarts():
+    return restarts("long_horizon", LONG_ARMS)
+
+
+# the arms of results/width_transfer committed so far (the study adds res_gelu's as they finish)
+TRANSFER_ARMS = ["baseline_w128", "baseline_w64_mup", "baseline_w256_mup", "baseline_w64_sp", "baseline_w256_sp"]
+
+
+def width_transfer_restarts():
+    return restarts("width_transfer", TRANSFER_ARMS)
+
+
+def width_transfer_margins():
+    """results/width_transfer at step 1000: per arm, parametrization and width, the best rate, its two seeds' val
+    losses and their spread (|difference| over their mean, %), the runner-up rate and how far its mean lies above
+    the best's (%): a best rate is resolved by 2 seeds only where that margin exceeds the seeds' spread."""
+    from nonlinear_queries import width
+
+    runs, _ = read_runs([os.path.join(REPO, "results/width_transfer", a) for a in TRANSFER_ARMS], "seed")
+    rows = [["arm", "param.", "width", "best rate", "its seeds' val loss", "seeds' spread (%)", "runner-up",
+             "runner-up above the best (%)"]]
+    for c in width.transfer_curves(runs, 1000):
+        best, (second, *_) = c.best, sorted((r for r in c.losses if r != c.best), key=c.mean)
+        losses = c.losses[best]
+        rows.append([c.arm, width.label_of(c.parametrization), str(c.width), width.short(best),
+                     ", ".join(f"{v:.4f}" for v in losses), f"{100 * abs(losses[0] - losses[1]) / c.mean(best):.1f}",
+                     width.short(second), f"{100 * (c.mean(second) - c.mean(best)) / c.mean(best):.1f}"])
     return rows
 
 
@@ -343,7 +374,7 @@ def diagnostics_steps():
 BUILDERS = {f.__name__: f for f in (ablations_tuning, ablations_held_out, ablations_long_over_time, mini_grid,
                                     mini_modern_grid, diagnostics_steps, long_horizon_tuning, long_horizon_held_out,
                                     long_horizon_over_time, long_horizon_temperature, long_horizon_restarts,
-                                    long_horizon_logits)}
+                                    long_horizon_logits, width_transfer_restarts, width_transfer_margins)}
 
 
 def built_tables():
@@ -409,7 +440,26 @@ def readme_prose():
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}")]
 
 
-PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose}
+def width_transfer_prose():
+    """results/width_transfer/README.md's numbers on the rate above the optimum and on μP against SP, from the
+    runs at step 1000."""
+    from nonlinear_queries import width
+
+    runs, _ = read_runs([os.path.join(REPO, "results/width_transfer", a) for a in TRANSFER_ARMS], "seed")
+    curves = {(c.parametrization, c.width): c for c in width.transfer_curves(runs, 1000)}
+    sp, mup = curves["sp", 256], curves["mup", 256]
+    above = {p: 100 * (c.mean(6e-3) - c.mean(c.best)) / c.mean(c.best) for p, c in (("sp", sp), ("mup", mup))}
+    wide = 100 * (mup.mean(mup.best) - sp.mean(sp.best)) / sp.mean(sp.best)
+    narrow = 100 * (curves["sp", 64].mean(curves["sp", 64].best) - curves["mup", 64].mean(curves["mup", 64].best)) \
+        / curves["sp", 64].mean(curves["sp", 64].best)
+    return [("SP's cost one step above its optimum at 256", f"costs SP {above['sp']:.1f}% of val loss (2.3931"),
+            ("μP's", f"and μP {above['mup']:.1f}% (2.2339 against {mup.mean(mup.best):.4f})"),
+            ("μP's best against SP's at 256", f"{mup.mean(mup.best):.4f}, is {wide:.1f}% above SP's best"),
+            ("and at 64", f"at width 64 it is {narrow:.1f}% below")]
+
+
+PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
+         "results/width_transfer/README.md": width_transfer_prose}
 
 
 @pytest.mark.parametrize("readme", sorted(PROSE))
@@ -443,7 +493,7 @@ def test_every_table_of_numbers_is_generated():
 
 def test_every_results_readme_has_generated_tables():
     readmes = {readme for readme, *_ in TABLES}
-    names = ("ablations", "diagnostics", "long_horizon", "mini", "mini_modern")
+    names = ("ablations", "diagnostics", "long_horizon", "mini", "mini_modern", "width_transfer")
     assert readmes == {f"results/{name}/README.md" for name in names}
     assert sum(readme == "results/ablations/README.md" for readme, *_ in TABLES) == 4
     assert sorted(name for *_, name, _ in BUILT_TABLES) == sorted(BUILDERS)
