@@ -267,8 +267,9 @@ def long_horizon_restarts():
     return restarts("long_horizon", LONG_ARMS)
 
 
-# the arms of results/width_transfer committed so far (the study adds res_gelu's as they finish)
-TRANSFER_ARMS = ["baseline_w128", "baseline_w64_mup", "baseline_w256_mup", "baseline_w64_sp", "baseline_w256_sp"]
+# the arms of results/width_transfer committed so far (the study adds res_gelu's SP arms as they finish)
+TRANSFER_ARMS = ["baseline_w128", "baseline_w64_mup", "baseline_w256_mup", "baseline_w64_sp", "baseline_w256_sp",
+                 "res_gelu_w128", "res_gelu_w64_mup"]
 
 
 def width_transfer_restarts():
@@ -446,7 +447,7 @@ def width_transfer_prose():
     from nonlinear_queries import width
 
     runs, _ = read_runs([os.path.join(REPO, "results/width_transfer", a) for a in TRANSFER_ARMS], "seed")
-    curves = {(c.parametrization, c.width): c for c in width.transfer_curves(runs, 1000)}
+    curves = {(c.parametrization, c.width): c for c in width.transfer_curves(runs, 1000) if c.arm == "baseline"}
     sp, mup = curves["sp", 256], curves["mup", 256]
     above = {p: 100 * (c.mean(6e-3) - c.mean(c.best)) / c.mean(c.best) for p, c in (("sp", sp), ("mup", mup))}
     wide = 100 * (mup.mean(mup.best) - sp.mean(sp.best)) / sp.mean(sp.best)
