@@ -269,7 +269,7 @@ def long_horizon_restarts():
 
 # the arms of results/width_transfer committed so far (the study adds res_gelu's SP arms as they finish)
 TRANSFER_ARMS = ["baseline_w128", "baseline_w64_mup", "baseline_w256_mup", "baseline_w64_sp", "baseline_w256_sp",
-                 "res_gelu_w128", "res_gelu_w64_mup"]
+                 "res_gelu_w128", "res_gelu_w64_mup", "res_gelu_w256_mup"]
 
 
 def width_transfer_restarts():
