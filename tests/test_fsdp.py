@@ -211,7 +211,7 @@ def muon_steps_on_shards(rank, init_file, out):
 def test_muon_on_fsdp_shards_steps_whole_matrices_as_one_process_does(tmp_path):
     torch.multiprocessing.spawn(muon_steps_on_shards, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")),
                                 nprocs=2)
-    got = torch.load(tmp_path / "out.pt")
+    got = torch.load(tmp_path / "out.pt", weights_only=True)
     # one all-gather a matrix and step (its weight, gradient and momentum at once), nothing else
     assert got["matrices"] == 6
     assert got["counts"] == [{"c10d_functional.all_gather_into_tensor": 6}] * 2, got["counts"]
