@@ -269,7 +269,7 @@ def long_horizon_restarts():
 
 # the arms of results/width_transfer committed so far (the study adds res_gelu's SP arms as they finish)
 TRANSFER_ARMS = ["baseline_w128", "baseline_w64_mup", "baseline_w256_mup", "baseline_w64_sp", "baseline_w256_sp",
-                 "res_gelu_w128", "res_gelu_w64_mup", "res_gelu_w256_mup"]
+                 "res_gelu_w128", "res_gelu_w64_mup", "res_gelu_w256_mup", "res_gelu_w64_sp", "res_gelu_w256_sp"]
 
 
 def width_transfer_restarts():
@@ -447,8 +447,12 @@ def width_transfer_prose():
     from nonlinear_queries import width
 
     runs, _ = read_runs([os.path.join(REPO, "results/width_transfer", a) for a in TRANSFER_ARMS], "seed")
-    curves = {(c.parametrization, c.width): c for c in width.transfer_curves(runs, 1000) if c.arm == "baseline"}
+    every = {(c.arm, c.parametrization, c.width): c for c in width.transfer_curves(runs, 1000)}
+    curves = {(p, w): c for (arm, p, w), c in every.items() if arm == "baseline"}
     sp, mup = curves["sp", 256], curves["mup", 256]
+    res_sp, res_mup = every["res_gelu", "sp", 256], every["res_gelu", "mup", 256]
+    res_above = 100 * (res_sp.mean(6e-3) - res_sp.mean(res_sp.best)) / res_sp.mean(res_sp.best)
+    res_wide = 100 * (res_mup.mean(res_mup.best) - res_sp.mean(res_sp.best)) / res_sp.mean(res_sp.best)
     above = {p: 100 * (c.mean(6e-3) - c.mean(c.best)) / c.mean(c.best) for p, c in (("sp", sp), ("mup", mup))}
     wide = 100 * (mup.mean(mup.best) - sp.mean(sp.best)) / sp.mean(sp.best)
     narrow = 100 * (curves["sp", 64].mean(curves["sp", 64].best) - curves["mup", 64].mean(curves["mup", 64].best)) \
@@ -456,7 +460,11 @@ def width_transfer_prose():
     return [("SP's cost one step above its optimum at 256", f"costs SP {above['sp']:.1f}% of val loss (2.3931"),
             ("μP's", f"and μP {above['mup']:.1f}% (2.2339 against {mup.mean(mup.best):.4f})"),
             ("μP's best against SP's at 256", f"{mup.mean(mup.best):.4f}, is {wide:.1f}% above SP's best"),
-            ("and at 64", f"at width 64 it is {narrow:.1f}% below")]
+            ("and at 64", f"at width 64 it is {narrow:.1f}% below"),
+            ("res_gelu under SP one step above its optimum at 256",
+             f"costs res_gelu under SP {res_above:.1f}% of val loss ({res_sp.mean(6e-3):.4f} against "
+             f"{res_sp.mean(res_sp.best):.4f})"),
+            ("res_gelu under μP against SP at 256", f"{res_mup.mean(res_mup.best):.4f}, is {res_wide:.1f}% above SP's")]
 
 
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
