@@ -267,7 +267,7 @@ def long_horizon_restarts():
     return restarts("long_horizon", LONG_ARMS)
 
 
-# the arms of results/width_transfer committed so far (the study adds res_gelu's SP arms as they finish)
+# the arms of results/width_transfer: two parametrizations a width, width 128 shared
 TRANSFER_ARMS = ["baseline_w128", "baseline_w64_mup", "baseline_w256_mup", "baseline_w64_sp", "baseline_w256_sp",
                  "res_gelu_w128", "res_gelu_w64_mup", "res_gelu_w256_mup", "res_gelu_w64_sp", "res_gelu_w256_sp"]
 
