@@ -467,8 +467,48 @@ def width_transfer_prose():
             ("res_gelu under μP against SP at 256", f"{res_mup.mean(res_mup.best):.4f}, is {res_wide:.1f}% above SP's")]
 
 
+# results/width_ladder so far: width 64's arms, and the width-128 runs of results/long_horizon that the study reuses
+LADDER_RUNS = ["results/width_ladder/baseline_w64", "results/width_ladder/res_gelu_w64",
+               "results/width_ladder/res_gelu_no_half_w64", "results/long_horizon/baseline",
+               "results/long_horizon/res_gelu", "results/long_horizon/res_gelu_no_half"]
+
+
+def width_ladder_prose():
+    """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
+    to the baseline per width with its interval and p, the slopes, and that width 64's runs ran in one session."""
+    from nonlinear_queries import width
+
+    runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS], "seed")
+    rungs, slopes, _ = width.ladder([r for r in runs if r.config["seed"] in range(1, 6)], 3000)
+    rung = {(r.arm.split()[0], r.width): r for r in rungs}
+    slope = {s.arm.split()[0]: s for s in slopes}
+
+    def num(x):
+        return f"{x:+.2f}".replace("-", "−")
+
+    sessions = [sum(r["type"] == "config" for r in read_metrics(path)) for path in
+                glob.glob(os.path.join(REPO, "results/width_ladder/*/*/metrics.jsonl"))]
+    g, n = rung["res_gelu", 64], rung["res_gelu_no_half", 64]
+    g2, n2 = rung["res_gelu", 128], rung["res_gelu_no_half", 128]
+    return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {num(g.ci[0])} to {num(g.ci[1])}, "
+             f"paired p = {g.p:.2g})"),
+            ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({num(n.ci[0])} to {num(n.ci[1])}, p = {n.p:.2g})"),
+            ("width 128, res_gelu", f"res_gelu {-g2.gap:.2f}% behind ({num(g2.ci[0])} to {num(g2.ci[1])}, "
+             f"p = {g2.p:.2g})"),
+            ("width 128, no_half", f"res_gelu_no_half {n2.gap:.2f}% ahead ({num(n2.ci[0])} to {num(n2.ci[1])}, "
+             f"p = {n2.p:.2g})"),
+            ("res_gelu's slope", f"res_gelu's slope is {num(slope['res_gelu'].slope)} percentage points per doubling "
+             f"of width ({num(slope['res_gelu'].ci[0])} to {num(slope['res_gelu'].ci[1])})"),
+            ("no_half's slope", f"res_gelu_no_half's {num(slope['res_gelu_no_half'].slope)} "
+             f"({num(slope['res_gelu_no_half'].ci[0])} to {num(slope['res_gelu_no_half'].ci[1])})"),
+            ("minimum detectable effect at 64", f"minimum detectable effect at this n is about "
+             f"{(g.mde + n.mde) / 2:.1f}%"),
+            ("width 64's runs, one session each", f"{len(sessions)} runs are complete" if set(sessions) == {1}
+             else "a run of width 64 was resumed")]
+
+
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
-         "results/width_transfer/README.md": width_transfer_prose}
+         "results/width_transfer/README.md": width_transfer_prose, "results/width_ladder/README.md": width_ladder_prose}
 
 
 @pytest.mark.parametrize("readme", sorted(PROSE))
@@ -502,7 +542,7 @@ def test_every_table_of_numbers_is_generated():
 
 def test_every_results_readme_has_generated_tables():
     readmes = {readme for readme, *_ in TABLES}
-    names = ("ablations", "diagnostics", "long_horizon", "mini", "mini_modern", "width_transfer")
+    names = ("ablations", "diagnostics", "long_horizon", "mini", "mini_modern", "width_ladder", "width_transfer")
     assert readmes == {f"results/{name}/README.md" for name in names}
     assert sum(readme == "results/ablations/README.md" for readme, *_ in TABLES) == 4
     assert sorted(name for *_, name, _ in BUILT_TABLES) == sorted(BUILDERS)
