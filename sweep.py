@@ -247,9 +247,11 @@ def write_record(sweep_dir, argv, statuses, points):
     lists every point of both."""
     path = os.path.join(sweep_dir, "sweep.json")
     before = read_json(path)
+    # two sweeps on one sweep_dir write this file at once: each through its own temporary file
     write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]),
                       "points": {**before.get("points", {}), **statuses},
-                      "max_iters": {**before.get("max_iters", {}), **{p.name: p.max_iters for p in points}}})
+                      "max_iters": {**before.get("max_iters", {}), **{p.name: p.max_iters for p in points}}},
+               per_process=True)
 
 
 # ---------------------------------------------------------------------------------------

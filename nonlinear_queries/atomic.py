@@ -39,18 +39,18 @@ def atomic_path(path, per_process=False):
 
 
 @contextlib.contextmanager
-def atomic_write(path, mode="w"):
-    """open() for writing `path` atomically (see atomic_path): `with atomic_write(p) as f: f.write(...)`.
-    mode is "w" (text, UTF-8) or "wb"."""
+def atomic_write(path, mode="w", per_process=False):
+    """open() for writing `path` atomically (see atomic_path, and its per_process for a file that several
+    processes write): `with atomic_write(p) as f: f.write(...)`. mode is "w" (text, UTF-8) or "wb"."""
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write writes a whole file: mode 'w' or 'wb', got {mode!r}")
-    with atomic_path(path) as tmp:
+    with atomic_path(path, per_process) as tmp:
         with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
             yield f
 
 
-def write_json(path, obj):
-    """Write `obj` as indented JSON and a final newline to `path`, atomically."""
-    with atomic_write(path) as f:
+def write_json(path, obj, per_process=False):
+    """Write `obj` as indented JSON and a final newline to `path`, atomically (per_process: see atomic_path)."""
+    with atomic_write(path, per_process=per_process) as f:
         json.dump(obj, f, indent=2)
         f.write("\n")

@@ -23,6 +23,7 @@ from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read
 from helpers import losses_by_step as losses
 from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
+from nonlinear_queries.atomic import atomic_write
 from nonlinear_queries.batches import index_file
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
@@ -328,3 +329,17 @@ def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_
     proc = train(shakespeare_dir, out, *diverge, check=False)
     assert proc.returncode == 3 and "diverged at step 8: the loss has been above" in proc.stderr, proc.stderr
     assert sha256(out / "ckpt.pt") == after
+
+
+def test_two_processes_writing_one_file_at_once_each_write_it_whole(tmp_path):
+    # two sweeps on one sweep_dir rewrite its sweep.json at once; with one shared temporary name the first rename
+    # took the other's temporary file away and that sweep died (found by test_two_sweeps_on_one_sweep_dir_...)
+    path = tmp_path / "sweep.json"
+    other = (f"from nonlinear_queries.atomic import write_json; "
+             f"write_json({str(path)!r}, {{'by': 'the other process'}}, per_process=True)")
+    with atomic_write(path, per_process=True) as f:
+        f.write('{"by": "this process"}\n')
+        subprocess.run([sys.executable, "-c", other], cwd=REPO, check=True)  # writes and renames meanwhile
+        assert json.loads(path.read_text()) == {"by": "the other process"}
+    assert json.loads(path.read_text()) == {"by": "this process"}
+    assert os.listdir(tmp_path) == ["sweep.json"]
