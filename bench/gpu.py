@@ -18,8 +18,8 @@ numbers against the targets.
 
        python bench/gpu.py --out=out-gpu/gpu_check.log
 
-   About 20 minutes on an H100 (2026-11-25, torch 2.11): the tests about 12, train_speed
-   about 5 for three variants at 10 rounds (more for five at the default 30), sample_speed
+   About 18 minutes on an H100 (2026-11-25, torch 2.11): the tests about 12, train_speed
+   about 3 for three variants at 10 rounds (more for five at the default 30), sample_speed
    about 3 for three variants at 3 rounds. Each step can also run alone, for instance under
    a limit of 10 minutes per command, each with its own log:
 
