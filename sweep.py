@@ -74,7 +74,7 @@ from dataclasses import dataclass, fields
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.lock import lock_holder, out_dir_holder, try_lock
+from nonlinear_queries.lock import exclusive, lock_holder, out_dir_holder, try_lock
 from nonlinear_queries.runs import history, read_records, run_status
 from nonlinear_queries.train_config import TrainConfig
 
@@ -246,12 +246,14 @@ def write_record(sweep_dir, argv, statuses, points):
     another sweep on this sweep_dir recorded stay in it (this sweep's own points as it has them), so --status
     lists every point of both."""
     path = os.path.join(sweep_dir, "sweep.json")
-    before = read_json(path)
-    # two sweeps on one sweep_dir write this file at once: each through its own temporary file
-    write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]),
-                      "points": {**before.get("points", {}), **statuses},
-                      "max_iters": {**before.get("max_iters", {}), **{p.name: p.max_iters for p in points}}},
-               per_process=True)
+    # two sweeps on one sweep_dir update this file at once: one at a time (read, merge, write), each writing
+    # through its own temporary file
+    with exclusive(os.path.join(sweep_dir, ".sweep.json.lock")):
+        before = read_json(path)
+        write_json(path, {"command": shlex.join(["python", "sweep.py", *argv]),
+                          "points": {**before.get("points", {}), **statuses},
+                          "max_iters": {**before.get("max_iters", {}), **{p.name: p.max_iters for p in points}}},
+                   per_process=True)
 
 
 # ---------------------------------------------------------------------------------------

@@ -212,15 +212,15 @@ def train(cfg, config_files, rt):
     model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing)
     params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
     state = TrainState()
     if ckpt:
-        load_training_state(ckpt, resume_path, raw_model, optimizers)
+        load_training_state(ckpt, resume_path, raw_model, optimizers, scaler)
         state = TrainState.from_checkpoint(ckpt)
         del ckpt
     if state.step > cfg.max_iters:
         raise CheckpointError(f"the checkpoint is at step {state.step}, past max_iters={cfg.max_iters}")
     start_step, resumed_after_eval = state.step, state.evaluated
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
     prepare_out_dir(cfg, rt)
@@ -259,7 +259,8 @@ def train(cfg, config_files, rt):
                 out.log(record)
         if should_save(state.step, cfg, start_step, state.evaluated, stopping):
             ckpt_path = save_training_state(cfg.out_dir, raw_model, optimizers, {
-                "model_args": model_args, "config": asdict(cfg), "data": data_fingerprint, **state.state_dict()},
+                "model_args": model_args, "config": asdict(cfg), "data": data_fingerprint,
+                "grad_scaler": scaler.state_dict(), **state.state_dict()},
                 cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
             out.print(f"saved checkpoint to {ckpt_path} (step {state.step})")
             last_ckpt_step = state.step

@@ -322,7 +322,7 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
 
 def save_training_state(out_dir, model, optimizers, meta, keep_last_n, keep_steps, sharded):
     """Checkpoint `model` and `optimizers` with `meta` (model_args, step, evaluated,
-    steps_above_threshold, config, data, wandb_id): sharded, a directory written by every process
+    steps_above_threshold, config, data, wandb_id, grad_scaler): sharded, a directory written by every process
     (save_sharded_checkpoint); otherwise one file written by rank 0 (save_checkpoint; other
     processes write nothing). Call it on every process. Returns the path of ckpt.dcp or ckpt.pt."""
     if sharded:
@@ -331,6 +331,18 @@ def save_training_state(out_dir, model, optimizers, meta, keep_last_n, keep_step
         save_checkpoint(out_dir, {"model": model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
                                   **meta}, keep_last_n, keep_steps)
     return os.path.join(out_dir, "ckpt.pt")
+
+
+def restore_grad_scaler(scaler, ckpt):
+    """Set `scaler` (torch.amp.GradScaler) to the loss scale and growth count that `ckpt` (a
+    checkpoint dict or a sharded checkpoint's meta) saved under "grad_scaler" (GradScaler.state_dict()),
+    so a resumed float16 run scales its losses as the unbroken run would: a fresh scaler starts again at
+    2^16 and skips the steps that overflow while it backs off to the run's scale. A disabled scaler
+    (float32, bfloat16), or a checkpoint without a saved scale (a run that was not float16, or one
+    written before the scale was saved), leaves `scaler` as it is."""
+    saved = ckpt.get("grad_scaler") or {}
+    if scaler.is_enabled() and saved:
+        scaler.load_state_dict(saved)
 
 
 def _unreadable(path, e):
@@ -389,14 +401,17 @@ def read_checkpoint(path, map_location="cpu", mmap=False):
     return ckpt
 
 
-def load_training_state(ckpt, path, model, optimizers):
+def load_training_state(ckpt, path, model, optimizers, scaler=None):
     """Load the weights and optimizer states of the checkpoint at `path` (ckpt: what
     read_checkpoint(path) returned) into `model`, a GPT (plain, or sharded by FSDP), and
-    `optimizers` (optimizers.build_optimizers on it). A sharded checkpoint loads on any number of
-    processes, or without a process group at all: DCP reads each process's part of every tensor
-    (get_state_dict / set_state_dict reshard it). Call it on every process. Raises CheckpointError
-    when the checkpoint holds other optimizers than the config builds, or when a checkpoint file
-    (written under ddp) meets a sharded model."""
+    `optimizers` (optimizers.build_optimizers on it), and the loss scale and growth count of a
+    float16 run into `scaler`, an enabled torch.amp.GradScaler (restore_grad_scaler). A sharded
+    checkpoint loads on any number of processes, or without a process group at all: DCP reads each
+    process's part of every tensor (get_state_dict / set_state_dict reshard it). Call it on every
+    process. Raises CheckpointError when the checkpoint holds other optimizers than the config
+    builds, or when a checkpoint file (written under ddp) meets a sharded model."""
+    if scaler is not None:
+        restore_grad_scaler(scaler, ckpt)
     names = [type(o).__name__ for o in optimizers]
     if os.path.isdir(path):
         if ckpt["optimizers"] != names:

@@ -12,8 +12,11 @@ lock_out_dir=False skips the lock there.
 
 try_lock and lock_holder are the same lock on any file: sweep.py claims a point with
 out_dir/.sweep.lock for as long as it runs the point's train.py, so two sweeps never launch one point.
+`exclusive` waits for the lock instead: sweep.py updates SWEEP_DIR/sweep.json under it, so two sweeps
+on one sweep_dir never overwrite each other's statuses with a stale copy.
 """
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -134,3 +137,18 @@ def try_lock(path, holder):
     f.write(f"{holder}\n")
     f.flush()
     return f, None
+
+
+@contextlib.contextmanager
+def exclusive(path):
+    """Hold the exclusive lock of the file `path` (created if missing) for the `with` block, waiting for
+    another process that holds it: a read-modify-write of a file two processes share (sweep.json) under it
+    sees the other's last write. On a file system without file locks (UNSUPPORTED) the block runs unlocked,
+    as it would without this lock."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                raise
+        yield  # closing the file gives the lock back

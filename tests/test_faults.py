@@ -6,6 +6,7 @@ CPU kernels may sum in another order when the machine is loaded (see the README)
 
 import glob
 import hashlib
+import importlib
 import json
 import os
 import shlex
@@ -13,7 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -343,3 +346,28 @@ def test_two_processes_writing_one_file_at_once_each_write_it_whole(tmp_path):
         assert json.loads(path.read_text()) == {"by": "the other process"}
     assert json.loads(path.read_text()) == {"by": "this process"}
     assert os.listdir(tmp_path) == ["sweep.json"]
+
+
+def test_two_sweeps_updating_sweep_json_at_once_keep_each_others_points(tmp_path, monkeypatch):
+    # sweep A reads sweep.json, and before it writes the merged record, sweep B (a thread here: flock locks of two
+    # open() calls exclude each other within one process too) records its own point. Unlocked, B's write came and
+    # went in that gap and A's stale merge dropped B's point; under the lock B waits for A, then merges A's point.
+    sweep = importlib.import_module("sweep")
+    point = types.SimpleNamespace
+    read = sweep.read_json
+    other = threading.Thread(target=sweep.write_record, args=(str(tmp_path), ["B"], {"b": "done"},
+                                                              [point(name="b", max_iters=20)]))
+
+    def read_then_let_the_other_write(path):
+        record = read(path)
+        if other.ident is None:  # the first read, A's
+            other.start()
+            other.join(timeout=2)  # under the lock it cannot finish before this sweep has written
+        return record
+
+    monkeypatch.setattr(sweep, "read_json", read_then_let_the_other_write)
+    sweep.write_record(str(tmp_path), ["A"], {"a": "running"}, [point(name="a", max_iters=10)])
+    other.join()
+    record = json.loads((tmp_path / "sweep.json").read_text())
+    assert record["points"] == {"a": "running", "b": "done"}
+    assert record["max_iters"] == {"a": 10, "b": 20}

@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import (
     ONE_THREAD,
@@ -24,6 +25,7 @@ from helpers import (
 )
 from model import GPT, GPTConfig
 from nonlinear_queries.batches import index_file, row_offsets
+from nonlinear_queries.checkpoint import read_checkpoint
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.train_config import TrainConfig
 from nonlinear_queries.training import get_lr
@@ -138,6 +140,24 @@ def test_resumed_run_equals_unbroken_run(shakespeare_dir, tmp_path):
     full_evals = [(e["step"], e["val_loss"]) for e in read_metrics(tmp_path / "full", "eval")]
     broken_evals = [(e["step"], e["val_loss"]) for e in read_metrics(tmp_path / "broken", "eval")]
     assert broken_evals == full_evals  # step 4 logged once, before the break
+
+
+def test_a_resumed_float16_run_keeps_its_loss_scale(shakespeare_dir, tmp_path, monkeypatch):
+    # float16 runs only on CUDA, so here the GradScaler is switched on under float32 (its scaling by powers of
+    # two is exact there) and grows its scale x2 every 2 clean steps: 2^16 -> 2^20 over 8 steps. A resumed run
+    # that starts a fresh scaler is back at 2^16 at step 4 and ends at 2^18; it must end where the unbroken
+    # run does, the checkpoint carrying the scale and the count of clean steps towards the next growth.
+    real = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: real(device, growth_interval=2))
+    common = ["--max_iters=8", "--lr_decay_iters=8", "--eval_interval=3"]
+    assert train_in_process(shakespeare_dir, tmp_path / "full", *common) == 0
+    assert train_in_process(shakespeare_dir, tmp_path / "broken", *common[1:], "--max_iters=5") == 0
+    assert read_checkpoint(str(tmp_path / "broken" / "ckpt.pt"))["grad_scaler"]["scale"] == 2.0**18
+    assert train_in_process(shakespeare_dir, tmp_path / "broken", *common, "--init_from=resume") == 0
+    full, broken = (read_checkpoint(str(tmp_path / run / "ckpt.pt"))["grad_scaler"] for run in ("full", "broken"))
+    assert full["scale"] == 2.0**20 and full["_growth_tracker"] == 0
+    assert broken == full
+    assert losses_by_step(tmp_path / "broken") == losses_by_step(tmp_path / "full")
 
 
 @pytest.mark.slow
