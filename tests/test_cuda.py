@@ -59,6 +59,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
+from nonlinear_queries.checkpoint import read_checkpoint
 from nonlinear_queries.optimizers import configure_optimizers
 from nonlinear_queries.runtime import parallelize, peak_flops, setup, teardown
 
@@ -507,6 +508,9 @@ def test_float16_with_the_grad_scaler_trains_as_bfloat16_does(shakespeare_tokens
           f"{got_val} against {want_val}")
     assert want_val[30] < want_val[0] - 2  # it trains: 10.8 to 7.1 nats in float32 on the CPU
     assert max_gap(got_val, want_val, [0, 10, 20, 30]) <= FP16_ATOL
+    # its checkpoint carries the loss scale, which a resumed run goes on from (tested on the CPU in test_train.py)
+    saved = read_checkpoint(str(tmp_path / "float16" / "ckpt.pt"))["grad_scaler"]
+    assert 0 < saved["scale"] <= 2.0**16 and saved["growth_interval"] == 2000, saved
 
 
 # ---------------------------------------------------------------------------------------
