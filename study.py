@@ -634,8 +634,9 @@ def run_pooled(study, slots):
     environment, and when it ends it takes the next point waiting in any arm: a point of an arm's current stage
     (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of its
     stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
-    the study's order (one to each arm with points waiting, then again); an arm's next stage begins when every
-    point of its last one is done. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM
+    the study's order (one to each arm with points waiting, then again), the arms that have had the fewest points
+    first, so the arms' held-out seeds finish in step; an arm's next stage begins when every point of its last
+    one is done. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM
     reach every running sweep (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a point
     failed (its arm takes no new point; the other arms go on to their end) or the GPUs are too few, 128 + the
     signal number if stopped."""
@@ -645,6 +646,7 @@ def run_pooled(study, slots):
         print(f"error: {e}", file=sys.stderr)
         return 1
     free, running, failed, stop = list(range(len(env))), {}, [], []  # running: Popen -> (horizon, arm, point, slot)
+    dealt = {}  # (max_iters, arm name) -> points launched so far
 
     def forward(signum, frame):
         stop.append(signum)
@@ -670,10 +672,15 @@ def run_pooled(study, slots):
             started = {point_dir(study, a, h, p) for h, a, p, _ in running.values()}
             waiting = [(h, a, [p for p in stages[h.max_iters][a.name].todo if point_dir(study, a, h, p) not in started])
                        for h in study.horizons for a in arms_at(study, h) if (h.max_iters, a.name) not in failed]
+            # the arms that have had the fewest points first (ties in the study's order): a slot that frees takes
+            # the next arm's point, not the first arm's again, so a study stopped midway ends with whole seeds
+            # (every arm's run on seed s) rather than one arm's seeds all done and another's none
+            waiting.sort(key=lambda w: dealt.get((w[0].max_iters, w[1].name), 0))
             while free and not stop and any(points for _, _, points in waiting):
                 for horizon, arm, points in waiting:
                     if points and free:
                         launch(horizon, arm, points.pop(0), free.pop(0))
+                        dealt[horizon.max_iters, arm.name] = dealt.get((horizon.max_iters, arm.name), 0) + 1
             if not running:
                 break
             child = wait_any(running)

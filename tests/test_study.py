@@ -220,6 +220,21 @@ def test_a_slot_that_frees_goes_to_the_points_still_waiting_in_a_stage_that_bega
     assert all(study.advance(s, arm, s.horizons[0]).held_out == {1: 2.0} for arm in s.arms)
 
 
+def test_a_freed_slot_goes_to_the_arm_that_has_had_the_fewest_points(tmp_path, monkeypatch):
+    # three arms of one tuning run and two held-out seeds each, 2 slots, 10 s a run. Dealing from the first arm
+    # each time gave c nothing until a's and b's seeds were all done (c's seed 1 at 40, a's seed 2 at 20); dealt
+    # to the arm with the fewest points so far, every arm's seed 1 starts before any arm's seed 2, so a study
+    # stopped midway has whole seeds to compare
+    three = POOLED.replace('grid = ["5e-4", "1e-3", "2e-3", "4e-3"]\n', "").replace("seeds = [1]", "seeds = [1, 2]")
+    s = write_study(tmp_path, three + '[[arm]]\nname = "c"\nconfig = "config/mini/res_gelu_no_half.py"\n')
+    code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 2)
+    assert code == 0 and end == 50
+    starts = {(os.path.basename(os.path.dirname(path)), os.path.basename(path)): sweep.start
+              for sweep in FakeSweep.started for path in sweep.ends}
+    seed = {k: [t for (arm, name), t in starts.items() if name.endswith(f"seed={k},data_seed={k}")] for k in (1, 2)}
+    assert len(seed[1]) == len(seed[2]) == 3 and max(seed[1]) < min(seed[2]), starts
+
+
 def test_each_slot_is_a_set_of_gpus_of_its_own_and_there_are_no_more_slots_than_the_gpus_make(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # 4 GPUs, none here
