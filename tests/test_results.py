@@ -467,15 +467,18 @@ def width_transfer_prose():
             ("res_gelu under μP against SP at 256", f"{res_mup.mean(res_mup.best):.4f}, is {res_wide:.1f}% above SP's")]
 
 
-# results/width_ladder so far: width 64's arms, and the width-128 runs of results/long_horizon that the study reuses
+# results/width_ladder so far: widths 64 and 256, and the width-128 runs of results/long_horizon that the study reuses
 LADDER_RUNS = ["results/width_ladder/baseline_w64", "results/width_ladder/res_gelu_w64",
                "results/width_ladder/res_gelu_no_half_w64", "results/long_horizon/baseline",
-               "results/long_horizon/res_gelu", "results/long_horizon/res_gelu_no_half"]
+               "results/long_horizon/res_gelu", "results/long_horizon/res_gelu_no_half",
+               "results/width_ladder/baseline_w256", "results/width_ladder/res_gelu_w256",
+               "results/width_ladder/res_gelu_no_half_w256"]
 
 
 def width_ladder_prose():
     """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
-    to the baseline per width with its interval and p, the slopes, and that width 64's runs ran in one session."""
+    to the baseline per width with its interval and p, the slopes, how many runs each new width has, and that
+    each ran in one session."""
     from nonlinear_queries import width
 
     runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS], "seed")
@@ -486,25 +489,32 @@ def width_ladder_prose():
     def num(x):
         return f"{x:+.2f}".replace("-", "−")
 
-    sessions = [sum(r["type"] == "config" for r in read_metrics(path)) for path in
-                glob.glob(os.path.join(REPO, "results/width_ladder/*/*/metrics.jsonl"))]
+    def gap(r, word):  # the gap as the prose says it: "2.24% behind (95% CI ...)" or "1.77% ahead (...)"
+        return f"{abs(r.gap):.2f}% {word if r.gap < 0 else 'ahead'} ({num(r.ci[0])} to {num(r.ci[1])}"
+
+    sessions = {w: [sum(r["type"] == "config" for r in read_metrics(path)) for path in
+                    glob.glob(os.path.join(REPO, f"results/width_ladder/*_w{w}/*/metrics.jsonl"))] for w in (64, 256)}
     g, n = rung["res_gelu", 64], rung["res_gelu_no_half", 64]
     g2, n2 = rung["res_gelu", 128], rung["res_gelu_no_half", 128]
+    g4, n4 = rung["res_gelu", 256], rung["res_gelu_no_half", 256]
     return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {num(g.ci[0])} to {num(g.ci[1])}, "
              f"paired p = {g.p:.2g})"),
             ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({num(n.ci[0])} to {num(n.ci[1])}, p = {n.p:.2g})"),
-            ("width 128, res_gelu", f"res_gelu {-g2.gap:.2f}% behind ({num(g2.ci[0])} to {num(g2.ci[1])}, "
-             f"p = {g2.p:.2g})"),
-            ("width 128, no_half", f"res_gelu_no_half {n2.gap:.2f}% ahead ({num(n2.ci[0])} to {num(n2.ci[1])}, "
-             f"p = {n2.p:.2g})"),
+            ("width 128, res_gelu", f"res_gelu {gap(g2, 'behind')}, p = {g2.p:.2g})"),
+            ("width 128, no_half", f"res_gelu_no_half {gap(n2, 'behind')}, p = {n2.p:.2g})"),
+            ("width 256, res_gelu", f"res_gelu {gap(g4, 'behind')}, p = {g4.p:.2g}, n = {len(g4.gaps)})"),
+            ("width 256, no_half", f"res_gelu_no_half {gap(n4, 'behind')}, p = {n4.p:.2g}, n = {len(n4.gaps)})"),
+            ("width 256's MDE", f"minimum detectable effect at width 256 is about {(g4.mde + n4.mde) / 2:.1f}%"),
+            ("width 256's baseline", f"{g4.base_losses.mean():.4f} at 256"),
             ("res_gelu's slope", f"res_gelu's slope is {num(slope['res_gelu'].slope)} percentage points per doubling "
              f"of width ({num(slope['res_gelu'].ci[0])} to {num(slope['res_gelu'].ci[1])})"),
             ("no_half's slope", f"res_gelu_no_half's {num(slope['res_gelu_no_half'].slope)} "
              f"({num(slope['res_gelu_no_half'].ci[0])} to {num(slope['res_gelu_no_half'].ci[1])})"),
             ("minimum detectable effect at 64", f"minimum detectable effect at this n is about "
              f"{(g.mde + n.mde) / 2:.1f}%"),
-            ("width 64's runs, one session each", f"{len(sessions)} runs are complete" if set(sessions) == {1}
-             else "a run of width 64 was resumed")]
+            ("runs of widths 64 and 256, one session each",
+             f"Width 64's {len(sessions[64])} runs and width 256's {len(sessions[256])} are complete"
+             if set(sessions[64]) == set(sessions[256]) == {1} else "a run of width 64 or 256 was resumed")]
 
 
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
