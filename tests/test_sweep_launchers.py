@@ -68,12 +68,12 @@ def test_two_jobs_at_a_time_equal_two_sequential_runs_and_a_failing_point_stops_
     bad = sweep(shakespeare_dir, tmp_path / "bad", "--grid", f"data_dir={shakespeare_dir},/nonexistent", "--jobs=2",
                 check=False)
     assert bad.returncode == 1
-    names = sorted(os.listdir(tmp_path / "bad"))
+    names = sorted(n for n in os.listdir(tmp_path / "bad") if os.path.isdir(tmp_path / "bad" / n))  # the points
     failed = next(n for n in names if "nonexistent" in n)
     log = tmp_path / "bad" / failed / "train.log"
     assert f"error: data_dir={shakespeare_dir.replace('/', '-')}" not in bad.stderr
     assert f"failed (exit status 1); its log: {log}" in bad.stderr and "nonexistent" in log.read_text()
-    good = next(n for n in names if n != failed and n != "sweep.json")
+    good = next(n for n in names if n != failed)
     assert read_metrics(tmp_path / "bad" / good, "eval")[-1]["step"] == 6
     table = status_table(tmp_path / "bad")
     assert table[failed]["state"] == "failed (exit status 1)" and table[failed]["log"] == str(log)
@@ -323,7 +323,7 @@ def test_a_grid_on_slurm_finishes_compare_reads_it_and_a_failing_point_stops_not
     bad_dir = tmp_path / "bad"
     sweep(shakespeare_dir, bad_dir, "--grid", f"data_dir={shakespeare_dir},/nonexistent", "--launcher=slurm",
           "--cpus_per_task=1", "--slurm_time=10", env={**ONE_THREAD, **slurm_cluster.env})
-    names = sorted(n for n in os.listdir(bad_dir) if n != "sweep.json")
+    names = sorted(n for n in os.listdir(bad_dir) if os.path.isdir(bad_dir / n))  # the points
     failed = next(n for n in names if "nonexistent" in n)
 
     def settled():
