@@ -222,7 +222,7 @@ def test_a_slot_that_frees_goes_to_the_points_still_waiting_in_a_stage_that_bega
 
 def test_a_freed_slot_goes_to_the_arm_that_has_had_the_fewest_points(tmp_path, monkeypatch):
     # three arms of one tuning run and two held-out seeds each, 2 slots, 10 s a run. Dealing from the first arm
-    # each time gave c nothing until a's and b's seeds were all done (c's seed 1 at 40, a's seed 2 at 20); dealt
+    # each time gave c nothing until a's and b's seeds were all done (c's seed 1 at 40, a's seed 2 at 10); dealt
     # to the arm with the fewest points so far, every arm's seed 1 starts before any arm's seed 2, so a study
     # stopped midway has whole seeds to compare
     three = POOLED.replace('grid = ["5e-4", "1e-3", "2e-3", "4e-3"]\n', "").replace("seeds = [1]", "seeds = [1, 2]")

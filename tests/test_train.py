@@ -145,7 +145,7 @@ def test_resumed_run_equals_unbroken_run(shakespeare_dir, tmp_path):
 def test_a_resumed_float16_run_keeps_its_loss_scale(shakespeare_dir, tmp_path, monkeypatch):
     # float16 runs only on CUDA, so here the GradScaler is switched on under float32 (its scaling by powers of
     # two is exact there) and grows its scale x2 every 2 clean steps: 2^16 -> 2^20 over 8 steps. A resumed run
-    # that starts a fresh scaler is back at 2^16 at step 4 and ends at 2^18; it must end where the unbroken
+    # that starts a fresh scaler is back at 2^16 at step 5 and ends at 2^17; it must end where the unbroken
     # run does, the checkpoint carrying the scale and the count of clean steps towards the next growth.
     real = torch.amp.GradScaler
     monkeypatch.setattr(torch.amp, "GradScaler", lambda device, enabled: real(device, growth_interval=2))
