@@ -438,7 +438,15 @@ def readme_prose():
     column = header.index("p (Holm)")
     smallest, label = min((float(row[column]), row[0]) for row in rows if row[column] != "-")
     whose = "the weight-decay arm's" if "weight_decay=0.03125" in label else f"{label}'s"
-    return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}")]
+    rung, slope = ladder()
+    gaps = [f"{rung['res_gelu', w].gap:+.2f}%".replace("-", "−") for w in (64, 128, 256)]
+    s = slope["res_gelu"]
+    return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
+            ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]} and {gaps[2]})"),
+            ("their minimum detectable effects", "detectable effects " + ", ".join(
+                f"{rung['res_gelu', w].mde:.2f}%" for w in (64, 128)) + f" and {rung['res_gelu', 256].mde:.2f}%"),
+            ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
+             f"{with_sign(s.ci[1])})")]
 
 
 def width_transfer_prose():
@@ -475,41 +483,48 @@ LADDER_RUNS = ["results/width_ladder/baseline_w64", "results/width_ladder/res_ge
                "results/width_ladder/res_gelu_no_half_w256"]
 
 
-def width_ladder_prose():
-    """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
-    to the baseline per width with its interval and p, the slopes, how many runs each new width has, and that
-    each ran in one session."""
+def with_sign(x):
+    """A number as the prose writes it: two decimals, its sign, a minus sign rather than a hyphen."""
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def ladder():
+    """results/width_ladder's runs at step 3000 on held-out seeds 1-5: ({(arm, width): rung}, {arm: slope})."""
     from nonlinear_queries import width
 
     runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS], "seed")
     rungs, slopes, _ = width.ladder([r for r in runs if r.config["seed"] in range(1, 6)], 3000)
-    rung = {(r.arm.split()[0], r.width): r for r in rungs}
-    slope = {s.arm.split()[0]: s for s in slopes}
+    return {(r.arm.split()[0], r.width): r for r in rungs}, {s.arm.split()[0]: s for s in slopes}
 
-    def num(x):
-        return f"{x:+.2f}".replace("-", "−")
+
+def width_ladder_prose():
+    """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
+    to the baseline per width with its interval and p, the slopes, how many runs each new width has, and that
+    each ran in one session."""
+    rung, slope = ladder()
 
     def gap(r, word):  # the gap as the prose says it: "2.24% behind (95% CI ...)" or "1.77% ahead (...)"
-        return f"{abs(r.gap):.2f}% {word if r.gap < 0 else 'ahead'} ({num(r.ci[0])} to {num(r.ci[1])}"
+        return f"{abs(r.gap):.2f}% {word if r.gap < 0 else 'ahead'} ({with_sign(r.ci[0])} to {with_sign(r.ci[1])}"
 
     sessions = {w: [sum(r["type"] == "config" for r in read_metrics(path)) for path in
                     glob.glob(os.path.join(REPO, f"results/width_ladder/*_w{w}/*/metrics.jsonl"))] for w in (64, 256)}
     g, n = rung["res_gelu", 64], rung["res_gelu_no_half", 64]
     g2, n2 = rung["res_gelu", 128], rung["res_gelu_no_half", 128]
     g4, n4 = rung["res_gelu", 256], rung["res_gelu_no_half", 256]
-    return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {num(g.ci[0])} to {num(g.ci[1])}, "
-             f"paired p = {g.p:.2g})"),
-            ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({num(n.ci[0])} to {num(n.ci[1])}, p = {n.p:.2g})"),
+    return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {with_sign(g.ci[0])} to "
+             f"{with_sign(g.ci[1])}, paired p = {g.p:.2g})"),
+            ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({with_sign(n.ci[0])} to {with_sign(n.ci[1])}, "
+             f"p = {n.p:.2g})"),
             ("width 128, res_gelu", f"res_gelu {gap(g2, 'behind')}, p = {g2.p:.2g})"),
             ("width 128, no_half", f"res_gelu_no_half {gap(n2, 'behind')}, p = {n2.p:.2g})"),
             ("width 256, res_gelu", f"res_gelu {gap(g4, 'behind')}, p = {g4.p:.2g}, n = {len(g4.gaps)})"),
             ("width 256, no_half", f"res_gelu_no_half {gap(n4, 'behind')}, p = {n4.p:.2g}, n = {len(n4.gaps)})"),
             ("width 256's MDE", f"minimum detectable effect at width 256 is about {(g4.mde + n4.mde) / 2:.1f}%"),
             ("width 256's baseline", f"{g4.base_losses.mean():.4f} at 256"),
-            ("res_gelu's slope", f"res_gelu's slope is {num(slope['res_gelu'].slope)} percentage points per doubling "
-             f"of width ({num(slope['res_gelu'].ci[0])} to {num(slope['res_gelu'].ci[1])})"),
-            ("no_half's slope", f"res_gelu_no_half's {num(slope['res_gelu_no_half'].slope)} "
-             f"({num(slope['res_gelu_no_half'].ci[0])} to {num(slope['res_gelu_no_half'].ci[1])})"),
+            ("res_gelu's slope", f"res_gelu's slope is {with_sign(slope['res_gelu'].slope)} percentage points per "
+             f"doubling of width ({with_sign(slope['res_gelu'].ci[0])} to {with_sign(slope['res_gelu'].ci[1])})"),
+            ("no_half's slope", f"res_gelu_no_half's {with_sign(slope['res_gelu_no_half'].slope)} "
+             f"({with_sign(slope['res_gelu_no_half'].ci[0])} to {with_sign(slope['res_gelu_no_half'].ci[1])})"),
             ("minimum detectable effect at 64", f"minimum detectable effect at this n is about "
              f"{(g.mde + n.mde) / 2:.1f}%"),
             ("runs of widths 64 and 256, one session each",
