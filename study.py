@@ -634,12 +634,12 @@ def run_pooled(study, slots):
     environment, and when it ends it takes the next point waiting in any arm: a point of an arm's current stage
     (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of its
     stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
-    the study's order (one to each arm with points waiting, then again), the arms that have had the fewest points
-    first, so arms that reach their held-out seeds together run them in step; an arm's next stage begins when
-    every point of its last one is done. Each sweep's output goes to its arm directory's sweep.log. SIGINT/SIGTERM
-    reach every running sweep (each point writes its checkpoint). Returns 0 when every arm is done, 1 if a point
-    failed (its arm takes no new point; the other arms go on to their end) or the GPUs are too few, 128 + the
-    signal number if stopped."""
+    turn (one to each arm with points waiting, then again), the arms this call has launched the fewest points of
+    first and ties in the study's order, so arms that reach their held-out seeds together run them in step; an
+    arm's next stage begins when every point of its last one is done. Each sweep's output goes to its arm
+    directory's sweep.log. SIGINT/SIGTERM reach every running sweep (each point writes its checkpoint). Returns 0
+    when every arm is done, 1 if a point failed (its arm takes no new point; the other arms go on to their end) or
+    the GPUs are too few, 128 + the signal number if stopped."""
     try:
         env = slot_environment(study, slots)
     except StudyError as e:
