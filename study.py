@@ -634,9 +634,10 @@ def run_pooled(study, slots):
     environment, and when it ends it takes the next point waiting in any arm: a point of an arm's current stage
     (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of its
     stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
-    turn (one to each arm with points waiting, then again), the arms this call has launched the fewest points of
-    first and ties in the study's order, so arms that reach their held-out seeds together run them in step; an
-    arm's next stage begins when every point of its last one is done. Each sweep's output goes to its arm
+    turn (one to each arm with points waiting, then again), the arms with the fewest points finished or running
+    first (points_had; ties in the study's order), so arms that reach their held-out seeds together run them in
+    step, and an arm that an earlier, stopped command left a seed behind catches up first; an arm's next stage
+    begins when every point of its last one is done. Each sweep's output goes to its arm
     directory's sweep.log. SIGINT/SIGTERM reach every running sweep (each point writes its checkpoint). Returns 0
     when every arm is done, 1 if a point failed (its arm takes no new point; the other arms go on to their end) or
     the GPUs are too few, 128 + the signal number if stopped."""
@@ -646,7 +647,6 @@ def run_pooled(study, slots):
         print(f"error: {e}", file=sys.stderr)
         return 1
     free, running, failed, stop = list(range(len(env))), {}, [], []  # running: Popen -> (horizon, arm, point, slot)
-    dealt = {}  # (max_iters, arm name) -> points launched so far
 
     def forward(signum, frame):
         stop.append(signum)
@@ -675,12 +675,12 @@ def run_pooled(study, slots):
             # the arms that have had the fewest points first (ties in the study's order): a slot that frees takes
             # the next arm's point, not the first arm's again, so a study stopped midway ends with whole seeds
             # (every arm's run on seed s) rather than one arm's seeds all done and another's none
-            waiting.sort(key=lambda w: dealt.get((w[0].max_iters, w[1].name), 0))
+            waiting.sort(key=lambda w: points_had(study, stages[w[0].max_iters][w[1].name])
+                         + sum((h.max_iters, a.name) == (w[0].max_iters, w[1].name) for h, a, _, _ in running.values()))
             while free and not stop and any(points for _, _, points in waiting):
                 for horizon, arm, points in waiting:
                     if points and free:
                         launch(horizon, arm, points.pop(0), free.pop(0))
-                        dealt[horizon.max_iters, arm.name] = dealt.get((horizon.max_iters, arm.name), 0) + 1
             if not running:
                 break
             child = wait_any(running)
@@ -710,6 +710,13 @@ def run_pooled(study, slots):
               f"run the same command again (finished runs are kept)", file=sys.stderr)
         return 1
     return 0
+
+
+def points_had(study, stage):
+    """How many of an arm's points at one horizon are finished, from its Stage (see `advance`): its tuning runs
+    (every one once a value is chosen; else the grid's less those still to run) and its finished held-out seeds."""
+    tuning = len(stage.values) * len(study.tuning_seeds) - (len(stage.todo) if stage.chosen is None else 0)
+    return tuning + sum(loss is not None for loss in stage.held_out.values())
 
 
 def wait_any(children):

@@ -302,15 +302,16 @@ def slope_interval(x, y):
 
 
 def ladder_tables(rungs, slopes, baseline):
-    """(the per-width table, the slope table), each (header, rows) for stats.print_table."""
+    """(the per-width table, the slope table), each (header, rows) for stats.print_table; a width with one pair
+    has no interval, p or MDE ('-')."""
     header = ["arm", "width", "non-emb. params", "training PFLOPs", "n", "val loss", f"{baseline} val loss",
               "rel. improvement (%)", "95% CI (%)", "paired p", "MDE (%)"]
     rows = [[r.arm, str(r.width), f"{r.params:,}", f"{r.flops / 1e15:.3f}", str(len(r.gaps)),
              stats.pm_cell(float(r.losses.mean()), float(r.losses.std(ddof=1)) if len(r.losses) > 1 else None),
              stats.pm_cell(float(r.base_losses.mean()),
                            float(r.base_losses.std(ddof=1)) if len(r.base_losses) > 1 else None),
-             f"{r.gap:+.2f}", f"[{r.ci[0]:+.2f}, {r.ci[1]:+.2f}]", stats.p_cell(r.p),
-             "" if r.mde is None else f"{r.mde:.2f}"] for r in rungs]
+             f"{r.gap:+.2f}", "-" if len(r.gaps) < 2 else f"[{r.ci[0]:+.2f}, {r.ci[1]:+.2f}]", stats.p_cell(r.p),
+             "-" if r.mde is None else f"{r.mde:.2f}"] for r in rungs]
     sheader = ["arm", "slope (% per doubling of width)", "95% CI", "pairs", "what the interval supports"]
     srows = [[s.arm, f"{s.slope:+.2f}", f"[{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]", str(s.n), s.verdict] for s in slopes]
     return (header, rows), (sheader, srows)

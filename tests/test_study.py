@@ -223,8 +223,8 @@ def test_a_slot_that_frees_goes_to_the_points_still_waiting_in_a_stage_that_bega
 def test_a_freed_slot_goes_to_the_arm_that_has_had_the_fewest_points(tmp_path, monkeypatch):
     # three arms of one tuning run and two held-out seeds each, 2 slots, 10 s a run. Dealing from the first arm
     # each time gave c nothing until a's and b's seeds were all done (c's seed 1 at 40, a's seed 2 at 10); dealt
-    # to the arm with the fewest points so far, every arm's seed 1 starts before any arm's seed 2, so a study
-    # stopped midway has whole seeds to compare
+    # to the arm with the fewest points finished or running, every arm's seed 1 starts before any arm's seed 2,
+    # so a study stopped midway has whole seeds to compare
     three = POOLED.replace('grid = ["5e-4", "1e-3", "2e-3", "4e-3"]\n', "").replace("seeds = [1]", "seeds = [1, 2]")
     s = write_study(tmp_path, three + '[[arm]]\nname = "c"\nconfig = "config/mini/res_gelu_no_half.py"\n')
     code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 2)
@@ -233,6 +233,25 @@ def test_a_freed_slot_goes_to_the_arm_that_has_had_the_fewest_points(tmp_path, m
               for sweep in FakeSweep.started for path in sweep.ends}
     seed = {k: [t for (arm, name), t in starts.items() if name.endswith(f"seed={k},data_seed={k}")] for k in (1, 2)}
     assert len(seed[1]) == len(seed[2]) == 3 and max(seed[1]) < min(seed[2]), starts
+
+
+def test_an_arm_that_a_stopped_command_left_a_seed_behind_catches_up_first(tmp_path, monkeypatch):
+    # an earlier command, stopped, finished a's and b's seed 1 and only c's tuning run. Dealt by the points this
+    # command launched, a's and b's seed 2 would start first (c's seed 1 at 10); dealt by the points each arm has
+    # finished, c's seed 1 starts at once, beside a's seed 2
+    three = POOLED.replace('grid = ["5e-4", "1e-3", "2e-3", "4e-3"]\n', "").replace("seeds = [1]", "seeds = [1, 2]")
+    s = write_study(tmp_path, three + '[[arm]]\nname = "c"\nconfig = "config/mini/res_gelu_no_half.py"\n')
+    horizon = s.horizons[0]
+    for arm, names in zip(s.arms, (["seed=0", "seed=1,data_seed=1"], ["seed=0", "seed=1,data_seed=1"], ["seed=0"])):
+        for name in names:
+            fake_run(os.path.join(study.arm_dir(s, arm, horizon), f"learning_rate=2e-3,{name}"), 2.0)
+    assert [study.points_had(s, study.advance(s, arm, horizon)) for arm in s.arms] == [2, 2, 1]
+    code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 2)
+    starts = {(os.path.basename(os.path.dirname(path)), os.path.basename(path)): sweep.start
+              for sweep in FakeSweep.started for path in sweep.ends}
+    assert code == 0 and end == 20
+    assert {(arm, name.split(",")[1]): t for (arm, name), t in starts.items()} == {
+        ("c", "seed=1"): 0, ("a", "seed=2"): 0, ("b", "seed=2"): 10, ("c", "seed=2"): 10}
 
 
 def test_each_slot_is_a_set_of_gpus_of_its_own_and_there_are_no_more_slots_than_the_gpus_make(
