@@ -439,10 +439,12 @@ def readme_prose():
     smallest, label = min((float(row[column]), row[0]) for row in rows if row[column] != "-")
     whose = "the weight-decay arm's" if "weight_decay=0.03125" in label else f"{label}'s"
     rung, slope = ladder()
-    gaps = [f"{rung['res_gelu', w].gap:+.2f}%".replace("-", "−") for w in (64, 128, 256)]
-    s = slope["res_gelu"]
+    gaps = [f"{rung['res_gelu', w].gap:+.2f}%".replace("-", "−") for w in (64, 128, 256, 384)]
+    s, n384 = slope["res_gelu"], len(rung["res_gelu", 384].gaps)
+    first = "first seed" if n384 == 1 else f"first {WORDS[n384]} seeds"
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
             ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]} and {gaps[2]})"),
+            ("and at width 384", f"width 384's {first} ({gaps[3]})"),
             ("their minimum detectable effects", "detectable effects " + ", ".join(
                 f"{rung['res_gelu', w].mde:.2f}%" for w in (64, 128)) + f" and {rung['res_gelu', 256].mde:.2f}%"),
             ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
@@ -475,12 +477,13 @@ def width_transfer_prose():
             ("res_gelu under μP against SP at 256", f"{res_mup.mean(res_mup.best):.4f}, is {res_wide:.1f}% above SP's")]
 
 
-# results/width_ladder so far: widths 64 and 256, and the width-128 runs of results/long_horizon that the study reuses
+# results/width_ladder: widths 64, 256 and 384, and the width-128 runs of results/long_horizon that the study reuses
 LADDER_RUNS = ["results/width_ladder/baseline_w64", "results/width_ladder/res_gelu_w64",
                "results/width_ladder/res_gelu_no_half_w64", "results/long_horizon/baseline",
                "results/long_horizon/res_gelu", "results/long_horizon/res_gelu_no_half",
                "results/width_ladder/baseline_w256", "results/width_ladder/res_gelu_w256",
-               "results/width_ladder/res_gelu_no_half_w256"]
+               "results/width_ladder/res_gelu_no_half_w256", "results/width_ladder/baseline_w384",
+               "results/width_ladder/res_gelu_w384", "results/width_ladder/res_gelu_no_half_w384"]
 
 
 def with_sign(x):
@@ -499,18 +502,20 @@ def ladder():
 
 def width_ladder_prose():
     """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
-    to the baseline per width with its interval and p, the slopes, how many runs each new width has, and that
-    each ran in one session."""
+    to the baseline per width with its interval and p (width 384: its one pair so far), the slopes, how many runs
+    each new width has, and that each ran in one session."""
     rung, slope = ladder()
 
     def gap(r, word):  # the gap as the prose says it: "2.24% behind (95% CI ...)" or "1.77% ahead (...)"
         return f"{abs(r.gap):.2f}% {word if r.gap < 0 else 'ahead'} ({with_sign(r.ci[0])} to {with_sign(r.ci[1])}"
 
     sessions = {w: [sum(r["type"] == "config" for r in read_metrics(path)) for path in
-                    glob.glob(os.path.join(REPO, f"results/width_ladder/*_w{w}/*/metrics.jsonl"))] for w in (64, 256)}
+                    glob.glob(os.path.join(REPO, f"results/width_ladder/*_w{w}/*/metrics.jsonl"))]
+                for w in (64, 256, 384)}
     g, n = rung["res_gelu", 64], rung["res_gelu_no_half", 64]
     g2, n2 = rung["res_gelu", 128], rung["res_gelu_no_half", 128]
     g4, n4 = rung["res_gelu", 256], rung["res_gelu_no_half", 256]
+    g6, n6 = rung["res_gelu", 384], rung["res_gelu_no_half", 384]
     return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {with_sign(g.ci[0])} to "
              f"{with_sign(g.ci[1])}, paired p = {g.p:.2g})"),
             ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({with_sign(n.ci[0])} to {with_sign(n.ci[1])}, "
@@ -519,6 +524,11 @@ def width_ladder_prose():
             ("width 128, no_half", f"res_gelu_no_half {gap(n2, 'behind')}, p = {n2.p:.2g})"),
             ("width 256, res_gelu", f"res_gelu {gap(g4, 'behind')}, p = {g4.p:.2g}, n = {len(g4.gaps)})"),
             ("width 256, no_half", f"res_gelu_no_half {gap(n4, 'behind')}, p = {n4.p:.2g}, n = {len(n4.gaps)})"),
+            ("width 384 so far", f"on seed 1 alone (n = {len(g6.gaps)}, no interval) res_gelu is "
+             f"{abs(g6.gap):.2f}% {'behind' if g6.gap < 0 else 'ahead of'} the baseline and res_gelu_no_half "
+             f"{abs(n6.gap):.2f}% {'behind' if n6.gap < 0 else 'ahead'}"),
+            ("width 384's pairs in the slopes", f"over the four widths ({slope['res_gelu'].n} and "
+             f"{slope['res_gelu_no_half'].n} pairs"),
             ("width 256's MDE", f"minimum detectable effect at width 256 is about {(g4.mde + n4.mde) / 2:.1f}%"),
             ("width 256's baseline", f"{g4.base_losses.mean():.4f} at 256"),
             ("res_gelu's slope", f"res_gelu's slope is {with_sign(slope['res_gelu'].slope)} percentage points per "
@@ -527,9 +537,10 @@ def width_ladder_prose():
              f"({with_sign(slope['res_gelu_no_half'].ci[0])} to {with_sign(slope['res_gelu_no_half'].ci[1])})"),
             ("minimum detectable effect at 64", f"minimum detectable effect at this n is about "
              f"{(g.mde + n.mde) / 2:.1f}%"),
-            ("runs of widths 64 and 256, one session each",
-             f"Width 64's {len(sessions[64])} runs and width 256's {len(sessions[256])} are complete"
-             if set(sessions[64]) == set(sessions[256]) == {1} else "a run of width 64 or 256 was resumed")]
+            ("runs of widths 64, 256 and 384, one session each",
+             f"Width 64's {len(sessions[64])} runs and width 256's {len(sessions[256])} are complete; width 384 has "
+             f"{len(sessions[384])} of its 9" if set(sessions[64]) == set(sessions[256]) == set(sessions[384]) == {1}
+             else "a run of width 64, 256 or 384 was resumed")]
 
 
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
