@@ -76,7 +76,9 @@ def recipe(name):
 
 def variants(args):
     """{name: GPTConfig overrides}: the --modes (linear first: the ratios refer to it),
-    the MLP4.75 control, and with --unfused the unfused projection of linear and res_gelu."""
+    the MLP4.75 control, with --unfused the unfused projection of linear and res_gelu, and with
+    --mup linear and res_gelu under μP (parametrization='mup' at mup_base_width 128: m = 6 at
+    GPT-2 small; its own AdamW groups, logits x 1/m)."""
     modes = args.modes.split(",")
     out = {mode: {"query_mode": mode} for mode in modes}
     if not args.no_mlp475:
@@ -84,6 +86,9 @@ def variants(args):
     if args.unfused:
         for mode in [m for m in ("linear", "res_gelu") if m in modes]:
             out[f"{mode} unfused"] = {"query_mode": mode, "fused_qkv": False}
+    if args.mup:
+        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
+            out[f"{mode} mup"] = {"query_mode": mode, "parametrization": "mup"}
     return out
 
 
@@ -160,6 +165,7 @@ def main():
     p.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated query modes; linear first")
     p.add_argument("--no_mlp475", action="store_true", help="leave out the MLP4.75 control (linear, mlp_ratio 4.75)")
     p.add_argument("--unfused", action="store_true", help="also time linear and res_gelu with fused_qkv=False")
+    p.add_argument("--mup", action="store_true", help="also time linear and res_gelu under μP (parametrization=mup)")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
     args = p.parse_args()
     if not args.modes.startswith("linear"):

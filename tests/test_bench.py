@@ -20,12 +20,14 @@ TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--voc
 @pytest.mark.slow
 def test_train_speed_table_has_every_variant_against_linear():
     out = run_script("bench/train_speed.py", *TINY_MODEL, "--block_size=16", "--batch_size=2", "--rounds=2",
-                     "--warmup=1", "--unfused").stdout
+                     "--warmup=1", "--unfused", "--mup").stdout
     rows = markdown_table(out, "variant")
-    assert list(rows) == ["linear", "identity", "res_gelu", "residual", "mlp475", "linear unfused", "res_gelu unfused"]
+    assert list(rows) == ["linear", "identity", "res_gelu", "residual", "mlp475", "linear unfused", "res_gelu unfused",
+                          "linear mup", "res_gelu mup"]
     params = {name: int(row["non-emb params"].replace(",", "")) for name, row in rows.items()}
     assert params["linear"] - params["identity"] == 32 * 32  # the one layer's W_Q
     assert params["res_gelu unfused"] == params["res_gelu"] and params["linear unfused"] == params["linear"]
+    assert params["res_gelu mup"] == params["res_gelu"] and params["linear mup"] == params["linear"]
     assert rows["linear"]["vs linear"] == "1.000" and all(row["MFU"] == "-" for row in rows.values())  # CPU
     assert "command: python bench/train_speed.py --device=cpu" in out
 

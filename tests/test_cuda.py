@@ -1,7 +1,8 @@
 """The CUDA path that the paper's runs take (bf16 autocast, torch.compile, fused AdamW, NCCL),
 and the GPU paths beside it (FSDP on one GPU with activation checkpointing, its sharded
 checkpoints and their resume, Muon, float16 with the GradScaler, the attention kernel that
-runs, the logged MFU, lm-eval's tasks during training), each held to a property on the GPU.
+runs, the logged MFU, lm-eval's tasks during training, μP's per-group rates at GPT-2 width), each
+held to a property on the GPU.
 tests/conftest.py collects this file only where torch.cuda.is_available(); `python
 bench/gpu.py` runs it with the GPU benchmarks.
 
@@ -60,8 +61,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.checkpoint import read_checkpoint
-from nonlinear_queries.optimizers import configure_optimizers
+from nonlinear_queries.optimizers import configure_optimizers, set_learning_rates
 from nonlinear_queries.runtime import parallelize, peak_flops, setup, teardown
+from nonlinear_queries.train_config import TrainConfig
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
 DEVICE_TYPE = "cuda" if DEVICE.startswith("cuda") else "cpu"
@@ -592,6 +594,52 @@ def test_eval_tasks_score_the_training_model_as_eval_py_scores_its_checkpoint(sh
     assert (scores["tiny_mc"]["acc,none"], scores["tiny_mc"]["acc_norm,none"]) == (mc["acc"], mc["acc_norm"])
     assert scores["tiny_text"]["word_perplexity,none"] == pytest.approx(text["word_perplexity"], rel=1e-4)
     assert text["word_perplexity"] < records[0, "tiny_text"]["word_perplexity"]  # 20 steps of training tell
+
+# ---------------------------------------------------------------------------------------
+# μP at GPT-2 width: the compiled bf16 step and fused AdamW's per-group rates
+
+
+@pytest.mark.parametrize("query_mode", ["linear", "res_gelu"])
+def test_mup_at_gpt2_width_compiles_whole_and_adamws_first_step_moves_each_group_by_its_own_rate(query_mode):
+    # Adam's first step divides the gradient by its own magnitude (m_hat / (sqrt(v_hat) + eps) =
+    # g / (|g| + eps)), so, weight decay undone, every parameter moves by its group's rate times
+    # |g| / (|g| + eps): eta / m for the hidden matrices, eta for the rest (optimizers.py). The fused
+    # CUDA kernel reads each group's lr and weight_decay; a rate the schedule overwrote, or an
+    # lr_mult the kernel missed, moves the hidden matrices m = 6 times too far.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=24, n_embd=768, block_size=128, vocab_size=50304, query_mode=query_mode,
+                       parametrization="mup")  # head size 32 as at the base width 128: m = 6
+    model = GPT(config).to(DEVICE)
+    optimizer = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), DEVICE_TYPE)
+    cfg = TrainConfig(learning_rate=1e-3)
+    set_learning_rates([optimizer], 4e-4, cfg)  # a warmup step's rate: 0.4 eta
+    compiled = torch.compile(model, fullgraph=True)  # a graph break is an error
+    xy = tokens(4, 129, 50257, seed=5)
+    x, y = xy[:, :-1], xy[:, 1:]
+    with torch.no_grad(), autocast():
+        eager_logits, _ = model(x, x)
+        compiled_logits, _ = compiled(x, x)
+    assert rel_err(compiled_logits, eager_logits) <= BF16_RTOL  # the logits' 1/m survives compilation
+    with autocast():
+        _, loss = compiled(x, y)
+    loss.backward()
+    before = {p: (p.detach().clone(), p.grad.detach().clone()) for p in model.parameters()}  # all have gradients
+    optimizer.step()
+    worst = []  # per group: (lr_mult, the largest deviation from the expected |update| / rate, its parameters)
+    for group in optimizer.param_groups:
+        old = torch.cat([before[p][0].flatten() for p in group["params"]])
+        grad = torch.cat([before[p][1].flatten() for p in group["params"]])
+        new = torch.cat([p.detach().flatten() for p in group["params"]])
+        # AdamW: p <- p (1 - lr wd) - lr g / (|g| + eps); undo the decay
+        moved = (new - old * (1 - group["lr"] * group["weight_decay"])).abs() / group["lr"]
+        expected = grad.abs() / (grad.abs() + group["eps"])
+        worst.append((group["lr_mult"], (moved - expected).abs().max().item(), old.numel()))
+    print(f"{query_mode}: per group (lr_mult, largest deviation of |update| / rate, parameters): {worst}")
+    assert [w[0] for w in worst] == [1 / 6, 1.0, 1.0]  # hidden matrices, the other matrices, the vectors
+    assert all(w[1] < 1e-3 for w in worst), worst  # a rate m times off deviates by O(1)
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([4e-4 / 6, 4e-4, 4e-4], rel=1e-12)
+
 
 # ---------------------------------------------------------------------------------------
 # memory at the paper's size
