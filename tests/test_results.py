@@ -440,13 +440,11 @@ def readme_prose():
     whose = "the weight-decay arm's" if "weight_decay=0.03125" in label else f"{label}'s"
     rung, slope = ladder()
     gaps = [f"{rung['res_gelu', w].gap:+.2f}%".replace("-", "−") for w in (64, 128, 256, 384)]
-    s, n384 = slope["res_gelu"], len(rung["res_gelu", 384].gaps)
-    first = "first seed" if n384 == 1 else f"first {WORDS[n384]} seeds"
+    s = slope["res_gelu"]
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
-            ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]} and {gaps[2]})"),
-            ("and at width 384", f"width 384's {first} ({gaps[3]})"),
+            ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]}, {gaps[2]} and {gaps[3]})"),
             ("their minimum detectable effects", "detectable effects " + ", ".join(
-                f"{rung['res_gelu', w].mde:.2f}%" for w in (64, 128)) + f" and {rung['res_gelu', 256].mde:.2f}%"),
+                f"{rung['res_gelu', w].mde:.2f}%" for w in (64, 128, 256)) + f" and {rung['res_gelu', 384].mde:.2f}%"),
             ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
              f"{with_sign(s.ci[1])})")]
 
@@ -502,8 +500,8 @@ def ladder():
 
 def width_ladder_prose():
     """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
-    to the baseline per width with its interval and p (width 384: its one pair so far), the slopes, how many runs
-    each new width has, and that each ran in one session."""
+    to the baseline per width with its interval, p and minimum detectable effect, the slopes, how many runs each
+    new width has, and that each ran in one session."""
     rung, slope = ladder()
 
     def gap(r, word):  # the gap as the prose says it: "2.24% behind (95% CI ...)" or "1.77% ahead (...)"
@@ -524,9 +522,9 @@ def width_ladder_prose():
             ("width 128, no_half", f"res_gelu_no_half {gap(n2, 'behind')}, p = {n2.p:.2g})"),
             ("width 256, res_gelu", f"res_gelu {gap(g4, 'behind')}, p = {g4.p:.2g}, n = {len(g4.gaps)})"),
             ("width 256, no_half", f"res_gelu_no_half {gap(n4, 'behind')}, p = {n4.p:.2g}, n = {len(n4.gaps)})"),
-            ("width 384 so far", f"on seed 1 alone (n = {len(g6.gaps)}, no interval) res_gelu is "
-             f"{abs(g6.gap):.2f}% {'behind' if g6.gap < 0 else 'ahead of'} the baseline and res_gelu_no_half "
-             f"{abs(n6.gap):.2f}% {'behind' if n6.gap < 0 else 'ahead'}"),
+            ("width 384, res_gelu", f"res_gelu {gap(g6, 'behind')}, p = {g6.p:.2g}, n = {len(g6.gaps)})"),
+            ("width 384, no_half", f"res_gelu_no_half {gap(n6, 'behind')}, p = {n6.p:.2g}, n = {len(n6.gaps)})"),
+            ("width 384's MDE", f"minimum detectable effect at width 384 is about {(g6.mde + n6.mde) / 2:.1f}%"),
             ("width 384's pairs in the slopes", f"over the four widths ({slope['res_gelu'].n} and "
              f"{slope['res_gelu_no_half'].n} pairs"),
             ("width 256's MDE", f"minimum detectable effect at width 256 is about {(g4.mde + n4.mde) / 2:.1f}%"),
@@ -538,8 +536,8 @@ def width_ladder_prose():
             ("minimum detectable effect at 64", f"minimum detectable effect at this n is about "
              f"{(g.mde + n.mde) / 2:.1f}%"),
             ("runs of widths 64, 256 and 384, one session each",
-             f"Width 64's {len(sessions[64])} runs and width 256's {len(sessions[256])} are complete; width 384 has "
-             f"{len(sessions[384])} of its 9" if set(sessions[64]) == set(sessions[256]) == set(sessions[384]) == {1}
+             f"Width 64's {len(sessions[64])} runs, width 256's {len(sessions[256])} and width 384's "
+             f"{len(sessions[384])} are complete" if all(set(s) == {1} for s in sessions.values())
              else "a run of width 64, 256 or 384 was resumed")]
 
 
