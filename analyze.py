@@ -37,6 +37,8 @@ the largest and smallest slope of log mean|x| against log width over steps >= 2 
 Exit status: 0 ok; 1 bad input; 2 bad command line.
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import argparse
 import os
 import sys

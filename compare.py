@@ -35,6 +35,8 @@ and its slope against log2(width); with --plot, their figures instead of Figure 
 input; 2 bad command line.
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import argparse
 import json
 import sys
@@ -314,6 +316,8 @@ def report(args):
     diags = checked_names("--with_diag", args.with_diag, [n for r in runs for d in r.diags.values() for n in d],
                           "diagnostic", "train with diagnostics=True to get them")
     groups = rd.make_groups(runs, group_over)
+    for note in filter(None, map(rd.numerics_note, groups)):
+        print(note, file=sys.stderr)
     baseline = rd.find_baseline(groups, args.baseline)
     if args.step is None:
         step = default_step(runs)

@@ -15,6 +15,8 @@ without the Hugging Face hub (README.md, "Evaluation"). Prints lm-eval's results
 Exit status: 0 done; 1 error (a task, data file or model that cannot be loaded); 2 config error.
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import json
 import os
 import sys

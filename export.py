@@ -14,6 +14,8 @@ holding its model_args, which load_pretrained(DIR) loads, and the script says so
 why. --out_dir may also name any source load_pretrained reads (pretrained.py).
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import sys
 from dataclasses import dataclass
 

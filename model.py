@@ -65,6 +65,11 @@ class GPTConfig:
     mup_base_head_dim: int = 0  # μP's head size at the base width; 0 = this model's (width grown by heads)
 
     def __post_init__(self):
+        for key in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if not 0 <= self.dropout < 1 or self.mlp_ratio <= 0:
+            raise ValueError(f"dropout must be in [0, 1) and mlp_ratio > 0, got {self.dropout} and {self.mlp_ratio}")
         if self.query_mode not in QUERY_MODULES:
             raise ValueError(
                 f"unknown query_mode {self.query_mode!r}; valid query modes: {', '.join(sorted(QUERY_MODULES))}"

@@ -13,6 +13,8 @@ containers, never arbitrary pickled objects), which names the run's other checkp
 ckpt.pt is truncated or corrupt.
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import os
 import sys
 from dataclasses import dataclass

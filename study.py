@@ -33,6 +33,8 @@ so; run the same command again once they are done. Exit status: 0 ok (or waiting
 128 + N stopped by signal N.
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import argparse
 import math
 import os

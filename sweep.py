@@ -56,6 +56,8 @@ launch.json and SLURM's queue (no accounting database needed).
 """
 
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import argparse
 import contextlib
 import itertools

@@ -38,6 +38,8 @@ every multiple of eval_interval and after the last update (step max_iters), so w
 max_iters=60000 the paper's 59k and 60k evaluations are both logged.
 """
 
+import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
+
 import json
 import os
 import shlex
@@ -63,7 +65,7 @@ from nonlinear_queries.checkpoint import (
 )
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import hold_out_dir
+from nonlinear_queries.lock import hold_out_dir, release_new_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError, load_pretrained
 from nonlinear_queries.runlog import open_run_log, run_header
@@ -72,6 +74,7 @@ from nonlinear_queries.runtime import (
     StopFlag,
     all_reduce_sum,
     mfu,
+    numerics,
     parallelize,
     peak_flops,
     setup,
@@ -169,6 +172,7 @@ def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, to
     state.wandb_id = out.wandb.id or ""
     header = run_header(state.step, __file__, run_name=run_name, config_files=config_files,
                         torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
+                        numerics=numerics(rt.device),
                         tokens_per_iter=tokens_per_iter, non_embedding_params=model.get_num_params(),
                         config=asdict(cfg), data=data_fingerprint)
     out.log(header)
@@ -338,6 +342,7 @@ if __name__ == "__main__":
     except (SetupError, DataError, CheckpointError, PretrainedError) as e:
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # every rank runs the same checks: say it once per machine
             print(f"error: {e}", file=sys.stderr)
+        release_new_out_dir(cfg.out_dir)  # a run that could not start leaves no out_dir holding only .lock
         if rt is not None:
             teardown(rt, clean=False)
         sys.exit(1)

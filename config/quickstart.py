@@ -2,7 +2,6 @@
 # on Shakespeare (data/shakespeare/prepare.py) on the CPU: 3-4 minutes on 2 cores,
 # ending near val loss 5.8 (uniform guessing is ln 50304 = 10.83).
 out_dir = "out-quickstart"
-overwrite = True  # the quickstart may be re-run; a paper run refuses to overwrite itself
 dataset = "shakespeare"
 device = "cpu"
 compile = False  # gains little on a 2-core CPU

@@ -37,10 +37,17 @@ _HASH_ROWS = 16  # index rows fingerprinted per stream
 def open_tokens(path, prepare_hint):
     """Open a uint16 token file as a read-only np.memmap.
 
-    Raises FileNotFoundError with `prepare_hint` (the command that creates it) if missing.
+    Raises FileNotFoundError with `prepare_hint` (the command that creates it) if missing, and
+    ValueError if its size is not a whole number of 2-byte tokens (a truncated copy or another format).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found; create it with: {prepare_hint}")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"{path} is empty; recreate it with: {prepare_hint}")
+    if size % 2:
+        raise ValueError(f"{path} holds {size:,} bytes, an odd number, so it is not a file of uint16 tokens (2 bytes "
+                         f"each): it is truncated or in another format. Recreate it with: {prepare_hint}")
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
@@ -172,7 +179,7 @@ def open_run_data(data_dir, prepare_cmd, data_seed, max_iters, global_batch, eva
     """Open data_dir's train.bin and val.bin and the three index streams of a run (creating
     the streams in data_dir/indices if missing). global_batch: sequences per step (batch_size
     x gradient_accumulation_steps); eval_batch: sequences per evaluation batch. Returns a
-    RunData. Raises DataError naming prepare_cmd for a missing token file, for a split
+    RunData. Raises DataError naming prepare_cmd for a missing, empty or odd-sized token file, for a split
     shorter than block_size + 1 tokens, and for a meta.json vocabulary larger than vocab_size.
     """
     try:

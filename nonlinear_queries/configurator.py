@@ -187,11 +187,16 @@ def parse_config(config_cls, argv):
     """Build a `config_cls` dataclass instance from config files and --key=value overrides.
 
     argv: the command-line arguments after the script name. Returns (config, files), the
-    resolved config and the list of config files read. Raises ConfigError for an unknown
-    key, a value of the wrong type or one that config_cls.__post_init__ rejects with a
-    ValueError, a missing config file, or a malformed argument.
+    resolved config and the list of config files read; config.set_keys is the frozenset of
+    the keys the files and overrides assign, whatever their values (a key set to its default
+    is set). A key in config_cls.COMMAND_LINE_ONLY ({key: why}, e.g. TrainConfig's overwrite,
+    which deletes a run) is taken from an override only, never inherited from a file. Raises
+    ConfigError for an unknown key, a command-line-only key in a file, a value of the wrong
+    type or one that config_cls.__post_init__ rejects with a ValueError, a missing config
+    file, or a malformed argument.
     """
     ftypes = {f.name: f.type for f in dataclasses.fields(config_cls)}
+    command_line_only = getattr(config_cls, "COMMAND_LINE_ONLY", {})
     values, files = {}, []
     for arg in argv:
         if arg.startswith("--"):
@@ -205,12 +210,16 @@ def parse_config(config_cls, argv):
             for key, (value, where) in _read(arg).items():
                 if key not in ftypes:
                     raise _unknown_key(key, ftypes, where)
+                if key in command_line_only:
+                    raise ConfigError(f"{where}: {key} cannot be set in a config file: {command_line_only[key]}")
                 values[key] = _check_type(key, value, ftypes[key], where)
             files.append(arg)
     try:
-        return config_cls(**values), files
+        config = config_cls(**values)
     except ValueError as e:  # a value the config's own validation rejects, e.g. an unknown query_mode
         raise ConfigError(str(e)) from None
+    config.set_keys = frozenset(values)
+    return config, files
 
 
 def config_from_argv(config_cls, argv=None):

@@ -42,6 +42,7 @@ UNSUPPORTED = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
 
 
 _HELD = {}  # out_dir -> its open lock file, for the life of the process
+_CREATED = {}  # out_dir -> the paths hold_out_dir created (the lock file, out_dir itself), for release_new_out_dir
 
 
 def lock_path(out_dir):
@@ -55,6 +56,7 @@ def hold_out_dir(out_dir):
     Taking it again in the same process does nothing."""
     if out_dir in _HELD:
         return
+    created = [p for p in (lock_path(out_dir), out_dir) if not os.path.exists(p)]
     os.makedirs(out_dir, exist_ok=True)
     f = open(lock_path(out_dir), "a+")
     for _ in range(20):  # out_dir_holder's probe holds it for microseconds: try for half a second
@@ -64,6 +66,7 @@ def hold_out_dir(out_dir):
         except OSError as e:
             if e.errno in UNSUPPORTED:
                 f.close()
+                _remove_created(created)
                 raise NoFileLocks(
                     f"cannot lock {lock_path(out_dir)}: its file system has no file locks (flock: {e.strerror}), "
                     f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
@@ -85,6 +88,33 @@ def hold_out_dir(out_dir):
     f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
     f.flush()
     _HELD[out_dir] = f
+    _CREATED[out_dir] = created
+
+
+def release_new_out_dir(out_dir):
+    """After a run that failed before writing anything: remove what hold_out_dir created, the lock file and
+    out_dir itself if it was new and holds nothing else, so a failed start leaves no trace. Returns True if
+    out_dir is gone."""
+    f = _HELD.pop(out_dir, None)
+    if f is None:
+        return False
+    created = _CREATED.pop(out_dir)
+    if lock_path(out_dir) in created:
+        os.remove(lock_path(out_dir))
+    f.close()
+    return _remove_created([p for p in created if p != lock_path(out_dir)])
+
+
+def _remove_created(created):
+    """Remove the paths hold_out_dir created (the lock file, then out_dir if it holds nothing else); returns
+    True if out_dir went too."""
+    for path in created:
+        if os.path.isfile(path):
+            os.remove(path)
+        elif os.path.isdir(path) and not os.listdir(path):
+            os.rmdir(path)
+            return True
+    return False
 
 
 def out_dir_holder(out_dir):

@@ -193,6 +193,21 @@ def make_groups(runs, group_over):
     return groups
 
 
+def numerics_note(group):
+    """A warning, or '' if none is due: the group's runs differ in what decides their floating-point results
+    beyond the config (the threads, the CPU's instruction set and model, the BLAS, the GPU: the header's
+    `numerics`, runtime.numerics), so their spread mixes the seeds' with the machines'. Runs from before the
+    header held it are not compared."""
+    known = [(r, r.header["numerics"]) for r in group.runs if r.header.get("numerics")]
+    differ = sorted({k for _, n in known for k in n if len({json.dumps(m.get(k)) for _, m in known}) > 1})
+    if not differ:
+        return ""
+    values = "; ".join(f"{k}: " + ", ".join(f"{n.get(k)!r} ({os.path.basename(os.path.normpath(r.out_dir))})"
+                                             for r, n in known) for k in differ)
+    return (f"warning: the runs of {group.label} differ in {', '.join(differ)} ({values}), which change a run's "
+            f"numbers as a seed does: its n and std pool machines with seeds")
+
+
 def pooled(group):
     """The runs of a group that count in a curve: those that did not diverge, or all when every one did (then
     up to where they stopped)."""

@@ -18,6 +18,8 @@ which then runs as a process group of one.
 
 import functools
 import os
+import platform
+import re
 import signal
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -238,6 +240,36 @@ class StopFlag:
 
     def _record(self, signum, frame):
         self.signal = signal.Signals(signum).name
+
+
+def numerics(device):
+    """What decides a run's floating-point results beyond its config, data and torch version: the
+    threads (a multithreaded kernel sums in another order with another count), the CPU's instruction
+    set that ATen's kernels use (torch.backends.cpu.get_cpu_capability(); ATEN_CPU_CAPABILITY lowers
+    it), the CPU model, the BLAS torch was built with, and on CUDA the GPU and cuDNN. Returns a dict of
+    strings and ints for the run's header (train.py); compare.py warns when runs pooled as seeds of
+    one arm differ in any of them (runs.numerics_note)."""
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    facts = {"torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+             "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_model": cpu_model(),
+             "blas": blas.group(1) if blas else ""}
+    if torch.device(device).type == "cuda":
+        facts |= {"gpu": torch.cuda.get_device_name(torch.device(device)), "cuda": torch.version.cuda or "",
+                  "cudnn": torch.backends.cudnn.version() or 0}
+    return facts
+
+
+def cpu_model():
+    """The CPU's model name (/proc/cpuinfo on Linux, platform.processor() elsewhere), '' if unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, from the vendors' spec sheets,

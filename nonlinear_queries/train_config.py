@@ -4,6 +4,7 @@ so that sweep.py can check a whole grid of configs before the first run starts.
 """
 
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from model import GPTConfig
 
@@ -12,6 +13,15 @@ from model import GPTConfig
 class TrainConfig(GPTConfig):
     """Every training setting; the model fields are inherited from GPTConfig.
     Defaults are the paper's baseline (Table 1, first column) on OpenWebText."""
+
+    # settings that a config file may not hold, with why (configurator.parse_config): deleting a run takes a
+    # request on the command line, never a line inherited from a config someone builds on
+    COMMAND_LINE_ONLY: ClassVar[dict] = {
+        "overwrite": "it deletes the run already in out_dir; pass --overwrite=True on the command line where you "
+                     "mean it"}
+    # the keys the config files and the command line assign, whatever their values (configurator.parse_config
+    # sets it); None for a config built in code
+    set_keys: ClassVar[frozenset | None] = None
 
     # I/O
     out_dir: str = "out"
@@ -135,6 +145,12 @@ class TrainConfig(GPTConfig):
                     "keep_last_n", "divergence_patience", "diagnostics_batches"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_iters", "warmup_iters", "lr_decay_iters", "learning_rate", "min_lr", "weight_decay",
+                    "grad_clip", "peak_flops", "divergence_threshold", "seed", "data_seed"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"AdamW's beta1 and beta2 must be in [0, 1), got {self.beta1} and {self.beta2}")
         if self.diagnostics_batches > self.eval_iters:
             raise ValueError(f"diagnostics_batches={self.diagnostics_batches} exceeds eval_iters={self.eval_iters}: "
                              f"the diagnostics run on the first diagnostics_batches of the eval_iters fixed val "
@@ -150,7 +166,12 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"save_checkpoint_steps must be steps >= 1, got {self.save_checkpoint_steps!r}")
 
     def model_settings(self):
-        """{GPTConfig field: value} of the model settings this config gives, those that differ from
-        GPTConfig's defaults. A run that resumes or fine-tunes takes its model from the checkpoint or
-        the pretrained source, and these must agree with it (or be overrides the source allows)."""
-        return {f.name: getattr(self, f.name) for f in fields(GPTConfig) if getattr(self, f.name) != f.default}
+        """{GPTConfig field: value} of the model settings this config gives: those its config files and
+        command line set, to any value (set_keys: `--query_mode=linear` is a setting even though linear is
+        the default), or, for a config built in code, those that differ from GPTConfig's defaults. A run
+        that resumes or fine-tunes takes its model from the checkpoint or the pretrained source, and these
+        must agree with it (or be overrides the source allows)."""
+        def given(f):
+            return f.name in self.set_keys if self.set_keys is not None else getattr(self, f.name) != f.default
+
+        return {f.name: getattr(self, f.name) for f in fields(GPTConfig) if given(f)}

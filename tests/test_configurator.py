@@ -110,3 +110,46 @@ def test_arithmetic_too_large_for_a_setting_is_refused_at_once(tmp_path):
     write(tmp_path / "ok.py", "_big = 2 ** 4095 + (2 ** 4095 - 1)\n_b = 'x' * 100000\nweight_decay = 2.0 ** -5\n"
                               "n_layer = _big // 2 ** 4093\n")
     assert read_config_file(str(tmp_path / "ok.py")) == {"weight_decay": 2**-5, "n_layer": 7}
+
+
+def test_no_committed_config_deletes_a_run(tmp_path):
+    # overwrite deletes the run in out_dir: a config someone builds on with their own --out_dir must not carry it
+    paths = glob.glob(os.path.join(REPO, "config", "**", "*.py"), recursive=True)
+    assert not [p for p in paths if "overwrite" in read_config_file(p)]
+    quick = write(tmp_path / "quick.py", 'base = "' + os.path.join(REPO, "config", "quickstart.py") + '"\n'
+                  'overwrite = True\n')
+    with pytest.raises(ConfigError) as e:
+        parse_config(TrainConfig, [quick, "--out_dir=mine"])
+    assert str(e.value) == (f"{quick}, line 2: overwrite cannot be set in a config file: it deletes the run already "
+                            f"in out_dir; pass --overwrite=True on the command line where you mean it")
+    cfg, _ = parse_config(TrainConfig, [os.path.join(REPO, "config", "quickstart.py")])
+    assert cfg.overwrite is False
+    assert parse_config(TrainConfig, [os.path.join(REPO, "config", "quickstart.py"), "--overwrite=True"])[0].overwrite
+
+
+def test_a_model_key_set_to_its_default_is_a_setting(tmp_path):
+    # --query_mode=linear asks for the linear query even though linear is the default: resuming a res_gelu
+    # checkpoint with it must be refused (checkpoint.check_resumable), not read as "unset"
+    cfg, _ = parse_config(TrainConfig, ["--query_mode=linear", "--learning_rate=1e-3"])
+    assert cfg.model_settings() == {"query_mode": "linear"}
+    from_file = write(tmp_path / "c.py", 'query_mode = "linear"\nn_layer = 12\nn_embd = 96\n')
+    assert parse_config(TrainConfig, [from_file])[0].model_settings() == {"query_mode": "linear", "n_layer": 12,
+                                                                          "n_embd": 96}
+    assert parse_config(TrainConfig, [])[0].model_settings() == {}
+    # a config built in code has no record of what was set: the keys that differ from the defaults
+    assert TrainConfig(query_mode="linear", n_embd=96).model_settings() == {"n_embd": 96}
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("--max_iters=-5", "max_iters must be >= 0, got -5"),
+    ("--learning_rate=-1e-3", "learning_rate must be >= 0, got -0.001"),
+    ("--beta2=1.5", "AdamW's beta1 and beta2 must be in [0, 1), got 0.9 and 1.5"),
+    ("--data_seed=-1", "data_seed must be >= 0, got -1"),
+    ("--n_head=0", "n_head must be >= 1, got 0"),
+    ("--block_size=-8", "block_size must be >= 1, got -8"),
+    ("--dropout=1.0", "dropout must be in [0, 1) and mlp_ratio > 0, got 1.0 and 4.0"),
+])
+def test_a_value_out_of_range_names_the_key_and_the_rule(arg, message):
+    with pytest.raises(ConfigError) as e:
+        parse_config(TrainConfig, [arg])
+    assert str(e.value) == message

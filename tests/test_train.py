@@ -5,7 +5,10 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 import types
 
 import numpy as np
@@ -252,6 +255,67 @@ def test_resume_refuses_a_different_model_and_scratch_refuses_to_overwrite(shake
     proc = train(shakespeare_dir, out, "--max_iters=2", check=False)
     assert proc.returncode != 0 and "already holds a run" in proc.stderr
     assert len(losses_by_step(out)) == 2  # nothing of the first run was lost
+
+
+@pytest.mark.slow
+def test_a_config_built_on_the_quickstart_does_not_delete_a_run(shakespeare_dir, tmp_path):
+    # config/quickstart.py once set overwrite = True: a user's --out_dir on top of it replaced the run there
+    out = tmp_path / "mine"
+    train(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2")
+    before = sorted(os.listdir(out)), losses_by_step(out)
+    proc = run_script("train.py", "config/quickstart.py", *TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={out}",
+                      "--max_iters=2", check=False)
+    assert proc.returncode == 1 and "already holds a run" in proc.stderr and "--overwrite=True" in proc.stderr
+    assert (sorted(os.listdir(out)), losses_by_step(out)) == before
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_model_key_set_to_its_default(shakespeare_dir, tmp_path):
+    # linear is query_mode's default, but --query_mode=linear asks for it: a res_gelu run must not resume under it
+    out = tmp_path / "out"
+    train(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--query_mode=res_gelu")
+    proc = train(shakespeare_dir, out, "--max_iters=4", "--init_from=resume", "--query_mode=linear", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"error: {out}/ckpt.pt was trained with query_mode='res_gelu' but the config asks "
+                                   f"for query_mode='linear'; use the run's own config to resume it")
+    assert len(losses_by_step(out)) == 2
+
+
+@pytest.mark.slow
+def test_a_run_that_cannot_start_leaves_no_out_dir(tmp_path):
+    out = tmp_path / "new" / "run"
+    proc = run_script("train.py", *TINY, f"--data_dir={tmp_path / 'nodata'}", f"--out_dir={out}", check=False)
+    assert proc.returncode == 1 and "train.bin not found" in proc.stderr
+    assert not out.exists()  # it held only .lock
+
+
+@pytest.mark.slow
+def test_a_token_file_of_odd_size_is_named_as_truncated(shakespeare_dir, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(shakespeare_dir, data_dir, ignore=shutil.ignore_patterns("indices"))
+    size = os.path.getsize(data_dir / "train.bin")
+    with open(data_dir / "train.bin", "r+b") as f:
+        f.truncate(size - 1)
+    proc = train(data_dir, tmp_path / "out", "--max_iters=2", check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"error: {data_dir}/train.bin holds {size - 1:,} bytes, an odd number, so it is not a file of uint16 tokens "
+        f"(2 bytes each): it is truncated or in another format. Recreate it with: python data/shakespeare/prepare.py")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_torch_loads_ends_with_one_line(tmp_path):
+    # SIGINT once torch's library is mapped, i.e. mid-import: Python's own handler would print dozens of lines
+    proc = subprocess.Popen([sys.executable, "train.py", *TINY, f"--out_dir={tmp_path / 'out'}"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and "libtorch" not in open(f"/proc/{proc.pid}/maps").read():
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert [line for line in (stdout + stderr).splitlines() if line] == ["train.py: interrupted (SIGINT); exiting"]
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------------------------------
