@@ -610,3 +610,21 @@ def test_plot_titles_fit_the_figure_when_the_labels_are_long(tmp_path):
     curves[2].label = " ".join([curves[2].label] * 2)
     fig = figure2(curves, groups[0].label)
     assert texts_outside(fig) == []
+
+
+def test_seeds_of_one_arm_run_on_different_numerics_are_warned_of(tmp_path):
+    # three replicas that differ only in their thread count would pool as "n = 3 seeds"
+    cpu = {"torch_threads": 2, "interop_threads": 2, "omp_num_threads": "", "cpu_capability": "AVX512",
+           "cpu_model": "AMD EPYC", "blas": "mkl"}
+    for seed, threads in ((1, 2), (2, 2), (3, 1)):
+        out = make_run(tmp_path / f"s{seed}", "baseline", {1000: 3.0 + seed / 100}, seed=seed)
+        head = {**header("baseline", out_dir=out, seed=seed), "numerics": {**cpu, "torch_threads": threads}}
+        write_records(out, [head, *evals({1000: 3.0 + seed / 100})])
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(head, f)
+    proc = run_compare(tmp_path / "s1", tmp_path / "s2", tmp_path / "s3")
+    assert proc.stderr.strip() == ("warning: the runs of baseline differ in torch_threads (torch_threads: 2 (s1), 2 "
+                                   "(s2), 1 (s3)), which change a run's numbers as a seed does: its n and std pool "
+                                   "machines with seeds")
+    assert "baseline" in proc.stdout and " 3 " in proc.stdout
+    assert run_compare(tmp_path / "s1", tmp_path / "s2").stderr == ""  # equal numerics: nothing to say

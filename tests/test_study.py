@@ -529,3 +529,16 @@ def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_
     assert line == (f"    tuning small ({n} runs, n_embd=128) takes about {small_h:.1f} GPU-hours; the same tuning at "
                     f"n_embd=256 would take {wide_h:.1f}: {wide_h - small_h:.1f} GPU-hours saved (FLOPs at the "
                     f"study's [cost] peak and MFU)")
+
+
+@pytest.mark.slow
+def test_the_readmes_dry_run_example_shows_a_plan_and_its_cost():
+    # a newcomer's first look at a study: one with every run committed would show "0 run(s) left" and no cost
+    readme = open(os.path.join(REPO, "README.md")).read()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("python study.py") and "--dry_run" in ln)
+    command, comment = line.split("#")
+    proc = run_script("study.py", *command.split()[2:])
+    total = proc.stdout.strip().splitlines()[-1]
+    runs, hours = int(total.split("at least ")[1].split(" run(s)")[0]), float(total.split("about ")[1].split()[0])
+    assert runs > 0 and hours > 1, total
+    assert comment.strip() == f"Table 1 held out: {runs} runs planned, about {round(hours, -1):.0f} GPU-hours"

@@ -183,6 +183,12 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
     assert header["type"] == "config" and header["git_commit"] == head and len(head) == 40
     assert "--query_mode=identity" in header["argv"] and header["non_embedding_params"] > 0
     assert header["config"]["query_mode"] == "identity" and header["config"]["n_embd"] == 32
+    # what decides a CPU run's bits beside its config: the run's own thread count, instruction set and BLAS
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
+    assert header["numerics"] == {"torch_threads": threads, "interop_threads": header["numerics"]["interop_threads"],
+                                  "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
+                                  "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                                  "cpu_model": header["numerics"]["cpu_model"], "blas": "mkl"}
     with open(out / "config.json") as f:
         assert json.load(f)["config"] == header["config"]
     assert os.path.exists(out / "ckpt.pt") and not os.path.exists(out / "ckpt.pt.tmp")
