@@ -249,8 +249,8 @@ def parser():
                        help="each arm's relative improvement over the baseline at each width, paired by seed, with "
                             "its 95%% CI, and its slope against log2(width) (docs/width.md)")
     p.add_argument("--claim", action="append", default=[], metavar="WIDTH:PERCENT:LABEL",
-                   help="with --width_ladder --plot: a value claimed elsewhere (e.g. the paper's), drawn as a "
-                        "claim, not as data")
+                   help="with --width_ladder --plot: a value claimed elsewhere (e.g. the paper's), noted under "
+                        "the figure as a claim, not drawn as data")
     p.add_argument("--metric", default="", metavar="TASK/METRIC",
                    help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                         "column each, at the same step, mean ± std over each row's runs")
@@ -402,7 +402,7 @@ def width_report(runs, args):
                    f"at the μP base width {base_width} (m = 1) counts as SP and as μP, which are equal there")
         vcaption = (f"transfer holds: the best rate moves by at most one x2 step from the smallest width to the "
                     f"largest, and width {base_width}'s best rate costs at most 1% of val loss at the largest")
-        figure = (lambda: rate_transfer(curves, verdicts))  # noqa: E731
+        figure = (lambda: rate_transfer(curves, verdicts, step, base_width))  # noqa: E731
     else:
         try:
             rungs, slopes, baseline = width.ladder(runs, step, args.baseline)
@@ -411,11 +411,13 @@ def width_report(runs, args):
         (header, rows), (vheader, vrows) = width.ladder_tables(rungs, slopes, baseline)
         caption = (f"val loss at step {step}; rel. improvement = 100 (L_base - L) / L_base over the runs paired by "
                    f"seed and data_seed with the baseline {baseline} at the same width (positive = lower loss), its "
-                   f"95% t interval and the paired t-test's p; MDE: the smallest difference Welch's test detects "
-                   f"with 80% power at these n and stds, in % of the baseline's loss; training PFLOPs: "
-                   f"6N + attention per token times the run's tokens")
-        vcaption = ("slope: least squares of each pair's rel. improvement on log2(width); the gap grows or shrinks "
-                    "only where its 95% interval excludes 0")
+                   f"95% t interval and the paired t-test's p; MDE: the smallest gap detected with 80% power at "
+                   f"these n and stds by the paired test (the p given) and, for comparison, by Welch's test on the "
+                   f"same runs (in % of the baseline's loss); training PFLOPs: 6N + attention per token times the "
+                   f"run's tokens")
+        vcaption = ("slope: least squares of each pair's rel. improvement on log2(width), in percentage points per "
+                    "doubling; the gap grows or shrinks only where its 95% interval excludes 0; MDE: the smallest "
+                    "slope its t-test detects with 80% power, and that slope times the doublings the widths span")
         claims = []
         for spec in args.claim:
             w, percent, label = (spec.split(":", 2) + ["", ""])[:3]
@@ -423,11 +425,14 @@ def width_report(runs, args):
                 claims.append((int(w), float(percent), label))
             except ValueError:
                 die(f"--claim={spec}: write WIDTH:PERCENT:LABEL, e.g. --claim=768:1.40:the paper")
-        figure = (lambda: width_ladder(rungs, slopes, baseline, claims))  # noqa: E731
-    for lines, text in ((rows, caption), (vrows, vcaption)):
+        figure = (lambda: width_ladder(rungs, slopes, baseline, claims, width.setting(runs, step)))  # noqa: E731
+    tables = [(header, rows, caption), (vheader, vrows, vcaption)]
+    if args.width_ladder:  # the pooled test declared for the ladder's fresh seeds (results/width_ladder/README.md)
+        tables.append((*width.pooled_table(width.pooled_tests(rungs)), width.POOLED_CAPTION))
+    for head, lines, text in tables:
         if args.format != "csv":
             print(text + "\n")
-        stats.print_table(header if lines is rows else vheader, lines, args.format, [True])
+        stats.print_table(head, lines, args.format, [True])
         if args.format != "csv":
             print()
     if args.plot:

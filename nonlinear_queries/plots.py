@@ -214,78 +214,100 @@ def figure2(curves, baseline):
     return fig
 
 
-def rate_transfer(curves, verdicts):
+def rate_transfer(curves, verdicts, step=None, base_width=None):
     """results/width_transfer's figure: one row per arm, SP left and μP right, the mean val loss of each rate
-    against log2 of the rate, one curve per width (lighter = narrower), each width's best rate starred, and each
-    panel titled with whether transfer holds (width.transfer_verdicts). curves: [width.TransferCurve]."""
+    against log2 of the rate, one curve per width (lighter = narrower), a bar from the lowest to the highest seed
+    at each rate (the seeds' spread), each width's best rate starred, and each panel titled with how far the best
+    rate moves and whether the study's criterion (width.transfer_verdicts) is met, said as the weak test it is (it
+    allows a one-step move, so SP and μP can both meet it). The figure's title gives the step and the seeds; the
+    base width's curve (μP is SP there) is marked as the same runs in both panels. curves: [width.TransferCurve]."""
     from matplotlib.figure import Figure
 
     from nonlinear_queries.width import short
 
     arms = list(dict.fromkeys(c.arm for c in curves))
     widths = sorted({c.width for c in curves})
-    fig = Figure(figsize=(10, 3.6 * len(arms)), layout="constrained")
+    fig = Figure(figsize=(10, 3.6 * len(arms) + 0.7), layout="constrained")
     axes = fig.subplots(len(arms), 2, sharey="row", squeeze=False)
     colors = styles(["width"] * len(widths))
     holds = {(v.arm, v.parametrization): v for v in verdicts}
+    seeds = sorted({len(v) for c in curves for v in c.losses.values()})
     for row, arm in zip(axes, arms):
         for ax, p in zip(row, ("sp", "mup")):
             for c in (c for c in curves if (c.arm, c.parametrization) == (arm, p)):
                 color, marker = colors[widths.index(c.width)]
                 rates = sorted(c.losses)
-                ax.plot(np.log2(rates), [c.mean(r) for r in rates], marker=marker, color=color,
-                        label=f"width {c.width}")
+                means = np.array([c.mean(r) for r in rates])
+                low = means - np.array([min(c.losses[r]) for r in rates])
+                high = np.array([max(c.losses[r]) for r in rates]) - means
+                shared = "*" if c.width == base_width else ""
+                ax.errorbar(np.log2(rates), means, yerr=[low, high], marker=marker, color=color, capsize=3,
+                            label=f"width {c.width}{shared}")
                 ax.plot(np.log2(c.best), c.mean(c.best), "*", markersize=14, color=color, markeredgecolor="black")
             v = holds.get((arm, p))
             verdict = "" if v is None or v.shift is None else (
-                f"best rate moves {v.shift:+.0f} x2 steps; transfer {'holds' if v.holds else 'does not hold'}")
-            ax.set_title(f"{arm}, {'SP' if p == 'sp' else 'μP'}\n{verdict}", fontsize="medium", wrap=True)
+                f"\nbest rate moves {v.shift:+.0f} x2 steps from {widths[0]} to {widths[-1]}\nthe study's lenient "
+                f"criterion (≤ 1 step) {'is met' if v.holds else 'is not met'}")
+            ax.set_title(f"{arm}, {'SP' if p == 'sp' else 'μP'}{verdict}", fontsize="medium")
             rates = sorted({r for c in curves for r in c.losses})
             ax.set_xticks(np.log2(rates), [short(r) for r in rates], fontsize="small")
             ax.set_xlabel("learning rate (log2 scale)")
             ax.grid(alpha=0.3)
         row[0].set_ylabel("val loss (nats per token)")
-        row[1].legend(title="star: best rate", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    shared = (f"; *: width {base_width}'s curve is the same runs in both panels (μP is SP there)"
+              if any(c.width == base_width for c in curves) else "")
+    fig.legend(*axes[0][1].get_legend_handles_labels(), loc="outside lower center", ncols=len(widths),
+               fontsize="small", title_fontsize="small", title=f"star: each width's best rate (lowest mean){shared}")
+    at = f" at step {step} (the run's horizon)" if step is not None else ""
+    fig.suptitle(f"val loss{at}: the mean of {'/'.join(map(str, seeds))} seeds per rate, the bar from the lowest "
+                 f"seed to the highest", fontsize="medium")
     return fig
 
 
-def width_ladder(rungs, slopes, baseline, claims=()):
+def width_ladder(rungs, slopes, baseline, claims=(), setting=""):
     """results/width_ladder's figure: each arm's relative improvement over the baseline (%) against the width
-    (log2 axis) with its 95% confidence interval and each seed's value as a dot, the fitted slope as a dashed
-    line, and `claims` [(width, percent, label)] drawn as open diamonds, marked as claims from elsewhere, not as
-    data or fit."""
+    (log2 axis) with its 95% confidence interval and each seed's value as a small open dot beside it, the arms
+    dodged left and right of each width so no interval or dot hides another; the number of pairs under each width;
+    the fitted slope as a dashed line, its value in percentage points per doubling in the legend; `setting` (the
+    parametrization, rate and horizon) in the title. `claims` [(width, percent, label)] made elsewhere are not
+    drawn as points: a note under the axes says what they are and that they are not data of this ladder."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 5), layout="constrained")
-    ax = fig.subplots()
     arms = list(dict.fromkeys(r.arm for r in rungs))
+    fig = Figure(figsize=(9, 6.2 if claims else 5.6), layout="constrained")
+    ax = fig.subplots()
     fits = {s.arm: s for s in slopes}
+    widths = sorted({r.width for r in rungs})
+    # each arm's points a fixed fraction of a doubling left or right of its width (log2 axis)
+    offsets = {arm: 0.09 * (i - (len(arms) - 1) / 2) for i, arm in enumerate(arms)}
     for arm, (color, marker) in zip(arms, styles(arms)):
         mine = [r for r in rungs if r.arm == arm]
-        x = np.array([r.width for r in mine], dtype=float)
+        x = np.array([r.width for r in mine], dtype=float) * 2 ** offsets[arm]
         ax.errorbar(x, [r.gap for r in mine], yerr=np.array([[r.gap - r.ci[0], r.ci[1] - r.gap] for r in mine]).T,
-                    marker=marker, color=color, capsize=4, label=arm)
-        for r in mine:
-            ax.plot(np.full(len(r.gaps), r.width), r.gaps, ".", color=color, alpha=0.4)
+                    marker=marker, markersize=7, color=color, capsize=4, label=f"{arm}: mean and 95% CI", zorder=3)
+        for xi, r in zip(x, mine):
+            ax.plot(np.full(len(r.gaps), xi * 2 ** (0.035 if offsets[arm] >= 0 else -0.035)), r.gaps, "o",
+                    markersize=4, markerfacecolor="none", markeredgecolor=color, alpha=0.7, zorder=2)
         if arm in fits:
             s = fits[arm]
-            mean_x, mean_y = np.mean(np.log2(x)), np.mean([g for r in mine for g in r.gaps])
-            line = mean_y + s.slope * (np.log2(x) - mean_x)
-            ax.plot(x, line, "--", color=color, linewidth=1,
-                    label=f"{arm}: slope {s.slope:+.2f} %/doubling [{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]")
-    for width, percent, label in claims:
-        ax.plot(width, percent, "D", markersize=9, markerfacecolor="none", markeredgecolor="black",
-                label=f"claim, not data: {label}")
+            mean_x, mean_y = np.mean(np.log2([r.width for r in mine])), np.mean([g for r in mine for g in r.gaps])
+            line = mean_y + s.slope * (np.log2([r.width for r in mine]) - mean_x)
+            ax.plot(x, line, "--", color=color, linewidth=1, zorder=1,
+                    label=f"{arm}: slope {s.slope:+.2f} points per doubling [{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]")
+    ax.plot([], [], "o", markersize=4, markerfacecolor="none", markeredgecolor="gray", label="one seed's pair")
     ax.axhline(0, color="gray", linewidth=0.8)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r.width for r in rungs} | {c[0] for c in claims}))
-    ax.get_xaxis().set_major_formatter("{x:.0f}")
-    ax.set_xlabel("width n_embd (log2 scale)")
+    pairs = {w: sorted({len(r.gaps) for r in rungs if r.width == w}) for w in widths}
+    ax.set_xticks(widths, [f"{w}\nn = {'/'.join(map(str, pairs[w]))}" for w in widths])
+    ax.set_xlim(widths[0] / 2 ** 0.3, widths[-1] * 2 ** 0.3)
+    ax.set_xlabel("width n_embd (log2 scale); n: seed pairs at that width")
     ax.set_ylabel(f"rel. improvement over {baseline} (%)")
-    ax.set_title("(L_base - L) / L_base per width: mean and 95% CI over seeds (dots: each seed)", fontsize="medium",
-                 wrap=True)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    ax.set_title(f"(L_base - L) / L_base per width{': ' + setting if setting else ''}", fontsize="medium")
     ax.grid(alpha=0.3)
+    notes = "; ".join(f"{label}: {percent:+.2f}% at width {width}" for width, percent, label in claims)
+    fig.legend(loc="outside lower center", ncols=2, fontsize="small", title_fontsize="small",
+               title=f"not drawn (another setting, not a point of this ladder or of its fit):\n{notes}"
+               if claims else None)
     return fig
 
 

@@ -7,8 +7,9 @@ The statistics of compare.py and analyze.py, and their one table printer.
 - the paired t-test on runs matched by seed (scipy.stats.ttest_rel);
 - Holm's step-down adjustment of m p-values (Holm 1979, "A simple sequentially rejective multiple test
   procedure", Scandinavian Journal of Statistics 6);
-- the minimum detectable effect of Welch's test at a given power, from the noncentral t distribution
-  (scipy.stats.nct; the power of the t-test is the tail mass of the noncentral t beyond the critical value).
+- the minimum detectable effect of Welch's test, of the paired t-test and of any t-tested estimate (a slope) at a
+  given power, from the noncentral t distribution (scipy.stats.nct; the power of the t-test is the tail mass of the
+  noncentral t beyond the critical value).
 
 scipy's reference for the functions used: https://docs.scipy.org/doc/scipy/reference/stats.html (ttest_ind,
 ttest_rel, t, nct) and https://docs.scipy.org/doc/scipy/reference/generated/scipy.optimize.brentq.html.
@@ -119,10 +120,29 @@ def min_detectable_effect(n1, n2, std1, std2=None, alpha=0.05, power=0.8):
     std2 = std1 if std2 is None else std2
     if n1 < 2 or n2 < 2 or not (std1 > 0 and std2 > 0):
         raise ValueError(f"need n1, n2 >= 2 and stds > 0; got n1={n1}, n2={n2}, std1={std1}, std2={std2}")
+    v1, v2 = std1**2 / n1, std2**2 / n2
+    df = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))
+    return t_detectable_effect(np.sqrt(v1 + v2), df, alpha, power)
+
+
+def paired_detectable_effect(n, std, alpha=0.05, power=0.8):
+    """The smallest true mean of paired differences (in the units of `std`, the sample std of the n differences:
+    nats per token, or the per-seed relative gaps in %) that the two-sided paired t-test (the one-sample t-test on
+    the differences, scipy.stats.ttest_rel / ttest_1samp) detects at level alpha with the given power: a
+    noncentral t with n - 1 degrees of freedom and noncentrality delta / (std / sqrt(n)), as for Welch's above
+    (exact for the t-test, the std taken as the true one). Raises ValueError for n < 2 or std <= 0."""
+    if n < 2 or not std > 0:
+        raise ValueError(f"need n >= 2 and std > 0; got n={n}, std={std}")
+    return t_detectable_effect(std / np.sqrt(n), n - 1, alpha, power)
+
+
+def t_detectable_effect(se, df, alpha=0.05, power=0.8):
+    """The smallest true value of an estimate with standard error `se` whose two-sided t-test with `df` degrees of
+    freedom (t = estimate / se) reaches `power` at level alpha: the noncentrality at which the noncentral t's mass
+    beyond +-crit is `power` (scipy.stats.nct), times se; solved with scipy.optimize.brentq. The common core of
+    the detectable effects above, and of a regression slope's (se: the slope's standard error, df = n - 2)."""
     from scipy import optimize, stats
 
-    v1, v2 = std1**2 / n1, std2**2 / n2
-    df, scale = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1)), np.sqrt(v1 + v2)
     crit = stats.t.ppf(1 - alpha / 2, df)
 
     def shortfall(nc):
@@ -133,7 +153,7 @@ def min_detectable_effect(n1, n2, std1, std2=None, alpha=0.05, power=0.8):
     high = 1.0
     while shortfall(high) < 0:
         high *= 2
-    return float(optimize.brentq(shortfall, 0.0, high) * scale)
+    return float(optimize.brentq(shortfall, 0.0, high) * se)
 
 
 def step_list(steps):

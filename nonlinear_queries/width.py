@@ -7,9 +7,10 @@ results/width_transfer, results/width_ladder; docs/width.md).
   best rate costs at the largest width. Transfer holds for an arm when the best rate moves by at most one x2 step
   and the base width's rate costs at most 1% of val loss at the largest width (studies/width_transfer.toml).
 - ladder: per width, each arm's relative improvement over the baseline arm at the same width, from the runs
-  paired by seed (same init seed, same data order), with its 95% confidence interval, and the slope of the
-  improvement against log2(width) with its 95% interval: the gap grows or shrinks only where that interval
-  excludes 0.
+  paired by seed (same init seed, same data order), with its 95% confidence interval, the paired t-test's p and
+  the minimum detectable effect of that paired test (and, labelled, of Welch's test on the same runs), and the
+  slope of the improvement against log2(width) with its 95% interval and its own minimum detectable effect: the
+  gap grows or shrinks only where that interval excludes 0.
 
 An arm is the runs' settings apart from the seeds, the width (n_embd, n_head), the parametrization and its base,
 and the tuning key. A run at the μP base width (m = 1) is both an SP and a μP run (μP equals SP there bit for
@@ -179,7 +180,9 @@ class Rung:
     """One arm against the baseline at one width: the val losses of the runs paired by seed (same init seed, same
     data order), the per-seed relative improvement g = 100 (L_base - L) / L_base (%, positive = lower loss than
     the baseline), its mean, 95% confidence interval (the paired t interval) and the paired t-test's p on g, the
-    minimum detectable effect of Welch's test on the two groups (%, of the baseline's mean, 80% power), and the
+    minimum detectable effect (80% power, two-sided 5%) of that paired test on g (`mde`, percentage points: the
+    test the table reports) and of Welch's test on the two groups' losses (`mde_welch`, % of the baseline's mean:
+    what an unpaired comparison of the same runs would detect), the pairs' keys ((seed, data_seed) each), and the
     model's non-embedding parameters and training FLOPs per run."""
 
     arm: str
@@ -190,8 +193,10 @@ class Rung:
     ci: tuple
     p: float | None
     mde: float | None
+    mde_welch: float | None
     params: int
     flops: float
+    seeds: tuple = ()
 
     @property
     def gap(self):
@@ -202,12 +207,22 @@ class Rung:
 class Slope:
     """The least-squares slope of an arm's per-seed relative improvement (%) against log2(width), in percentage
     points per doubling of the width, with its 95% confidence interval (t with n - 2 degrees of freedom, n the
-    pairs at every width) and what the interval supports."""
+    pairs at every width), what the interval supports, the slope's minimum detectable effect (points per
+    doubling; the t-test of the slope at 80% power, two-sided 5%) and the narrowest and widest widths it spans
+    (`widths`; mde times `span`, the doublings between them, is the smallest change over the whole ladder it
+    detects)."""
 
     arm: str
     slope: float
     ci: tuple
     n: int
+    mde: float = math.nan
+    widths: tuple = ()
+
+    @property
+    def span(self):
+        """The doublings from the narrowest width to the widest, log2(widest / narrowest)."""
+        return math.log2(self.widths[1] / self.widths[0])
 
     @property
     def verdict(self):
@@ -234,6 +249,16 @@ def t_interval(values):
         return (math.nan, math.nan)
     half = sps.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values))
     return (float(np.mean(values) - half), float(np.mean(values) + half))
+
+
+def setting(runs, step):
+    """The ladder's setting in words for its figure: the parametrization every run trains under ('μP' where each
+    is μP, the base width's SP runs included), the learning rates and the horizons, and the step read."""
+    every = set.intersection(*(parametrizations(r.config) for r in runs)) if runs else set()
+    kind = "μP" if "mup" in every else "SP" if every == {"sp"} else "SP and μP"
+    rates = "/".join(short(x) for x in sorted({r.config["learning_rate"] for r in runs}))
+    horizons = "/".join(str(x) for x in sorted({r.config["max_iters"] for r in runs}))
+    return f"{kind}, learning rate {rates}, {horizons} steps, val loss at step {step}"
 
 
 def run_flops(config):
@@ -275,43 +300,139 @@ def ladder(runs, step, baseline=None):
             base_losses = np.array([by_arm[base][width][s].evals[step][1] for s in pairs])
             gaps = 100 * (base_losses - losses) / base_losses
             p = one_sample_p(gaps)
-            mde = (100 * stats.min_detectable_effect(len(losses), len(base_losses), losses.std(ddof=1),
-                                                     base_losses.std(ddof=1)) / base_losses.mean()
-                   if len(pairs) > 1 else None)
+            mde = stats.paired_detectable_effect(len(gaps), gaps.std(ddof=1)) if len(pairs) > 1 else None
+            welch = (100 * stats.min_detectable_effect(len(losses), len(base_losses), losses.std(ddof=1),
+                                                       base_losses.std(ddof=1)) / base_losses.mean()
+                     if len(pairs) > 1 else None)
             run = by_arm[arm][width][pairs[0]]
-            mine.append(Rung(arm, width, losses, base_losses, gaps, t_interval(gaps), p, mde,
-                             run.header.get("non_embedding_params"), run_flops(run.config)))
+            mine.append(Rung(arm, width, losses, base_losses, gaps, t_interval(gaps), p, mde, welch,
+                             run.header.get("non_embedding_params"), run_flops(run.config), tuple(pairs)))
         if not mine:
             raise ValueError(f"{arm}: no run pairs with the baseline {base} at any width (same seed and data_seed)")
         rungs += mine
         if len(mine) > 1:
             x = np.concatenate([np.full(len(r.gaps), math.log2(r.width)) for r in mine])
             y = np.concatenate([r.gaps for r in mine])
-            slopes.append(Slope(arm, *slope_interval(x, y), len(y)))
+            slope, ci, se = slope_interval(x, y, stderr=True)
+            mde = stats.t_detectable_effect(se, len(y) - 2) if len(y) > 2 and se > 0 else math.nan
+            slopes.append(Slope(arm, slope, ci, len(y), mde, (mine[0].width, mine[-1].width)))
     return rungs, slopes, base
 
 
-def slope_interval(x, y):
+def slope_interval(x, y, stderr=False):
     """(slope, (low, high)) of the least-squares line of y on x with the 95% t interval of the slope
-    (scipy.stats.linregress's standard error, n - 2 degrees of freedom)."""
+    (scipy.stats.linregress's standard error, n - 2 degrees of freedom); with stderr, (slope, (low, high), its
+    standard error)."""
     from scipy import stats as sps
 
     fit = sps.linregress(x, y)
     half = sps.t.ppf(0.975, len(x) - 2) * fit.stderr if len(x) > 2 else math.nan
-    return float(fit.slope), (float(fit.slope - half), float(fit.slope + half))
+    out = float(fit.slope), (float(fit.slope - half), float(fit.slope + half))
+    return (*out, float(fit.stderr)) if stderr else out
+
+
+@dataclass
+class Pooled:
+    """One arm's gap pooled over the widths, by the model declared for the ladder's fresh seeds
+    (studies/width_ladder_fresh.toml, results/width_ladder/README.md): the per-seed relative improvement g_ws of
+    width w and seed s is mu + d_w + e_ws, width a factor (each width its own mean) and every width weighted
+    equally, so mu's estimate is the mean of the per-width mean gaps; its standard error is
+    s_p sqrt(sum_w 1 / n_w) / W, with s_p^2 the pooled within-width variance on N - W degrees of freedom (N pairs,
+    W widths); the two-sided t-test of mu = 0, its 95% interval and minimum detectable effect (80% power), and
+    p_holm, Holm's adjustment over the arms of one table."""
+
+    arm: str
+    estimate: float
+    ci: tuple
+    p: float
+    mde: float
+    n: int
+    widths: tuple
+    df: int
+    p_holm: float | None = None
+
+
+def pooled_test(arm, gaps_by_width):
+    """The Pooled test of `arm` from {width: per-seed gaps (%)}; None where it has no error degrees of freedom
+    (N - W < 1) or no spread."""
+    from scipy import stats as sps
+
+    groups = [np.asarray(g, dtype=float) for _, g in sorted(gaps_by_width.items())]
+    n, w = sum(len(g) for g in groups), len(groups)
+    if n - w < 1:
+        return None
+    residual = sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / (n - w)
+    se = math.sqrt(residual) * math.sqrt(sum(1 / len(g) for g in groups)) / w
+    if not se > 0:
+        return None
+    estimate = float(np.mean([g.mean() for g in groups]))
+    half = sps.t.ppf(0.975, n - w) * se
+    p = float(2 * sps.t.sf(abs(estimate) / se, n - w))
+    return Pooled(arm, estimate, (estimate - half, estimate + half), p, stats.t_detectable_effect(se, n - w), n,
+                  tuple(sorted(gaps_by_width)), n - w)
+
+
+def effect_difference(rungs, plus, minus, control):
+    """{width: per-seed D = g(plus) - g(minus) - g(control)} over the seeds that all three arms (labels of
+    `rungs`, width.ladder's, every gap against the same baseline) share at that width: with plus = res_gelu_no_half,
+    minus = res_gelu and control = baseline_temp2, what dropping res_gelu's 1/2 gains minus what doubling the
+    baseline's softmax scale gains, in % of the baseline's val loss on that seed (the declared temperature
+    comparison of results/width_ladder/README.md; pooled_test tests it)."""
+    by = {(r.arm, r.width): dict(zip(r.seeds, r.gaps)) for r in rungs}
+    out = {}
+    for width in sorted({r.width for r in rungs}):
+        if all((a, width) in by for a in (plus, minus, control)):
+            seeds = sorted(set(by[plus, width]) & set(by[minus, width]) & set(by[control, width]))
+            if seeds:
+                out[width] = np.array([by[plus, width][k] - by[minus, width][k] - by[control, width][k]
+                                       for k in seeds])
+    return out
+
+
+def pooled_tests(rungs):
+    """[Pooled] of each arm of `rungs` (width.ladder's), over every width it has, Holm-adjusted over the arms."""
+    out = []
+    for arm in dict.fromkeys(r.arm for r in rungs):
+        test = pooled_test(arm, {r.width: r.gaps for r in rungs if r.arm == arm})
+        if test is not None:
+            out.append(test)
+    for test, adjusted in zip(out, stats.holm([t.p for t in out])):
+        test.p_holm = adjusted
+    return out
+
+
+POOLED_CAPTION = ("pooled: each arm's per-seed rel. improvement with width as a factor, every width weighted "
+                  "equally (the mean of the per-width means), t on the pooled within-width variance (pairs - widths "
+                  "degrees of freedom); Holm over the arms of this table; MDE at 80% power. The model declared "
+                  "before the ladder's fresh seeds 6-10 (results/width_ladder/README.md): on runs seen before that "
+                  "declaration (seeds 1-5) it is exploratory")
+
+
+def pooled_table(tests):
+    """(header, rows) of the pooled tests for stats.print_table."""
+    header = ["arm", "widths", "pairs", "pooled rel. improvement (%)", "95% CI (%)", "p", "p (Holm)", "MDE (%)"]
+    rows = [[t.arm, ", ".join(map(str, t.widths)), str(t.n), f"{t.estimate:+.2f}", f"[{t.ci[0]:+.2f}, {t.ci[1]:+.2f}]",
+             stats.p_cell(t.p), stats.p_cell(t.p_holm), f"{t.mde:.2f}"] for t in tests]
+    return header, rows
 
 
 def ladder_tables(rungs, slopes, baseline):
     """(the per-width table, the slope table), each (header, rows) for stats.print_table; a width with one pair
-    has no interval, p or MDE ('-')."""
+    has no interval, p or MDE ('-'). The MDE columns: the paired test's (the p the table gives) and Welch's on
+    the same runs (an unpaired comparison), both at 80% power; the slope's MDE per doubling and over the widths
+    it spans."""
     header = ["arm", "width", "non-emb. params", "training PFLOPs", "n", "val loss", f"{baseline} val loss",
-              "rel. improvement (%)", "95% CI (%)", "paired p", "MDE (%)"]
+              "rel. improvement (%)", "95% CI (%)", "paired p", "MDE, paired (%)", "MDE, Welch (%)"]
     rows = [[r.arm, str(r.width), f"{r.params:,}", f"{r.flops / 1e15:.3f}", str(len(r.gaps)),
              stats.pm_cell(float(r.losses.mean()), float(r.losses.std(ddof=1)) if len(r.losses) > 1 else None),
              stats.pm_cell(float(r.base_losses.mean()),
                            float(r.base_losses.std(ddof=1)) if len(r.base_losses) > 1 else None),
              f"{r.gap:+.2f}", "-" if len(r.gaps) < 2 else f"[{r.ci[0]:+.2f}, {r.ci[1]:+.2f}]", stats.p_cell(r.p),
-             "-" if r.mde is None else f"{r.mde:.2f}"] for r in rungs]
-    sheader = ["arm", "slope (% per doubling of width)", "95% CI", "pairs", "what the interval supports"]
-    srows = [[s.arm, f"{s.slope:+.2f}", f"[{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]", str(s.n), s.verdict] for s in slopes]
+             "-" if r.mde is None else f"{r.mde:.2f}", "-" if r.mde_welch is None else f"{r.mde_welch:.2f}"]
+            for r in rungs]
+    sheader = ["arm", "slope (points per doubling of width)", "95% CI", "pairs", "what the interval supports",
+               "MDE (points per doubling)", "MDE over the widths (points)"]
+    srows = [[s.arm, f"{s.slope:+.2f}", f"[{s.ci[0]:+.2f}, {s.ci[1]:+.2f}]", str(s.n), s.verdict,
+              "-" if math.isnan(s.mde) else f"{s.mde:.2f}",
+              "-" if math.isnan(s.mde) else f"{s.mde * s.span:.2f} ({s.widths[0]}→{s.widths[1]})"] for s in slopes]
     return (header, rows), (sheader, srows)

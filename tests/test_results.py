@@ -276,6 +276,26 @@ def width_transfer_restarts():
     return restarts("width_transfer", TRANSFER_ARMS)
 
 
+def width_ladder_restarts():
+    """results/width_ladder: every run of the ladder (held-out seeds 1-5 at every width, width 128's being
+    results/long_horizon's) that was stopped and resumed, as restarts() gives them."""
+    rows = [["arm", "run", "sessions start at step", "commit of each session", "steps logged by two sessions"]]
+    for directory in LADDER_RUNS:
+        for path in sorted(glob.glob(os.path.join(REPO, directory, "*", "metrics.jsonl"))):
+            run = os.path.basename(os.path.dirname(path))
+            seed = dict(kv.split("=") for kv in run.split(",")).get("seed")
+            if "data_seed" not in run or int(seed) not in range(1, 6):
+                continue
+            records = read_metrics(path)
+            starts = [r for r in records if r["type"] == "config"]
+            if len(starts) > 1:
+                logged = [(r["type"], r["step"]) for r in records if r["type"] != "config"]
+                twice = sorted({step for kind, step in set(logged) if logged.count((kind, step)) > 1})
+                rows.append([directory.removeprefix("results/"), run, ", ".join(str(r["step"]) for r in starts),
+                             ", ".join(r["git_commit"][:7] for r in starts), ", ".join(map(str, twice)) or "none"])
+    return rows
+
+
 def width_transfer_margins():
     """results/width_transfer at step 1000: per arm, parametrization and width, the best rate, its two seeds' val
     losses and their spread (|difference| over their mean, %), the runner-up rate and how far its mean lies above
@@ -375,7 +395,8 @@ def diagnostics_steps():
 BUILDERS = {f.__name__: f for f in (ablations_tuning, ablations_held_out, ablations_long_over_time, mini_grid,
                                     mini_modern_grid, diagnostics_steps, long_horizon_tuning, long_horizon_held_out,
                                     long_horizon_over_time, long_horizon_temperature, long_horizon_restarts,
-                                    long_horizon_logits, width_transfer_restarts, width_transfer_margins)}
+                                    long_horizon_logits, width_transfer_restarts, width_transfer_margins,
+                                    width_ladder_restarts)}
 
 
 def built_tables():
@@ -443,10 +464,15 @@ def readme_prose():
     s = slope["res_gelu"]
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
             ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]}, {gaps[2]} and {gaps[3]})"),
-            ("their minimum detectable effects", "detectable effects " + ", ".join(
+            ("their minimum detectable effects", "the paired test's minimum detectable effects " + ", ".join(
                 f"{rung['res_gelu', w].mde:.2f}%" for w in (64, 128, 256)) + f" and {rung['res_gelu', 384].mde:.2f}%"),
+            ("no_half's sign", "without the ½ is below it at every width" if all(
+                rung["res_gelu_no_half", w].gap > 0 for w in (64, 128, 256, 384)) else "(no_half's sign varies)"),
             ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
-             f"{with_sign(s.ci[1])})")]
+             f"{with_sign(s.ci[1])})"),
+            ("its power", f"minimum detectable slope is {s.mde:.2f} points per doubling, {s.mde * s.span:.2f} points "
+             f"over 64 → 384: a change larger than the gap at any width" if s.mde * s.span > max(
+                 abs(rung["res_gelu", w].gap) for w in (64, 128, 256, 384)) else "(the slope's MDE)")]
 
 
 def width_transfer_prose():
@@ -465,7 +491,25 @@ def width_transfer_prose():
     wide = 100 * (mup.mean(mup.best) - sp.mean(sp.best)) / sp.mean(sp.best)
     narrow = 100 * (curves["sp", 64].mean(curves["sp", 64].best) - curves["mup", 64].mean(curves["mup", 64].best)) \
         / curves["sp", 64].mean(curves["sp", 64].best)
-    return [("SP's cost one step above its optimum at 256", f"costs SP {above['sp']:.1f}% of val loss (2.3931"),
+    # the margin of SP's optimum at 128 over its runner-up against its two seeds' spread (%, unrounded to 2 places)
+    c128 = curves["sp", 128]
+    second = sorted((r for r in c128.losses if r != c128.best), key=c128.mean)[0]
+    margin = 100 * (c128.mean(second) - c128.mean(c128.best)) / c128.mean(c128.best)
+    spread = 100 * abs(np.subtract(*c128.losses[c128.best])) / c128.mean(c128.best)
+    # each seed's own best rate of res_gelu at width 64, under SP and under μP
+    per_seed = {}
+    for run in runs:
+        if run.header["run_name"] == "res_gelu" and run.config["n_embd"] == 64:
+            key = (run.config.get("parametrization", "sp"), run.config["seed"])
+            per_seed.setdefault(key, {})[run.config["learning_rate"]] = run.evals[1000][1]
+    own = {k: width.short(min(v, key=v.get)) for k, v in per_seed.items()}
+    return [("SP's margin at 128", f"the margin equals the spread ({margin:.2f}% against {spread:.2f}%)"
+             if f"{margin:.2f}" == f"{spread:.2f}" else f"(the margin {margin:.2f}% and the spread {spread:.2f}%)"),
+            ("res_gelu's seeds at 64 under μP", f"the two seeds pick different rates there (seed 0 {own['mup', 0]}, "
+             f"seed 6 {own['mup', 6]})"),
+            ("res_gelu's seeds at 64 under SP", f"seeds pick different rates (seed 0 {own['sp', 0]}, seed 6 "
+             f"{own['sp', 6]})"),
+            ("SP's cost one step above its optimum at 256", f"costs SP {above['sp']:.1f}% of val loss (2.3931"),
             ("μP's", f"and μP {above['mup']:.1f}% (2.2339 against {mup.mean(mup.best):.4f})"),
             ("μP's best against SP's at 256", f"{mup.mean(mup.best):.4f}, is {wide:.1f}% above SP's best"),
             ("and at 64", f"at width 64 it is {narrow:.1f}% below"),
@@ -498,14 +542,42 @@ def ladder():
     return {(r.arm.split()[0], r.width): r for r in rungs}, {s.arm.split()[0]: s for s in slopes}
 
 
+def pct(x):
+    """A percentage as the prose writes it: two decimals and a % sign."""
+    return f"{x:.2f}%"
+
+
+def corr(x):
+    """A correlation as the prose writes it: signed, two decimals, a minus sign rather than a hyphen."""
+    return f"{x:+.2f}".replace("-", "−")
+
+
+def and_list(items):
+    """'a, b, c and d'."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
+
+
 def width_ladder_prose():
     """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
-    to the baseline per width with its interval, p and minimum detectable effect, the slopes, how many runs each
-    new width has, and that each ran in one session."""
+    to the baseline per width with its interval, p and minimum detectable effects (the paired test's, and Welch's
+    beside it), the within-seed correlations, width 384's runs during training, the slopes with their own MDE,
+    the signs of the gaps, the FLOPs ratios, the planned power of the declared test, how many runs each new width
+    has, and that each ran in one session."""
+    from nonlinear_queries import stats, width
+
     rung, slope = ladder()
+    widths = (64, 128, 256, 384)
+    arms = ("res_gelu", "res_gelu_no_half")
 
     def gap(r, word):  # the gap as the prose says it: "2.24% behind (95% CI ...)" or "1.77% ahead (...)"
         return f"{abs(r.gap):.2f}% {word if r.gap < 0 else 'ahead'} ({with_sign(r.ci[0])} to {with_sign(r.ci[1])}"
+
+    def both(w, which="mde"):  # "5.82% for res_gelu and 6.05% for res_gelu_no_half"
+        return " and ".join(f"{pct(getattr(rung[a, w], which))} for {a}" for a in arms)
+
+    def rho(a, w):
+        r = rung[a, w]
+        return float(np.corrcoef(r.losses, r.base_losses)[0, 1])
 
     sessions = {w: [sum(r["type"] == "config" for r in read_metrics(path)) for path in
                     glob.glob(os.path.join(REPO, f"results/width_ladder/*_w{w}/*/metrics.jsonl"))]
@@ -514,6 +586,53 @@ def width_ladder_prose():
     g2, n2 = rung["res_gelu", 128], rung["res_gelu_no_half", 128]
     g4, n4 = rung["res_gelu", 256], rung["res_gelu_no_half", 256]
     g6, n6 = rung["res_gelu", 384], rung["res_gelu_no_half", 384]
+    # width 384 during training: res_gelu's gap to the baseline per seed at each evaluation
+    during = {}
+    for seed in (1, 2, 3):
+        point = f"learning_rate=3e-3,seed={seed},data_seed={seed}"
+        base = load_run(os.path.join(REPO, "results/width_ladder/baseline_w384", point)).evals
+        mine = load_run(os.path.join(REPO, "results/width_ladder/res_gelu_w384", point)).evals
+        during[seed] = {step: 100 * (base[step][1] - mine[step][1]) / base[step][1] for step in sorted(base)}
+    ahead = [step for step in during[2] if 0 < step and during[2][step] > 0]
+    behind_from = min(step for step in during[2] if all(during[2][t] < 0 for t in during[2] if t >= step))
+    seed2 = (f"res_gelu's seed 2 ({g6.losses[1]:.4f}, against the baseline's {g6.base_losses[1]:.4f}: "
+             f"{-g6.gaps[1]:.2f}% behind) was ahead of its pair at steps {and_list([str(t) for t in ahead[-2:]])} ("
+             f"{' and '.join(with_sign(during[2][t]) + '%' for t in ahead[-2:])}) and behind from step "
+             f"{behind_from} on; seeds 1 and 3 were further behind mid-run ({with_sign(during[1][1000])}% and "
+             f"{with_sign(during[3][1000])}% at step 1000) and ended {-g6.gaps[0]:.2f}% and {-g6.gaps[2]:.2f}% behind")
+    # the slopes' power and the signs of the gaps
+    s_g, s_n = slope["res_gelu"], slope["res_gelu_no_half"]
+    power = (f"The slope's test detects, with 80% power, a slope of {s_g.mde:.2f} (res_gelu) and {s_n.mde:.2f} "
+             f"(res_gelu_no_half) points per doubling, {s_g.mde * s_g.span:.2f} and {s_n.mde * s_n.span:.2f} points "
+             f"over 64 → 384")
+    largest = max(abs(rung[a, w].gap) for a in arms for w in widths)
+    power_vs_gaps = ("larger than either arm's gap at any width" if min(s_g.mde, s_n.mde) * s_g.span > largest
+                     else "(not larger than every gap)")
+    signs = ("Each arm's gap has the same sign at all four widths (res_gelu behind the baseline, res_gelu_no_half "
+             "ahead)" if all(rung["res_gelu", w].gap < 0 < rung["res_gelu_no_half", w].gap for w in widths)
+             else "(the gaps change sign across the widths)")
+    flops = {w: rung["res_gelu", w].flops for w in widths}
+    flop_words = (f"multiplies a run's training FLOPs by {flops[128] / flops[64]:.2f} from 64 to 128 and by "
+                  f"{flops[256] / flops[128]:.2f} from 128 to 256 (" +
+                  ", ".join(f"{flops[w] / 1e15:.4f}" for w in (64, 128)) + f" and {flops[256] / 1e15:.4f} PFLOPs; "
+                  f"{flops[384] / 1e15:.4f} at 384, {flops[384] / flops[256]:.2f} times 256's for 1.5 times the width")
+    # the declared test's power on 10 fresh pairs at widths 128 and 256, at the spread of seeds 1-5 there
+    planned = []
+    for a in arms:
+        groups = [rung[a, w].gaps for w in (128, 256)]
+        spread = np.sqrt(sum(float(((x - x.mean()) ** 2).sum()) for x in groups) / 8)
+        se = spread * np.sqrt(1 / 5 + 1 / 5) / 2
+        planned.append((a, spread, stats.t_detectable_effect(se, 8), stats.t_detectable_effect(se, 8, alpha=0.025)))
+    plan = (f"at the spread of seeds 1–5 at widths 128 and 256 (a pooled within-width standard deviation of "
+            f"{planned[0][1]:.2f} points for res_gelu and {planned[1][1]:.2f} for res_gelu_no_half), the declared "
+            f"test on 10 fresh pairs detects with 80% power a pooled gap of {pct(planned[0][2])} and "
+            f"{pct(planned[1][2])} at level 0.05, {pct(planned[0][3])} and {pct(planned[1][3])} at Holm's first "
+            f"level, 0.025")
+    # one x2 step off 3e-3 on results/long_horizon's tuning seed, for the three arms the ladder runs
+    off = []
+    for a in ("baseline", "res_gelu", "res_gelu_no_half"):
+        losses = {lr: seeds[0] for lr, seeds in final_losses(f"results/long_horizon/{a}", 3000).items() if 0 in seeds}
+        off += [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
     return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {with_sign(g.ci[0])} to "
              f"{with_sign(g.ci[1])}, paired p = {g.p:.2g})"),
             ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({with_sign(n.ci[0])} to {with_sign(n.ci[1])}, "
@@ -524,17 +643,38 @@ def width_ladder_prose():
             ("width 256, no_half", f"res_gelu_no_half {gap(n4, 'behind')}, p = {n4.p:.2g}, n = {len(n4.gaps)})"),
             ("width 384, res_gelu", f"res_gelu {gap(g6, 'behind')}, p = {g6.p:.2g}, n = {len(g6.gaps)})"),
             ("width 384, no_half", f"res_gelu_no_half {gap(n6, 'behind')}, p = {n6.p:.2g}, n = {len(n6.gaps)})"),
-            ("width 384's MDE", f"minimum detectable effect at width 384 is about {(g6.mde + n6.mde) / 2:.1f}%"),
-            ("width 384's pairs in the slopes", f"over the four widths ({slope['res_gelu'].n} and "
-             f"{slope['res_gelu_no_half'].n} pairs"),
-            ("width 256's MDE", f"minimum detectable effect at width 256 is about {(g4.mde + n4.mde) / 2:.1f}%"),
+            ("width 64's MDEs", f"at this n the paired test's minimum detectable effect is {both(64)} (Welch's on "
+             f"the same runs: {pct(g.mde_welch)} and {pct(n.mde_welch)})"),
+            ("width 128's MDEs", f"the paired test's minimum detectable effects are {both(128)}"),
+            ("width 256's MDEs", f"the paired test's minimum detectable effect at width 256 is {both(256)} "
+             f"(Welch's: {pct(g4.mde_welch)} and {pct(n4.mde_welch)})"),
+            ("width 384's MDEs", f"with three seeds the paired test's minimum detectable effect is {both(384)}"),
+            ("the correlations", f"the correlation over seeds of res_gelu's val loss with the baseline's is "
+             f"{and_list([corr(rho('res_gelu', w)) for w in widths])}, and of res_gelu_no_half's "
+             f"{and_list([corr(rho('res_gelu_no_half', w)) for w in widths])}"),
+            ("what pairing costs at 256", f"res_gelu's paired MDE is {pct(g4.mde)} against Welch's "
+             f"{pct(g4.mde_welch)}" if rho("res_gelu", 256) < 0 and g4.mde > g4.mde_welch
+             else "(pairing gains at 256)"),
+            ("and gains at 384", f"res_gelu_no_half's is {pct(n6.mde)} against {pct(n6.mde_welch)}"
+             if rho("res_gelu_no_half", 384) > 0 and n6.mde < n6.mde_welch else "(pairing costs at 384)"),
+            ("width 384 during training", seed2),
+            ("width 384's pairs in the slopes", f"over the four widths ({s_g.n} and {s_n.n} pairs"),
+            ("the slopes' power", f"{power}: {power_vs_gaps}"),
+            ("the signs", signs),
+            ("the FLOPs", flop_words),
             ("width 256's baseline", f"{g4.base_losses.mean():.4f} at 256"),
-            ("res_gelu's slope", f"res_gelu's slope is {with_sign(slope['res_gelu'].slope)} percentage points per "
-             f"doubling of width ({with_sign(slope['res_gelu'].ci[0])} to {with_sign(slope['res_gelu'].ci[1])})"),
-            ("no_half's slope", f"res_gelu_no_half's {with_sign(slope['res_gelu_no_half'].slope)} "
-             f"({with_sign(slope['res_gelu_no_half'].ci[0])} to {with_sign(slope['res_gelu_no_half'].ci[1])})"),
-            ("minimum detectable effect at 64", f"minimum detectable effect at this n is about "
-             f"{(g.mde + n.mde) / 2:.1f}%"),
+            ("res_gelu's slope", f"res_gelu's slope is {with_sign(s_g.slope)} percentage points per "
+             f"doubling of width ({with_sign(s_g.ci[0])} to {with_sign(s_g.ci[1])})"),
+            ("no_half's slope", f"res_gelu_no_half's {with_sign(s_n.slope)} "
+             f"({with_sign(s_n.ci[0])} to {with_sign(s_n.ci[1])})"),
+            ("the limits at 384", f"where the paired test's minimum detectable effect is {both(384)}, against "
+             f"{both(256)} at 256"),
+            ("the declared test's planned power", plan),
+            ("no_half's exploratory pooled gap against the planned MDE",
+             "res_gelu_no_half's pooled gap on seeds 1–5 (the exploratory table below) is smaller than its planned MDE"
+             if next(t for t in width.pooled_tests(list(rung.values())) if t.arm.split()[0] == "res_gelu_no_half"
+                     ).estimate < planned[1][2] else "(no_half's pooled gap reaches the planned MDE)"),
+            ("one step off the rate", f"one ×2 step off 3e-3 cost between {min(off):.1f}% and {max(off):.1f}%"),
             ("runs of widths 64, 256 and 384, one session each",
              f"Width 64's {len(sessions[64])} runs, width 256's {len(sessions[256])} and width 384's "
              f"{len(sessions[384])} are complete" if all(set(s) == {1} for s in sessions.values())
