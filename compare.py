@@ -39,6 +39,7 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 
 import argparse
 import json
+import os
 import sys
 
 from nonlinear_queries import runs as rd
@@ -296,15 +297,30 @@ def main(argv=None):
     if args.select_on and not args.best_over:
         cli.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
                   "e.g. --best_over=learning_rate")
+    for option, path in (("--plot", args.plot), ("--figure2", args.figure2)):
+        if path:
+            check_writable(option, path)
     try:
         report(args)
     except rd.RunsError as e:
         die(str(e))
 
 
+def check_writable(option, path):
+    """Exit naming `option` where the figure could not be saved at `path`, before the runs are read, not after."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        die(f"{option}={path} is a directory; name the image file to write, e.g. "
+            f"{option}={os.path.join(path, 'figure.png')}")
+    if not os.path.isdir(directory):
+        die(f"{option}={path}: there is no directory {directory}; create it (mkdir -p {directory}) or name a file in "
+            f"a directory that exists")
+
+
 def report(args):
     """The table (and figure) of main(); raises RunsError for runs that cannot be compared as asked."""
     runs, group_over = rd.read_runs(args.out_dirs, args.group_over)
+    rd.check_keys(runs, "--best_over", [k for k in args.best_over.split(",") if k])
     if args.seeds:
         runs = [r for r in runs if str(r.config.get("seed")) in args.seeds.split(",")]
         if not runs:

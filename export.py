@@ -4,7 +4,8 @@ Export a run's weights as safetensors, in Hugging Face's GPT-2 format where it c
     python export.py --out_dir=out-baseline --to=hf-baseline
     python -c "from transformers import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('hf-baseline')"
 
-Writes DIR/model.safetensors and DIR/config.json. A linear-query model (with learned
+Writes DIR/model.safetensors and DIR/config.json, replacing an earlier export there; a DIR that
+is a file, or that holds another config.json (a run's), is refused. A linear-query model (with learned
 positions, GPT-2's softmax scale, exact or tanh GELU) is written as Hugging Face's GPT-2:
 Conv1D weights (in, out), c_attn = [W_Q | W_K | W_V], zero biases where the model has none,
 which transformers.GPT2LMHeadModel.from_pretrained(DIR) loads with the same logits. Any
@@ -20,7 +21,7 @@ import sys
 from dataclasses import dataclass
 
 from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
+from nonlinear_queries.pretrained import PretrainedError, check_export_dir, export, load_pretrained
 
 
 @dataclass
@@ -37,10 +38,14 @@ class ExportConfig:
 
 cfg, _ = config_from_argv(ExportConfig)
 try:
+    # the destination first: loading a large model takes a while
+    check_export_dir(cfg.to)
     model = load_pretrained(cfg.out_dir)
+    reason = export(model, cfg.to)
 except PretrainedError as e:
     sys.exit(f"error: {e}")
-reason = export(model, cfg.to)
+except OSError as e:  # e.g. a directory without write permission
+    sys.exit(f"error: cannot write {e.filename or cfg.to}: {e.strerror}; name a directory you can write with --to=DIR")
 if reason is None:
     print(f"wrote {cfg.to}/model.safetensors and config.json in Hugging Face GPT-2 format; "
           f"transformers.GPT2LMHeadModel.from_pretrained({cfg.to!r}) loads it")

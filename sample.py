@@ -38,14 +38,35 @@ class SampleConfig:
     num_samples: int = 1
     max_new_tokens: int = 200
     temperature: float = 0.8  # below 1 is more conservative; 0 always takes the most likely token
-    top_k: int = 200  # keep only the top_k most likely tokens; 0 keeps all
+    top_k: int = 200  # keep only the top_k most likely tokens; 0, or more than the vocabulary, keeps all
     seed: int = 1337
     kv_cache: bool = True  # reuse keys and values of earlier positions (exact, and much faster)
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', ...
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
 
+    def __post_init__(self):
+        # `not >=` also refuses a NaN temperature, which would sample from NaN probabilities
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy, always the most likely token), "
+                             f"got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 keeps every token), got {self.top_k}")
+        for name in ("max_new_tokens", "num_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 cfg, _ = config_from_argv(SampleConfig)
+start = cfg.start
+# read before the model, which takes seconds to load, so that a wrong path fails at once
+if start.startswith("FILE:"):
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
+        sys.exit(f"error: cannot read the prompt file {start[5:]}: {reason}; pass --start=FILE:PATH of a text file, "
+                 f"or the prompt itself as --start=TEXT")
 source = cfg.init_from or cfg.out_dir
 try:
     rt = setup(cfg.device, cfg.dtype, join_process_group=False)
@@ -63,10 +84,6 @@ print(f"loaded {loaded.path}" + (f": step {loaded.step}" if loaded.step is not N
 
 # the tokenizer: the run's (GPT-2 BPE, or the characters of a char-level dataset's meta.json)
 enc = run_tokenizer(loaded.run_config)
-start = cfg.start
-if start.startswith("FILE:"):
-    with open(start[5:], encoding="utf-8") as f:
-        start = f.read()
 try:
     start_ids = enc.encode(start)
 except ValueError as e:

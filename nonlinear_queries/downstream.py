@@ -12,7 +12,7 @@ metrics are lm-eval's; this module only scores text with our GPT.
 - Offline use: lm-eval's stock tasks load their data from the Hugging Face hub. A hub that
   does not answer within seconds puts this process in offline mode (local tasks and the
   local Hugging Face cache still work), and a task that then needs the hub is an EvalError
-  that says how to define a local task instead (README, "Evaluation").
+  that says how to define a local task instead (docs/evaluation.md).
 - DownstreamEval runs eval_tasks inside train.py and turns lm-eval's results into
   `downstream` records of metrics.jsonl.
 
@@ -57,7 +57,8 @@ TASKS_TIMEOUT = datetime.timedelta(hours=24)
 LOCAL_TASK_HINT = (
     "To run a task without the hub, copy its data files over and define it as a local task: a YAML file with "
     "`dataset_path: json` and `dataset_kwargs: {data_files: {validation: FILE.jsonl}}` in a directory passed with "
-    "--include_path (eval.py) or eval_tasks_include_path (train.py); README.md, \"Evaluation\", shows HellaSwag")
+    "--include_path (eval.py) or eval_tasks_include_path (train.py), as tasks/example_mc.yaml is; docs/evaluation.md "
+    "shows HellaSwag")
 unreachable_hub = None  # why prepare_hub put this process offline, if it did
 
 

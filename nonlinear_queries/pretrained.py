@@ -70,7 +70,8 @@ FREE_OVERRIDES = ("dropout", "fused_qkv")
 
 
 class PretrainedError(ValueError):
-    """A source that cannot be loaded (missing, corrupt, of an unknown kind) or an override it cannot take."""
+    """A source that cannot be loaded (missing, corrupt, of an unknown kind), an override it cannot take, or a
+    destination export refuses to write."""
 
 
 @dataclass
@@ -413,9 +414,40 @@ def hf_state_dict(model):
     return out
 
 
+def check_export_dir(directory):
+    """Raise PretrainedError where export(model, directory) would fail or destroy a file it did not write:
+    `directory` (or a directory above it) is a file, or it holds a config.json or model.safetensors beside a
+    config.json that is not an export's (a train.py run's config.json, say). An earlier export is replaced."""
+    hint = "; name a new directory with --to=DIR"
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise PretrainedError(f"{directory} is a file, not a directory (an export writes model.safetensors and "
+                              f"config.json into one){hint}")
+    above = os.path.dirname(os.path.abspath(directory))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise PretrainedError(f"{above} is a file, so the directory {directory} cannot be made{hint}")
+    config = os.path.join(directory, "config.json")
+    if os.path.isfile(config):
+        try:
+            with open(config) as f:
+                written = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            written = None
+        if not isinstance(written, dict) or (written.get("format") != REPO_FORMAT
+                                             and written.get("model_type") != "gpt2"):
+            raise PretrainedError(f"{config} was not written by export (it is neither Hugging Face GPT-2's config "
+                                  f"nor this repo's export format: a run's config.json?), and an export would "
+                                  f"replace it{hint}")
+    elif os.path.exists(os.path.join(directory, "model.safetensors")):
+        raise PretrainedError(f"{directory} holds a model.safetensors without an export's config.json, and an "
+                              f"export would replace it{hint}")
+
+
 def export(model, directory):
     """Write `model` to directory/model.safetensors and directory/config.json (the directory is
-    created if need be; files there are replaced).
+    created if need be; an earlier export there is replaced; check_export_dir refuses any other
+    destination that holds those files, or is a file).
 
     Where hf_incompatibility passes, in Hugging Face's GPT-2 format, which
     transformers.GPT2LMHeadModel.from_pretrained(directory) loads, computing the same logits;
@@ -423,6 +455,7 @@ def export(model, directory):
     config.json {"format": "nonlinear-queries", "model_args": ...}), which
     load_pretrained(directory) loads; returns the reason Hugging Face cannot hold the model.
     """
+    check_export_dir(directory)
     reason = hf_incompatibility(model.config)
     if reason is None:
         tensors, config = hf_state_dict(model), hf_config(model.config)

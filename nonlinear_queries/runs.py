@@ -8,6 +8,7 @@ earlier session logged after step s, and of records logged twice the later one c
 record (torn by a crash, or damaged) is skipped with one warning naming it (runlog.read_metrics).
 """
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -167,11 +168,21 @@ def read_runs(paths, group_over):
     runs = [load_run(d) for d in find_run_dirs(paths)]
     fill_defaults(runs)
     keys = set(group_over.split(","))
-    unknown = keys - set().union(*(r.config for r in runs))
-    if unknown:
-        raise RunsError(f"--group_over names {', '.join(sorted(unknown))}, which no run's config has; pass config "
-                        f"keys such as seed or data_seed")
+    check_keys(runs, "--group_over", keys)
     return runs, keys
+
+
+def check_keys(runs, option, keys):
+    """Raise RunsError if an option's config `keys` (--group_over, --best_over) name one that no run's config has:
+    a typo would otherwise pool or tune over nothing and print a table that says it did. The message names the
+    closest key and every key the runs have."""
+    known = sorted(set().union(*(r.config for r in runs)))
+    unknown = sorted(set(keys) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        raise RunsError(f"{option} names {', '.join(unknown)}, which no run's config has"
+                        + (f" (did you mean {close[0]}?)" if close else "")
+                        + f"; the runs' config keys: {', '.join(known)}")
 
 
 def make_groups(runs, group_over):

@@ -3,9 +3,12 @@ would, readers of what a run writes (metrics.jsonl, markdown tables, .wandb file
 hand-written references the model is held to (random parameters, causal attention written out).
 tests/conftest.py keeps the fixtures and the environment every test runs in."""
 
+import contextlib
 import glob
+import io
 import json
 import os
+import runpy
 import struct
 import subprocess
 import sys
@@ -39,6 +42,26 @@ def run_script(script, *args, check=True, env=None, cwd=REPO):
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def run_in_process(script, *args):
+    """Run a repo script (a path from the repo root) as __main__ in this process with `args` as its command line:
+    for its checks of the command line, or a run too short to pay for a subprocess and a second import of torch.
+    Returns (exit status, stdout, stderr), the message of sys.exit("...") counted as stderr with status 1, as
+    Python reports it."""
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = [os.path.join(REPO, script), *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = argv
+    if isinstance(code, str):
+        return 1, out.getvalue(), err.getvalue() + code + "\n"
+    return code or 0, out.getvalue(), err.getvalue()
 
 
 def train(data_dir, out_dir, *args, check=True, env=None):

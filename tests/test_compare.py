@@ -15,6 +15,7 @@ import pytest
 from matplotlib.colors import to_rgba
 from scipy import stats
 
+import compare
 from helpers import REPO, run_script
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.plots import Curve, figure2, loss_curves
@@ -363,6 +364,19 @@ def test_bad_input_is_a_clear_error(seeds, tmp_path):
         assert proc.stderr.startswith(f"error: {path} is not a run directory") and "metrics.jsonl" in proc.stderr
 
 
+@pytest.mark.parametrize("option", ["--plot", "--figure2"])
+def test_figure_path_that_cannot_be_written_is_refused_before_the_table(seeds, tmp_path, capsys, monkeypatch, option):
+    # refused before any run is read: the figure is the last thing drawn, after minutes of reading a big sweep
+    monkeypatch.setattr(compare.rd, "read_runs", None)
+    missing = tmp_path / "no" / "such" / "dir"
+    message = compare_error(capsys, *seeds, f"{option}={missing / 'f.png'}")
+    assert message.strip() == (f"error: {option}={missing / 'f.png'}: there is no directory {missing}; create it "
+                               f"(mkdir -p {missing}) or name a file in a directory that exists")
+    message = compare_error(capsys, *seeds, f"{option}={tmp_path}")
+    assert message.strip() == (f"error: {option}={tmp_path} is a directory; name the image file to write, e.g. "
+                               f"{option}={tmp_path / 'figure.png'}")
+
+
 def test_best_over_compares_each_arm_at_its_best_learning_rate(tmp_path):
     # baseline: lr 6e-4 -> 3.1 (mean of 3.0, 3.2), lr 1e-3 -> 3.0; res_gelu: lr 3e-3 -> 2.9, lr 6e-3 -> 3.4
     grid = {("baseline", 6e-4): [3.0, 3.2], ("baseline", 1e-3): [2.95, 3.05],
@@ -380,6 +394,28 @@ def test_best_over_compares_each_arm_at_its_best_learning_rate(tmp_path):
                                                                                             abs=1e-9)
     assert float(best["res_gelu learning_rate=0.003"]["p"]) == pytest.approx(welch_p([2.85, 2.95], [2.95, 3.05]),
                                                                            abs=1e-9)
+
+
+def compare_error(capsys, *args):
+    """compare.main(args) in this process, which must exit 1 printing nothing on stdout; returns its stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        compare.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert exit_.value.code not in (0, None) and out == ""
+    # sys.exit(message) prints the message and exits 1
+    return str(exit_.value.code) + err
+
+
+def test_best_over_refuses_a_key_the_runs_do_not_have(seeds, capsys):
+    # a typo must not print the untuned table under a header that calls each row the best learning rate
+    message = compare_error(capsys, *seeds, "--best_over=learnin_rate")
+    assert message.startswith("error: --best_over names learnin_rate, which no run's config has")
+    assert "(did you mean learning_rate?)" in message
+    assert f"the runs' config keys: {', '.join(sorted(BASE))}" in message
+    assert "\n" not in message.strip()
+    # --group_over goes through the same check
+    message = compare_error(capsys, *seeds, "--group_over=seed,sede")
+    assert message.startswith("error: --group_over names sede, which no run's config has (did you mean seed?)")
 
 
 def test_metric_column_pools_downstream_scores_over_seeds(seeds):

@@ -5,6 +5,7 @@ sizes, stop strings, the errors a user meets, and tasks run during training. No 
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from helpers import (
     losses_by_step,
     patched_train,
     read_metrics,
+    run_in_process,
     run_script,
     train,
     val_losses_by_step,
@@ -156,6 +158,45 @@ def test_scores_equal_direct_computation(assets):
     samples = sorted(results["samples"]["tiny_text"], key=lambda s: s["doc_id"])
     assert [s["filtered_resps"][0] for s in samples] == [pytest.approx(direct_rolling(model, enc, t["text"]), abs=1e-4)
                                                       for t in TEXTS]
+
+
+def doc_command(name):
+    """The argv (after `python eval.py`) of the command in docs/evaluation.md that runs the task `name`."""
+    with open(os.path.join(REPO, "docs", "evaluation.md")) as f:
+        lines = [line for line in f if line.startswith("python eval.py") and f"--tasks={name} " in line]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])[2:]
+
+
+def test_the_docs_command_runs_the_shipped_example_task(assets, tmp_path, monkeypatch):
+    model, model_dir, _ = assets
+    with open(os.path.join(REPO, "tasks", "example_mc.jsonl")) as f:
+        docs = [json.loads(line) for line in f]
+    # the command as docs/evaluation.md gives it, from the repo's root, on the tiny model instead of out-quickstart
+    argv = [a if not a.startswith("--init_from=") else f"--init_from={model_dir}" for a in doc_command("example_mc")]
+    monkeypatch.chdir(REPO)
+    code, out, err = run_in_process("eval.py", *argv, f"--output={tmp_path / 'results.json'}")
+    assert code == 0, err
+    assert f"{len(docs)} examples in" in out
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["n-samples"]["example_mc"] == {"original": len(docs), "effective": len(docs)}
+    # the accuracies are those of the model's own log-likelihoods of each ending
+    enc = GPT2Tokenizer()
+    direct = [[direct_loglikelihood(model, enc, doc["query"], " " + c) for c in doc["choices"]] for doc in docs]
+    gold = [doc["label"] for doc in docs]
+    acc = np.mean([np.argmax(d) == g for d, g in zip(direct, gold)])
+    acc_norm = np.mean([np.argmax(np.array(d) / [len(c) for c in doc["choices"]]) == g
+                        for d, g, doc in zip(direct, gold, docs)])
+    assert results["results"]["example_mc"]["acc,none"] == pytest.approx(acc, abs=1e-12)
+    assert results["results"]["example_mc"]["acc_norm,none"] == pytest.approx(acc_norm, abs=1e-12)
+    assert 1 <= len(docs) * acc <= len(docs) - 1  # right on some and wrong on others: the comparison means something
+    # four endings each, the label one of them
+    assert len(docs) >= 30 and all(len(doc["choices"]) == 4 and 0 <= doc["label"] < 4 for doc in docs)
+    # the YAML the page shows is the shipped one, its comment aside
+    with open(os.path.join(REPO, "tasks", "example_mc.yaml")) as f:
+        shipped = "".join(line for line in f if not line.startswith("#"))
+    with open(os.path.join(REPO, "docs", "evaluation.md")) as f:
+        assert f"```yaml\n{shipped}```" in f.read()
 
 
 def test_batch_sizes_agree(assets):

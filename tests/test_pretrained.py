@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from helpers import TINY, losses_by_step, randomize, read_metrics, run_script, train
+from helpers import TINY, losses_by_step, randomize, read_metrics, run_in_process, run_script, train
 from model import GPT, GPTConfig
 from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
 
@@ -314,6 +314,36 @@ def test_corrupt_and_foreign_files(tmp_path):
         f.truncate(100)
     with pytest.raises(PretrainedError, match="not a safetensors file, or truncated or corrupt"):
         load_pretrained(str(tmp_path / "hf"))
+
+
+def test_export_refuses_a_destination_it_would_destroy(tmp_path):
+    model = randomize(GPT(GPTConfig(**SMALL)), 6).eval()
+    save_run(model, tmp_path / "run")
+    run_config = json.dumps({"type": "config", "run_name": "baseline", "config": {"seed": 0}})
+    (tmp_path / "run" / "config.json").write_text(run_config)  # what train.py writes beside ckpt.pt
+    (tmp_path / "notes.txt").write_text("mine")
+    hint = "; name a new directory with --to=DIR"
+    for to, message in [
+        ("notes.txt", "{tmp}/notes.txt is a file, not a directory (an export writes model.safetensors and "
+                      "config.json into one)"),
+        ("notes.txt/hf", "{tmp}/notes.txt is a file, so the directory {tmp}/notes.txt/hf cannot be made"),
+        ("run", "{tmp}/run/config.json was not written by export (it is neither Hugging Face GPT-2's config nor "
+                "this repo's export format: a run's config.json?), and an export would replace it"),
+    ]:
+        code, out, err = run_in_process("export.py", f"--out_dir={tmp_path / 'run'}", f"--to={tmp_path / to}")
+        assert (code, out, err) == (1, "", "error: " + message.format(tmp=tmp_path) + hint + "\n")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "run" / "config.json").read_text() == run_config
+    assert sorted(os.listdir(tmp_path / "run")) == ["ckpt.pt", "config.json"]
+    with pytest.raises(PretrainedError, match="was not written by export"):
+        export(model, str(tmp_path / "run"))
+    # an earlier export, in either format, is replaced: the new weights are the ones read back
+    other = randomize(GPT(GPTConfig(**SMALL)), 7).eval()
+    for kind, first in (("hf", model), ("own", GPT(GPTConfig(**SMALL, query_mode="res_gelu")))):
+        export(first, str(tmp_path / kind))
+        export(other, str(tmp_path / kind))
+        torch.testing.assert_close(logits(load_pretrained(str(tmp_path / kind)).eval()), logits(other), rtol=0,
+                                   atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------

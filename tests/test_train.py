@@ -22,6 +22,7 @@ from helpers import (
     losses_by_step,
     read_metrics,
     read_wandb_history,
+    run_in_process,
     run_script,
     train,
     train_in_process,
@@ -343,3 +344,20 @@ def test_sample_from_checkpoint(shakespeare_dir, tmp_path):
     assert first.stdout == again.stdout and first.stdout != other.stdout
     missing = run_script("sample.py", f"--out_dir={tmp_path / 'nope'}", check=False)
     assert missing.returncode != 0 and "no checkpoint" in missing.stderr
+
+
+@pytest.mark.parametrize("arg, status, message", [
+    ("--start=FILE:{tmp}/missing.txt", 1, "error: cannot read the prompt file {tmp}/missing.txt: No such file or "
+                                          "directory; pass --start=FILE:PATH of a text file, or the prompt itself"),
+    ("--start=FILE:{tmp}", 1, "error: cannot read the prompt file {tmp}: Is a directory"),
+    ("--temperature=-1", 2, "config error: temperature must be >= 0 (0 = greedy, always the most likely token), "
+                            "got -1"),
+    ("--top_k=-3", 2, "config error: top_k must be >= 0 (0 keeps every token), got -3"),
+    ("--max_new_tokens=-5", 2, "config error: max_new_tokens must be >= 1, got -5"),
+    ("--num_samples=0", 2, "config error: num_samples must be >= 1, got 0"),
+], ids=["missing prompt file", "prompt file a directory", "temperature", "top_k", "max_new_tokens", "num_samples"])
+def test_sample_refuses_bad_settings_before_loading(tmp_path, arg, status, message):
+    # no checkpoint at --out_dir: each setting is refused before the model is looked for
+    code, out, err = run_in_process("sample.py", f"--out_dir={tmp_path / 'none'}", arg.format(tmp=tmp_path))
+    assert (code, out) == (status, "") and err.startswith(message.format(tmp=tmp_path)), err
+    assert len(err.strip().splitlines()) == 1
