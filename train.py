@@ -26,10 +26,13 @@ writes. So 1, 2 or 8 processes train on the same tokens and log the same losses.
 (FSDP2) on the same batches, and every rank writes its shards of a checkpoint directory;
 --activation_checkpointing=True recomputes each block's activations in the backward pass.
 
-Faults: SIGTERM or SIGINT finishes the current step, writes a checkpoint and exits 0. A
-non-finite loss or gradient norm, or a loss above divergence_threshold for
-divergence_patience consecutive steps, stops the run before that step's update with a
-`diverged` record in metrics.jsonl; the checkpoints on disk are left as they were.
+Faults: SIGTERM or SIGINT finishes the steps up to the next log step (log_interval; the
+loop reads the device back only there and before an evaluation or a checkpoint, docs/speed.md),
+writes a checkpoint and exits 0. A non-finite loss or gradient norm, or a loss above
+divergence_threshold for divergence_patience consecutive steps, stops the run before that
+step's update with a `diverged` record in metrics.jsonl naming that step: its update, and
+those of any steps queued after it, are skipped on the device, and the run stops at the next
+read; the checkpoints on disk are left as they were.
 Exit status: 0 finished, or stopped by a signal with a checkpoint written; 1 error;
 2 config error; 3 diverged.
 
@@ -82,11 +85,13 @@ from nonlinear_queries.runtime import (
 )
 from nonlinear_queries.train_config import TrainConfig
 from nonlinear_queries.training import (
-    divergence_reason,
+    DivergenceGuard,
+    apply_updates,
     dropout_seed,
     evaluate,
     get_lr,
     should_eval,
+    should_read_back,
     should_save,
     train_step,
 )
@@ -151,8 +156,8 @@ def open_data(cfg):
     """The run's token memmaps and fixed batch index streams (batches.RunData). Raises DataError."""
     data_dir = cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
     return open_run_data(data_dir, f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
-                         cfg.batch_size * cfg.gradient_accumulation_steps, cfg.batch_size, cfg.block_size,
-                         cfg.eval_iters, cfg.vocab_size)
+                         cfg.batch_size * cfg.gradient_accumulation_steps, cfg.eval_batch_size or cfg.batch_size,
+                         cfg.block_size, cfg.eval_iters, cfg.vocab_size)
 
 
 def prepare_out_dir(cfg, rt):
@@ -213,7 +218,8 @@ def train(cfg, config_files, rt):
 
     # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
     # the optimizers are built on what the processes hold (under FSDP, the shards)
-    model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing)
+    model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
+                                     mode=cfg.compile_mode)
     params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
@@ -242,6 +248,9 @@ def train(cfg, config_files, rt):
     # ms_per_step, tokens_per_s and MFU time the training steps alone, from a step's batch to its update,
     # summed since the last log: evaluations, lm-eval tasks and checkpoints between them are left out
     steps_since_log, step_time, stopping = 0, 0.0, False
+    first_step_s = None  # this session's first step, which compiles the training graph: reported at the first log
+    guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
+                            check_grad_norm=not scaler.is_enabled(), device=rt.device)
     while True:
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
@@ -285,37 +294,52 @@ def train(cfg, config_files, rt):
         loss_sum, grad_norm = train_step(train_model, params, optimizers, scaler,
                                          lambda k: get_batch(data.train, row[k * B : (k + 1) * B], T, rt.device),
                                          micro_steps, rt.autocast, seeds, cfg.z_loss, cfg.grad_clip)
-        # One all-reduce: the global batch's loss (the mean over all its micro-batches, so any
-        # accumulation or process count logs the same) and whether any rank got a signal.
-        # Every rank then takes the same decisions.
-        stop_vote = torch.tensor(float(stop.signal is not None), device=rt.device)
-        loss_total, stop_votes = all_reduce_sum(torch.stack([loss_sum, stop_vote]), rt).tolist()
-        train_loss, norm, stopping = loss_total / cfg.gradient_accumulation_steps, grad_norm.item(), stop_votes > 0
-
-        # the divergence guard, before the update, so a diverged step never reaches the weights
-        diverged, state.steps_above_threshold = divergence_reason(
-            train_loss, norm, state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
-            check_grad_norm=not scaler.is_enabled())
-        if diverged:
-            out.log({"type": "diverged", "step": state.step + 1, "reason": diverged, "loss": train_loss,
-                     "grad_norm": norm, "lr": lr, "last_checkpoint_step": last_ckpt_step})
-            kept = (f"the last checkpoint, {ckpt_path} (step {last_ckpt_step}), is untouched"
-                    if last_ckpt_step is not None else "no checkpoint was written")
-            out.print(f"diverged at step {state.step + 1}: {diverged}. The run stopped before applying that update; "
-                      f"{kept}. A lower learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records "
-                      f"it as 'diverged'.", file=sys.stderr)
-            out.finish(3)
-            return 3
-
-        for optimizer in optimizers:
-            scaler.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        scaler.update()
-        step_time += time.time() - t_step
+        # One all-reduce, queued, not waited for: the global batch's loss (the mean over all its micro-batches,
+        # so any accumulation or process count logs the same) and whether any rank got a signal (a fill on the
+        # device: a tensor made from the host's value would be a copy that waits for the device).
+        stop_vote = loss_sum.new_full((), float(stop.signal is not None))
+        reduced = all_reduce_sum(torch.stack([loss_sum, stop_vote]), rt)
+        # the divergence guard, on the device: the update of a step that diverged, and of every step after it
+        # until the loop reads the guard, is skipped there, so a diverged step never reaches the weights
+        skip = guard.check(state.step + 1, reduced[0].double() / cfg.gradient_accumulation_steps, grad_norm)
+        apply_updates(optimizers, scaler, skip)
         state.step += 1
         steps_since_log += 1
 
+        # The one host read of the device's numbers, at log steps and before anything but another step (it
+        # waits for every step queued since the last read). Every rank reads at the same steps, so every rank
+        # takes the same decisions: a signal stops the run at the next read.
+        tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
+        if should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
+            loss_total, votes, norm, *guarded = torch.cat(
+                [reduced.double(), grad_norm.double()[None], guard.values()]).tolist()
+            train_loss, stopping = loss_total / cfg.gradient_accumulation_steps, votes > 0
+            diverged, state.steps_above_threshold = guard.outcome(guarded)
+            if diverged:
+                reason, at, loss, norm = diverged
+                out.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
+                         "lr": get_lr(at - 1, cfg), "last_checkpoint_step": last_ckpt_step})
+                kept = (f"the last checkpoint, {ckpt_path} (step {last_ckpt_step}), is untouched"
+                        if last_ckpt_step is not None else "no checkpoint was written")
+                out.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; "
+                          f"{kept}. A lower learning_rate or a larger warmup_iters may avoid it; metrics.jsonl "
+                          f"records it as 'diverged'.", file=sys.stderr)
+                out.finish(3)
+                return 3
+        step_time += time.time() - t_step
+        if first_step_s is None:
+            first_step_s = step_time
+
         if state.step % cfg.log_interval == 0:
+            if state.step - start_step == steps_since_log and cfg.compile:  # the session's first log: compile time
+                record = {"type": "compile", "step": state.step, "compile_mode": cfg.compile_mode,
+                          "first_step_s": first_step_s}
+                line = f"compile ({cfg.compile_mode}): the first step took {first_step_s:.1f} s"
+                if steps_since_log > 1:  # the mean of the steps after it, for the compile time alone
+                    record["later_step_s"] = (step_time - first_step_s) / (steps_since_log - 1)
+                    line += f", {first_step_s - record['later_step_s']:.1f} s more than the next ones"
+                out.log(record)
+                out.print(line)
             dt = step_time / steps_since_log
             step_time, steps_since_log = 0.0, 0
             record = {"type": "train", "step": state.step, "loss": train_loss, "lr": lr, "grad_norm": norm,

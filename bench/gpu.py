@@ -52,7 +52,8 @@ The steps, run in the repo root:
 - tests:        python -m pytest -v -rA -p no:logging --durations=0 tests/test_cuda.py
                 (with TEST_CUDA_DEVICE=DEVICE; -rA prints what each test printed, -p no:logging
                 keeps torch.compile's debug log out of it)
-- train_speed:  python bench/train_speed.py --size=gpt2 --compile --device=DEVICE [flags]
+- train_speed:  python bench/train_speed.py --size=gpt2 --compile --device=DEVICE [flags] --profile
+                (--profile: each variant's top kernels over one step, printed under the table)
 - sample_speed: python bench/sample_speed.py --device=DEVICE [flags]
 Flags that gpu.py does not know (--key=value form) go to both bench scripts: --n_layer,
 --n_head, --n_embd, --vocab_size, --rounds, --modes, --dtype. --train_speed_args and
@@ -222,7 +223,7 @@ def main():
         "tests": [python, "-m", "pytest", "-v", "-rA", "-p", "no:logging", "--durations=0", STEPS["tests"]] if cuda
         else [python, "-m", "pytest", "--collect-only", "-q", STEPS["tests"]],
         "train_speed": [python, STEPS["train_speed"], "--size=gpt2", "--compile", f"--device={args.device}",
-                        *shared, *shlex.split(args.train_speed_args)],
+                        *shared, "--profile", *shlex.split(args.train_speed_args)],
         "sample_speed": [python, STEPS["sample_speed"], f"--device={args.device}", *shared,
                          *shlex.split(args.sample_speed_args)],
     }

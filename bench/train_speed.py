@@ -4,19 +4,28 @@ Training speed of every query mode (and the MLP4.75 control), measured side by s
     python bench/train_speed.py                                      # CPU: 6 x 384, block 256
     python bench/train_speed.py --size=gpt2 --compile --device=cuda  # GPT-2 small, bf16
     python bench/train_speed.py --recipe=modern                      # RoPE, RMSNorm, ReLU^2, QK-norm, Muon
+    python bench/train_speed.py --size=gpt2 --compile --device=cuda --splits=12x4,24x2,48x1 --profile
 
-One full training step per variant and round, as train.py runs it (training.train_step):
-forward and backward over each of gradient_accumulation_steps micro-batches of batch_size
-sequences of random tokens (the gradients accumulate), one gradient clipping, and the optimizer
-step of train.py's own optimizer setup (optimizers.build_optimizers). The accumulation is the
+One full training step per variant and round, as train.py runs it between two log steps:
+training.train_step (forward and backward over each of gradient_accumulation_steps
+micro-batches of batch_size sequences of random tokens, the gradients accumulating, one
+gradient clipping), the divergence guard on the device (training.DivergenceGuard) and the
+update it may skip (training.apply_updates) with train.py's own optimizer setup
+(optimizers.build_optimizers), nothing read back to the host. The accumulation is the
 size preset's (the paper's 40 at --size=gpt2, 2 on the CPU) unless --gradient_accumulation_steps
-sets it. --recipe picks the model options and the
+sets it; --splits=12x4,24x2,48x1 times each variant at each micro-batch x accumulation split of
+one global batch (the same sequences, as train.py's index gives them for any split), a row each.
+--compile_mode is torch.compile's mode (TrainConfig's compile_mode); every variant compiles in
+it, with static shapes. --profile prints, under the table, each row's top kernels over one
+step (torch.profiler: self device time per kernel on a GPU, self CPU time per operator on the
+CPU). --recipe picks the model options and the
 optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
 config/modern/baseline.py (README "The modern recipe": Muon for the blocks' matrices); the
 size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
 machine's drift falls on all of them alike. With --compile every variant keeps its own
 compiled graph (common.fresh_compiler): a variant that would fall back to eager fails the bench. Columns:
 
+- compile s: with --compile, the first (warm-up) step's time less the median step's: mostly compilation
 - ms/step: median over rounds (min in brackets); tokens/s = gradient_accumulation_steps *
   batch_size * block_size / median, the one device's
 - MFU: the model's training FLOPs per token (GPT.flops_per_token: 6 x its own matmul
@@ -26,9 +35,9 @@ compiled graph (common.fresh_compiler): a variant that would fall back to eager 
 - peak MiB: CUDA: the step's peak allocation above what the other variants hold, plus
   this variant's parameters and optimizer states; CPU: peak RSS growth of a fresh process
   that builds this variant alone and runs two steps
-- vs linear: median over rounds of (this variant's time / linear's time in the same
-  round); the target for res_gelu is at most 1.05 on the CPU, and at least 0.97x
-  linear's tokens/s (ratio <= 1.03) on an H100/H200
+- vs linear: median over rounds of (this variant's time / linear's time at the same split in
+  the same round); the targets (issue 44): res_gelu and every other variant at most 1.04 on an
+  H100/H200, linear at 48% MFU or more
 """
 
 import multiprocessing
@@ -49,13 +58,15 @@ from common import (
     proc_status_kib,
     query_modes,
     resolve_device,
+    sync,
+    timed,
 )
 from model import GPT, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
 from nonlinear_queries.runtime import mfu, peak_flops
-from nonlinear_queries.train_config import TrainConfig
-from nonlinear_queries.training import train_step
+from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
+from nonlinear_queries.training import DivergenceGuard, apply_updates, train_step
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size, gradient_accumulation_steps
     "cpu": (6, 6, 384, 256, 4, 2),
@@ -94,7 +105,7 @@ def variants(args):
 
 def build(args, overrides, device):
     """(model, compiled model, optimizers) of one variant under args.recipe; every variant
-    starts from seed 0."""
+    starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes."""
     options, cfg = recipe(args.recipe)
     n_layer, n_head, n_embd, block_size, _, _ = SIZES[args.size]
     config = GPTConfig(**{**options, **overrides}, n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head,
@@ -103,49 +114,83 @@ def build(args, overrides, device):
     torch.manual_seed(0)
     model = GPT(config).to(device)
     optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
-    return model, torch.compile(model) if args.compile else model, optimizers
+    compiled = torch.compile(model, mode=args.compile_mode, dynamic=False) if args.compile else model
+    return model, compiled, optimizers
 
 
 def make_step(model, compiled, optimizers, micro_batches, dtype, autocast):
-    """One training step as train.py takes it: training.train_step over the micro-batches
-    [(x, y), ...] (forward and backward of each, the gradients accumulated, then one clipping
-    to norm 1.0), reading the loss and the norm back as train.py logs them, then each
-    optimizer's step. dtype: the autocast dtype's name (float16 scales the loss, as in train.py)."""
+    """One training step as train.py takes it between two log steps: training.train_step over the
+    micro-batches [(x, y), ...] (forward and backward of each, the gradients accumulated, then one
+    clipping to norm 1.0), the divergence guard on the device, and the optimizers' steps through
+    training.apply_updates, with no host read. dtype: the autocast dtype's name (float16 scales
+    the loss, as in train.py)."""
     params = list(model.parameters())
-    device_type = params[0].device.type
-    scaler = torch.amp.GradScaler(device_type, enabled=dtype == "float16")
+    device = params[0].device
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == "float16")
     seeds = list(range(len(micro_batches)))
+    cfg = TrainConfig()  # train.py's divergence threshold and patience
+    guard = DivergenceGuard(0, cfg.divergence_threshold, cfg.divergence_patience, not scaler.is_enabled(), device)
 
     def step():
         loss_sum, grad_norm = train_step(compiled, params, optimizers, scaler, lambda k: micro_batches[k],
                                          len(micro_batches), autocast, seeds, grad_clip=1.0)
-        loss_sum.item(), grad_norm.item()
-        for optimizer in optimizers:
-            scaler.step(optimizer)
-            optimizer.zero_grad(set_to_none=True)
-        scaler.update()
+        skip = guard.check(1, loss_sum.double() / len(micro_batches), grad_norm)
+        apply_updates(optimizers, scaler, skip)
 
     return step
 
 
-def micro_batches(args, config, device):
-    """gradient_accumulation_steps micro-batches (x, y) of random tokens, int64 (batch_size, block_size)
-    each, the same for every variant."""
+def micro_batches(split, config, device):
+    """The micro-batches (x, y) of split (batch_size, accumulation): accumulation of them, int64 (batch_size,
+    block_size) each, of random tokens. The global batch is the same sequences for every variant and every
+    split of it."""
+    batch_size, accumulation = split
     g = torch.Generator().manual_seed(0)
-    _, _, _, _, batch_size, accumulation = SIZES[args.size]
-    batch_size, accumulation = args.batch_size or batch_size, args.gradient_accumulation_steps or accumulation
-    xy = torch.randint(0, min(config.vocab_size, 50257), (accumulation, batch_size, config.block_size + 1),
-                       generator=g).to(device)
+    xy = torch.randint(0, min(config.vocab_size, 50257), (accumulation * batch_size, config.block_size + 1),
+                       generator=g).view(accumulation, batch_size, -1).to(device)
     return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in xy]
 
 
-def cpu_peak_mib(args, overrides):
-    """Peak RSS growth (MiB) of building one variant and running two steps, in this (fresh) process."""
+def splits(args, p):
+    """[(batch_size, accumulation)]: --splits's, or the one of --batch_size and --gradient_accumulation_steps
+    (the size preset's by default); p.error for a malformed list or splits of different global batches."""
+    if not args.splits:
+        _, _, _, _, batch_size, accumulation = SIZES[args.size]
+        return [(args.batch_size or batch_size, args.gradient_accumulation_steps or accumulation)]
+    try:
+        out = [tuple(int(n) for n in s.split("x")) for s in args.splits.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(len(s) != 2 or min(s) < 1 for s in out):
+        p.error(f"--splits takes micro-batch x accumulation pairs, e.g. 12x4,24x2,48x1; got {args.splits!r}")
+    if len({b * a for b, a in out}) > 1:
+        p.error(f"--splits must share one global batch (micro-batch x accumulation); got {args.splits!r}")
+    return out
+
+
+def top_kernels(step, device, top=12):
+    """[(name, calls, self ms, share of the step's self time)] of the `top` kernels of one step(), by self device
+    time on a GPU (the CUDA kernels), by self CPU time on the CPU (the operators); torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        step()
+        sync(device)
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    total = sum(getattr(e, key) for e in events)
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    return [(e.key, e.count, getattr(e, key) / 1000, getattr(e, key) / total) for e in events[:top]]
+
+
+def cpu_peak_mib(args, overrides, split):
+    """Peak RSS growth (MiB) of building one variant and running two steps of `split`, in this (fresh) process."""
     torch.set_num_threads(1)  # memory, not speed, is measured here
     before = proc_status_kib("VmRSS")
     model, compiled, optimizers = build(args, overrides, "cpu")
     _, dtype, autocast = resolve_device(args)
-    step = make_step(model, compiled, optimizers, micro_batches(args, model.config, "cpu"), dtype, autocast)
+    step = make_step(model, compiled, optimizers, micro_batches(split, model.config, "cpu"), dtype, autocast)
     step()
     step()
     # VmHWM, not ru_maxrss: a spawned process inherits its parent's ru_maxrss across exec
@@ -167,6 +212,10 @@ def main():
     p.add_argument("--unfused", action="store_true", help="also time linear and res_gelu with fused_qkv=False")
     p.add_argument("--mup", action="store_true", help="also time linear and res_gelu under μP (parametrization=mup)")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
+    p.add_argument("--compile_mode", choices=COMPILE_MODES, default="default", help="torch.compile's mode")
+    p.add_argument("--splits", default="", help="micro-batch x accumulation splits of one global batch, a row "
+                   "each, e.g. 12x4,24x2,48x1; default: --batch_size x --gradient_accumulation_steps")
+    p.add_argument("--profile", action="store_true", help="print each row's top kernels over one step")
     args = p.parse_args()
     if not args.modes.startswith("linear"):
         p.error("--modes must start with linear: every ratio is taken against it")
@@ -177,47 +226,61 @@ def main():
     rounds = args.rounds or (30 if cuda else 5)
     peak = args.peak_flops or peak_flops(device)
 
-    specs = variants(args)
-    fresh_compiler(len(specs))
-    models, steps, persistent = {}, {}, {}
-    for name, overrides in specs.items():
-        model, compiled, optimizers = build(args, overrides, device)
-        step = make_step(model, compiled, optimizers, micro_batches(args, model.config, device), dtype, autocast)
+    specs, split_list = variants(args), splits(args, p)
+    rows = {(f"{name} {b}x{a}" if args.splits else name): (name, (b, a)) for name in specs for b, a in split_list}
+    fresh_compiler(len(rows))
+    models, steps, persistent, first = {}, {}, {}, {}
+    for row, (name, split) in rows.items():
+        model, compiled, optimizers = build(args, specs[name], device)
+        step = make_step(model, compiled, optimizers, micro_batches(split, model.config, device), dtype, autocast)
         for _ in range(args.warmup):
-            step()
-        models[name], steps[name] = model, step
+            first.setdefault(row, timed(step, device))
+        models[row], steps[row] = model, step
         if cuda:  # parameters + the optimizers' states, which the step's own peak does not show
-            persistent[name] = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
+            persistent[row] = sum(t.numel() * t.element_size() for t in model.parameters()) + sum(
                 t.numel() * t.element_size() for opt in optimizers for s in opt.state.values() for t in s.values()
                 if torch.is_tensor(t))
     times = interleaved(steps, rounds, device)
 
     peak_mib = {}
-    for name in specs:
+    for row, (name, split) in rows.items():
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-            steps[name]()
-            peak_mib[name] = (torch.cuda.max_memory_allocated(device) - base + persistent[name]) / 2**20
+            steps[row]()
+            peak_mib[row] = (torch.cuda.max_memory_allocated(device) - base + persistent[row]) / 2**20
         else:
             with multiprocessing.get_context("spawn").Pool(1) as pool:
-                peak_mib[name] = pool.apply(cpu_peak_mib, (args, specs[name]))
+                peak_mib[row] = pool.apply(cpu_peak_mib, (args, specs[name], split))
 
-    cfg = models["linear"].config
-    batch_size = args.batch_size or SIZES[args.size][4]
-    accumulation = args.gradient_accumulation_steps or SIZES[args.size][5]
-    tokens = accumulation * batch_size * cfg.block_size  # per step
+    cfg = next(iter(models.values())).config
+    batch_size, accumulation = split_list[0]
+    tokens = accumulation * batch_size * cfg.block_size  # per step, the same for every split
+    batches = (", ".join(f"{b} x {a}" for b, a in split_list) + f" (micro-batch x accumulation) of "
+               f"{batch_size * accumulation} sequences" if args.splits
+               else f"{accumulation} micro-batches of {batch_size} sequences")
     print(header(f"Training step, {args.recipe} recipe: {cfg.n_layer} layers, d={cfg.n_embd}, block {cfg.block_size}, "
-                 f"{accumulation} micro-batches of {batch_size} sequences, {rounds} rounds", device, dtype,
-                 args.compile, command_line()))
-    print("| variant | non-emb params | ms/step (min) | tokens/s | MFU | peak MiB | vs linear |")
-    print("|---|---|---|---|---|---|---|")
-    for name, model in models.items():
-        med, low = statistics.median(times[name]), min(times[name])
+                 f"{batches}, {rounds} rounds", device, dtype,
+                 f"True, mode {args.compile_mode}" if args.compile else False, command_line()))
+    print("| variant | non-emb params | compile s | ms/step (min) | tokens/s | MFU | peak MiB | vs linear |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row, model in models.items():
+        name, (b, a) = rows[row]
+        med, low = statistics.median(times[row]), min(times[row])
         util = mfu(model.flops_per_token(), tokens / med, peak)
         util = f"{100 * util:.1f}%" if util is not None else "-"
-        print(f"| {name} | {model.get_num_params():,} | {1000 * med:.1f} ({1000 * low:.1f}) | {tokens / med:,.0f} "
-              f"| {util} | {peak_mib[name]:,.0f} | {paired_ratio(times, name, 'linear'):.3f} |")
+        compile_s = f"{first[row] - med:.1f}" if args.compile and row in first else "-"
+        linear = f"linear {b}x{a}" if args.splits else "linear"
+        print(f"| {row} | {model.get_num_params():,} | {compile_s} | {1000 * med:.1f} ({1000 * low:.1f}) "
+              f"| {tokens / med:,.0f} | {util} | {peak_mib[row]:,.0f} | {paired_ratio(times, row, linear):.3f} |")
+    if args.profile:  # every row profiled before any is printed: the profiler's own lines go out first
+        what = "self CUDA time per kernel" if cuda else "self CPU time per operator"
+        for row, kernels in {row: top_kernels(step, device) for row, step in steps.items()}.items():
+            print(f"\n### top kernels: {row} (one step, {what})\n")
+            print("| kernel | calls | self ms | share |")
+            print("|---|---|---|---|")
+            for kernel, calls, ms, share in kernels:
+                print(f"| {kernel.replace('|', '/')[:100]} | {calls} | {ms:.2f} | {100 * share:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -80,14 +80,47 @@ class Muon(torch.optim.Muon):
     parameter), so state_dict and the sharded checkpoints (DCP) see what they see under
     torch.optim.Muon.
 
+    The step also takes GradScaler's `found_inf`, as fused AdamW does (an attribute set before
+    step(); training.apply_updates sets it to skip a diverged step): a 0-dim float tensor on the
+    device, and where it is 1.0 every parameter and momentum is put back as it was, on the device,
+    without a host read. That keeps a copy of each matrix and its momentum for the step's length
+    (only when found_inf is set); where it is 0.0 the step is torch's, bit for bit.
+
     Named Muon, as torch's: checkpoints record their optimizers by class name (checkpoint.py),
     and a sharded checkpoint's optimizers are rebuilt without FSDP when it is converted to one
     file. Param groups keep any extra keys; the step reads only Muon's own settings from them.
-    Raises ValueError for a DTensor placed otherwise than sharded (Shard) or replicated.
+    Raises ValueError for a DTensor placed otherwise than sharded (Shard) or replicated, and for
+    gradients still scaled (a grad_scale set: unscale them first, GradScaler.unscale_).
     """
+
+    _step_supports_amp_scaling = True  # GradScaler's mark of an optimizer that takes found_inf
 
     @torch.no_grad()
     def step(self, closure=None):
+        if getattr(self, "grad_scale", None) is not None:
+            raise ValueError("Muon takes unscaled gradients: call GradScaler.unscale_ before its step")
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is None:
+            return self._step(closure)
+        # this process's tensors (a DTensor's local shard), as they were, to put back where found_inf is 1.0
+        kept = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buffer = self.state[p].get("momentum_buffer")
+                    kept.append((p, local(p).clone(), None if buffer is None else local(buffer).clone()))
+        loss = self._step(closure)
+        skip = found_inf.to(torch.bool)
+        for p, param, buffer in kept:
+            local(p).copy_(torch.where(skip, param, local(p)))
+            momentum = local(self.state[p]["momentum_buffer"])
+            if buffer is None:  # started by this step: back to the zeros torch starts it from
+                momentum.masked_fill_(skip, 0.0)
+            else:
+                momentum.copy_(torch.where(skip, buffer, momentum))
+        return loss
+
+    def _step(self, closure):
         if not any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
             return super().step(closure)
         loss = None
@@ -114,6 +147,11 @@ class Muon(torch.optim.Muon):
         whole.step()
         p.copy_(own_part(param, p))
         state["momentum_buffer"].copy_(own_part(whole.state[param]["momentum_buffer"], p))
+
+
+def local(tensor):
+    """A DTensor's local shard (the tensor itself, sharing its storage), or a plain tensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def gather_whole(shards):

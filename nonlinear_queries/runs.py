@@ -19,7 +19,7 @@ from nonlinear_queries.runlog import read_metrics
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
     "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "backend", "peak_flops", "device", "eval_tasks", "eval_tasks_interval", "eval_tasks_limit",
+    "compile_mode", "backend", "peak_flops", "device", "eval_tasks", "eval_tasks_interval", "eval_tasks_limit",
     "eval_tasks_include_path", "parallelism", "activation_checkpointing", "diagnostics", "diagnostics_batches",
 }
 

@@ -154,7 +154,8 @@ def checkpointed(forward):
     return forward_checkpointed
 
 
-def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor"):
+def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor",
+                mode="default"):
     """Spread `model` (a GPT, on rt.device) over the processes of rt. Returns (model, train_model):
     the module that evaluates, and the module the training step calls.
 
@@ -166,7 +167,9 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     (checkpointed()); the dropout masks are replayed (the RNG state is restored), so the
     gradients are the same.
 
-    compile=True: torch.compile with `backend` (tests pass a counting one). Under ddp the whole
+    compile=True: torch.compile with `backend` (tests pass a counting one) in `mode` (TrainConfig's
+    compile_mode: 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune'; a backend
+    other than inductor gets a mode other than 'default' as its `mode` keyword). Under ddp the whole
     model is compiled, one graph. Under fsdp each Block is compiled on its own (one graph that
     every block reuses) and so is the root, in two graphs: the embeddings, and the LM head with
     the cross-entropy. FSDP's hooks around each block are not traced (dynamo breaks the root's
@@ -193,8 +196,8 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     if parallelism == "fsdp":
         if compile:
             for block in model.transformer.h:
-                block.compile(backend=backend)
-            model.compile(backend=backend)
+                block.compile(backend=backend, mode=mode)
+            model.compile(backend=backend, mode=mode)
         mesh = init_device_mesh(rt.device_type, (rt.world_size,))
         units = [*model.transformer.h, model]
         for unit in units:
@@ -207,7 +210,7 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
                 unit.set_force_sum_reduction_for_comms(True)
         return model, model
     if compile:
-        model = torch.compile(model, backend=backend)
+        model = torch.compile(model, backend=backend, mode=mode)
     if not rt.distributed:
         return model, model
     return model, DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)

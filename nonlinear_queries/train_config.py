@@ -8,6 +8,9 @@ from typing import ClassVar
 
 from model import GPTConfig
 
+# torch.compile's modes (its `mode` argument)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
 
 @dataclass
 class TrainConfig(GPTConfig):
@@ -31,7 +34,10 @@ class TrainConfig(GPTConfig):
     lock_out_dir: bool = True
     eval_interval: int = 1000
     log_interval: int = 10
-    eval_iters: int = 200  # eval batches of batch_size sequences: 200 x 12 = 2400 (paper §3.1)
+    eval_iters: int = 200  # eval batches of eval_batch_size sequences: 200 x 12 = 2400 (paper §3.1)
+    # sequences per evaluation batch, 0 = batch_size; set it to the old batch_size to change a run's micro-batch
+    # split and keep its evaluations (docs/speed.md)
+    eval_batch_size: int = 0
     eval_only: bool = False
     # per-layer attention and query diagnostics at every evaluation (diagnostics.py, README "Diagnostics") on
     # the first diagnostics_batches of the eval_iters fixed val batches: a `diag` record in metrics.jsonl
@@ -88,6 +94,9 @@ class TrainConfig(GPTConfig):
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
     compile: bool = True  # torch.compile the model
+    # torch.compile's mode: 'default', 'reduce-overhead' (CUDA graphs), 'max-autotune-no-cudagraphs' (inductor tries
+    # matmul and fusion choices), 'max-autotune' (both); it changes the speed and the compile time, not the model
+    compile_mode: str = "default"
     seed: int = 1337  # model init and dropout
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
     # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
@@ -124,6 +133,10 @@ class TrainConfig(GPTConfig):
                              f"got {self.muon_learning_rate}, {self.muon_weight_decay}, {self.muon_momentum}")
         if self.z_loss < 0:
             raise ValueError(f"z_loss must be >= 0 (0 = off), got {self.z_loss}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if self.eval_batch_size < 0:
+            raise ValueError(f"eval_batch_size must be >= 0 (0 = batch_size), got {self.eval_batch_size}")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
         if self.parallelism not in ("ddp", "fsdp"):

@@ -1,7 +1,9 @@
 """
 The pieces of train.py's loop, each a function of what it uses: the learning-rate
-schedule, the dropout seeds, one training step, the divergence rule, evaluation, and
-the loop's decisions of when to evaluate and when to checkpoint.
+schedule, the dropout seeds, one training step, the divergence rule (on the host, and
+kept on the device between the loop's reads), the update that a diverged step skips,
+evaluation, and the loop's decisions of when to evaluate, when to checkpoint and when to
+read the device's numbers back.
 
 Step numbering: "step s" is the state after s optimizer updates; the update that takes
 step s to s + 1 uses get_lr(s).
@@ -130,6 +132,88 @@ def divergence_reason(loss, grad_norm, streak, threshold, patience, check_grad_n
     return None, streak
 
 
+class DivergenceGuard:
+    """divergence_reason's rule kept on the device, so that the training loop reads it back only where it
+    reads the device's numbers anyway (should_read_back: log steps, and before an evaluation, a checkpoint
+    or the end), not after every step: a host read waits for the device to finish everything queued.
+
+    check() applies the rule to one step without a host sync and returns whether that step's update is to
+    be skipped: once a step has diverged, its update and every later one are (apply_updates skips them on
+    the device), so the weights stay as they were before the diverged step until the loop reads the guard
+    and stops. values() and outcome() give divergence_reason the first diverged step's numbers on the host,
+    so the reason and the streak are the ones the rule gives there.
+
+    streak: the streak before the first checked step (a checkpoint's steps_above_threshold); threshold,
+    patience, check_grad_norm: as divergence_reason's; device: where the steps' losses are.
+    """
+
+    def __init__(self, streak, threshold, patience, check_grad_norm, device):
+        self.threshold, self.patience, self.check_grad_norm = threshold, patience, check_grad_norm
+        self.streak = torch.full((), float(streak), dtype=torch.float64, device=device)
+        self.halted = torch.zeros((), dtype=torch.bool, device=device)
+        # the first diverged step's number, loss, gradient norm and the streak before it (zeros until one diverges)
+        self.first = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def check(self, step, loss, grad_norm):
+        """Apply the rule to the update that makes `step` (an int, as logged: the state after the update).
+        loss: the step's mean loss over the global batch, a 0-dim float64 tensor on the device (float64 as the
+        host's Python floats, so the threshold compares alike); grad_norm: its gradient norm, 0-dim float32.
+        Returns a 0-dim float32 tensor on the device: 1.0 if the update is to be skipped (this step or an earlier
+        one diverged), else 0.0. Queues a few scalar kernels; never waits for the device."""
+        above = loss > self.threshold if self.threshold > 0 else torch.zeros_like(self.halted)
+        streak = torch.where(above, self.streak + 1, torch.zeros_like(self.streak))
+        bad = ~torch.isfinite(loss) | (streak >= self.patience)
+        if self.check_grad_norm:
+            bad = bad | ~torch.isfinite(grad_norm)
+        # torch.full_like fills on the device: a tensor made from the host's step number would be a copy that waits
+        numbers = torch.stack([torch.full_like(loss, step), loss, grad_norm.double(), self.streak])
+        self.first = torch.where(bad & ~self.halted, numbers, self.first)
+        self.halted = self.halted | bad
+        self.streak = streak
+        return self.halted.float()
+
+    def values(self):
+        """The guard as one float64 tensor (6,) on the device, for the loop's one host read (with its other
+        numbers): whether a step diverged, the streak, then the first diverged step's number, loss, gradient
+        norm and the streak before it."""
+        return torch.cat([torch.stack([self.halted.double(), self.streak]), self.first])
+
+    def outcome(self, values):
+        """(diverged, streak) from values() read on the host: diverged is None, or (reason, step, loss,
+        grad_norm) of the first step that diverged, the reason being divergence_reason's; streak counts the
+        steps above the threshold up to the last checked one (a checkpoint's steps_above_threshold)."""
+        halted, streak, step, loss, grad_norm, before = values
+        if not halted:
+            return None, int(streak)
+        reason, _ = divergence_reason(loss, grad_norm, int(before), self.threshold, self.patience,
+                                      self.check_grad_norm)
+        return (reason, int(step), loss, grad_norm), int(streak)
+
+
+def apply_updates(optimizers, scaler, skip):
+    """Step every optimizer through the GradScaler `scaler` unless `skip` (DivergenceGuard.check's 0-dim float32
+    tensor on the device) is 1.0, then clear the gradients and update the scaler.
+
+    An optimizer that takes GradScaler's `found_inf` (its `_step_supports_amp_scaling`: fused AdamW, and
+    optimizers.Muon) is given `skip` as its found_inf and skips on the device, leaving its parameters and
+    states as they were, with no host read. Otherwise (the CPU's AdamW, which is not fused; float16, whose
+    GradScaler sets found_inf itself) the host reads `skip` first: on the CPU that costs nothing, as nothing
+    is queued. A step that is not skipped is the optimizer's own step, bit for bit.
+    """
+    if scaler.is_enabled() or not all(getattr(o, "_step_supports_amp_scaling", False) for o in optimizers):
+        if not skip.item():
+            for optimizer in optimizers:
+                scaler.step(optimizer)
+    else:
+        for optimizer in optimizers:
+            optimizer.found_inf = skip
+            optimizer.step()
+            del optimizer.found_inf
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    scaler.update()
+
+
 @torch.no_grad()
 def evaluate(model, splits, block_size, device, autocast, rt):
     """Mean loss over fixed evaluation batches, per split.
@@ -171,3 +255,12 @@ def should_save(step, cfg, start_step, evaluated, stopping):
     signal, and at the save_checkpoint_steps; never at the step the run started from, which
     is on disk already, and never with eval_only."""
     return (evaluated or stopping or step in cfg.save_checkpoint_steps) and step > start_step and not cfg.eval_only
+
+
+def should_read_back(step, cfg, start_step, resumed_after_eval, tasks_due=False):
+    """Whether the loop reads the device's numbers back after the update that makes `step` (one host sync):
+    at every log step, and wherever the loop does more than another step next (an evaluation, lm-eval tasks,
+    a checkpoint, the end), which must never see a diverged run, and where a signal's stop is decided.
+    tasks_due: whether lm-eval's tasks run at `step` (DownstreamEval.due, not stopping)."""
+    return (step % cfg.log_interval == 0 or step >= cfg.max_iters or step in cfg.save_checkpoint_steps or tasks_due
+            or should_eval(step, cfg, start_step, resumed_after_eval, False))

@@ -33,6 +33,41 @@ def test_train_speed_table_has_every_variant_against_linear():
 
 
 @pytest.mark.slow
+def test_train_speed_times_splits_of_one_global_batch_and_profiles_each_row():
+    out = run_script("bench/train_speed.py", *TINY_MODEL, "--block_size=16", "--rounds=1", "--warmup=1",
+                     "--modes=linear,res_gelu", "--no_mlp475", "--splits=2x2,4x1", "--profile").stdout
+    rows = markdown_table(out, "variant")
+    assert list(rows) == ["linear 2x2", "linear 4x1", "res_gelu 2x2", "res_gelu 4x1"]
+    assert rows["linear 2x2"]["vs linear"] == rows["linear 4x1"]["vs linear"] == "1.000"  # linear at its split
+    assert "2 x 2, 4 x 1 (micro-batch x accumulation) of 4 sequences" in out
+    tokens = {row["tokens/s"] for row in rows.values()}
+    assert len(tokens) == 4 and all(float(t.replace(",", "")) > 0 for t in tokens)
+    for name in rows:  # each row's top operators on the CPU, by self time, the matmuls among them
+        kernels = markdown_table(out.split(f"### top kernels: {name} (one step, self CPU time per operator)")[1],
+                                 "kernel")
+        assert "aten::mm" in kernels and 1 <= len(kernels) <= 12
+        shares = [float(k["share"].rstrip("%")) for k in kernels.values()]
+        assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1
+    bad = run_script("bench/train_speed.py", *TINY_MODEL, "--splits=2x2,2x1", check=False)
+    assert bad.returncode == 2 and "--splits must share one global batch" in bad.stderr
+
+
+def test_train_speed_steps_as_train_py_between_log_steps(monkeypatch):
+    # the bench's step is train.py's: the guard on the device and the update through apply_updates, nothing read
+    args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
+                                 vocab_size=64, compile=False))
+    model, compiled, optimizers = train_speed.build(args, {"query_mode": "res_gelu"}, "cpu")
+    calls = []
+    real = train_speed.apply_updates
+    monkeypatch.setattr(train_speed, "apply_updates", lambda *a: calls.append(a[2].item()) or real(*a))
+    before = [p.detach().clone() for p in model.parameters()]
+    step = train_speed.make_step(model, compiled, optimizers, train_speed.micro_batches((2, 2), model.config, "cpu"),
+                                 "float32", torch.autocast("cpu", enabled=False))
+    step()
+    assert calls == [0.0] and all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+@pytest.mark.slow
 def test_train_speed_modern_recipe_is_config_modern_with_its_optimizers():
     options, _ = train_speed.recipe("modern")
     assert options == {"pos_encoding": "rope", "norm": "rmsnorm", "mlp_activation": "relu2", "qk_norm": True,

@@ -7,6 +7,7 @@ alone) or 'aot_eager' (dynamo and AOTAutograd, which also traces the backward pa
 code generation is left to tests/test_cuda.py, on the GPU.
 """
 
+import importlib
 import os
 
 import pytest
@@ -17,11 +18,12 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers import read_metrics, train_in_process
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
 from nonlinear_queries.runtime import parallelize, setup
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
@@ -175,3 +177,35 @@ def test_flops_per_token_matches_the_counted_flops_at_gpt2_small(mode):
         model(x, x)[1].backward()
     per_token = counter.get_total_flops() / model.config.block_size
     assert per_token == pytest.approx(model.flops_per_token(), rel=5e-3)
+
+
+class ModeRecorder(Graphs):
+    """A Graphs backend that also records the `mode` torch.compile passes to a backend other than inductor."""
+
+    def __init__(self):
+        super().__init__()
+        self.modes = []
+
+    def __call__(self, gm, example_inputs, mode="default"):
+        self.modes.append(mode)
+        return super().__call__(gm, example_inputs)
+
+
+def test_compile_mode_is_checked_and_reaches_torch_compile(shakespeare_dir, tmp_path, monkeypatch):
+    assert [TrainConfig(compile_mode=m).compile_mode for m in COMPILE_MODES] == list(COMPILE_MODES)
+    with pytest.raises(ValueError, match="compile_mode must be one of default, reduce-overhead, "
+                                         "max-autotune-no-cudagraphs, max-autotune, got 'fast'"):
+        TrainConfig(compile_mode="fast")
+    # a tiny run of train.py, compiled in max-autotune-no-cudagraphs by a backend that records the mode (inductor's
+    # autotuning is for the GPU), reports its first step's time once, as the compile time
+    recorder = ModeRecorder()
+    script = importlib.import_module("train")
+    monkeypatch.setattr(script, "parallelize", lambda *args, **kwargs: parallelize(*args, **kwargs, backend=recorder))
+    out = tmp_path / "out"
+    assert train_in_process(shakespeare_dir, out, "--compile=True", "--compile_mode=max-autotune-no-cudagraphs",
+                            "--max_iters=4", "--log_interval=2", "--eval_interval=4") == 0
+    assert recorder.graphs and set(recorder.modes) == {"max-autotune-no-cudagraphs"}
+    (record,) = read_metrics(out, "compile")
+    assert record["step"] == 2 and record["compile_mode"] == "max-autotune-no-cudagraphs"
+    assert record["first_step_s"] > 0 and record["later_step_s"] > 0
+    assert [r["step"] for r in read_metrics(out, "train")] == [2, 4]

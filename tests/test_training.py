@@ -9,15 +9,18 @@ import torch
 
 from model import GPT, GPTConfig
 from nonlinear_queries.batches import get_batch
-from nonlinear_queries.optimizers import configure_optimizers
+from nonlinear_queries.optimizers import Muon, configure_optimizers
 from nonlinear_queries.runtime import Runtime
 from nonlinear_queries.train_config import TrainConfig
 from nonlinear_queries.training import (
+    DivergenceGuard,
+    apply_updates,
     divergence_reason,
     dropout_seed,
     evaluate,
     get_lr,
     should_eval,
+    should_read_back,
     should_save,
     train_step,
 )
@@ -64,6 +67,75 @@ def test_divergence_rule():
     assert reasons[:5] == [None] * 5 and streak == 3
     assert reasons[5] == "the loss has been above divergence_threshold=12.0 for 3 steps (now 13.0000)"
     assert divergence_reason(1e6, 1.0, 50, 0.0, 3) == (None, 0)  # threshold 0: only non-finite values count
+
+
+@pytest.mark.parametrize("threshold, patience, check_grad_norm", [(12.0, 3, True), (12.0, 1, False), (0.0, 3, True)])
+def test_the_guard_on_the_device_follows_the_rule_on_the_host(threshold, patience, check_grad_norm):
+    # steps of (loss, gradient norm): the guard's first diverged step, reason and streak are the host rule's, and
+    # it skips that step's update and every later one
+    steps = [(13.0, 1.0), (11.0, 1.0), (13.0, 1.0), (12.5, float("inf")), (13.0, 1.0), (float("nan"), 2.0),
+             (3.0, 1.0), (13.0, float("nan"))]
+    guard = DivergenceGuard(1, threshold, patience, check_grad_norm, "cpu")
+    streak, first, skips = 1, None, []
+    for step, (loss, norm) in enumerate(steps, start=1):
+        skips.append(guard.check(step, torch.tensor(loss, dtype=torch.float64), torch.tensor(norm)).item())
+        reason, streak = divergence_reason(loss, norm, streak, threshold, patience, check_grad_norm)
+        if reason and not first:
+            first = (reason, step, loss, norm)
+    diverged, _ = guard.outcome(guard.values().tolist())
+    assert diverged[0] == first[0] and diverged[1:] == pytest.approx(first[1:], nan_ok=True)
+    assert skips == [0.0] * (first[1] - 1) + [1.0] * (len(steps) - first[1] + 1)
+    clean = DivergenceGuard(2, 12.0, 5, True, "cpu")
+    for loss in (13.0, 12.5):
+        clean.check(1, torch.tensor(loss, dtype=torch.float64), torch.tensor(1.0))
+    assert clean.outcome(clean.values().tolist()) == (None, 4)  # the streak a checkpoint keeps
+
+
+def optimizers_and_grads(muon_matrix):
+    """A fused AdamW (as train.py builds it on CUDA) and a Muon, with gradients, after one step each."""
+    torch.manual_seed(0)
+    vector, matrix = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(4, 6))
+    adamw = torch.optim.AdamW([vector], lr=0.1, weight_decay=0.1, fused=True)
+    muon = Muon([matrix], lr=0.1, weight_decay=0.1)
+    for p in (vector, matrix):
+        p.grad = torch.randn_like(p)
+    if muon_matrix == "stepped":
+        adamw.step()
+        muon.step()
+    return [adamw, muon], [vector, matrix]
+
+
+def snapshot(optimizers, params):
+    return [p.detach().clone() for p in params] + [t.clone() for o in optimizers for s in o.state.values()
+                                                   for t in s.values()]
+
+
+@pytest.mark.parametrize("history", ["fresh", "stepped"])
+def test_a_skipped_update_leaves_the_optimizers_as_they_were_on_the_device(history):
+    # fused AdamW and Muon take the skip as GradScaler's found_inf: skipped, nothing changes (Muon's first step
+    # leaves its momentum at the zeros it starts from); not skipped, the step is the optimizer's own, bit for bit
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    optimizers, params = optimizers_and_grads(history)
+    before = snapshot(optimizers, params)
+    for p in params:
+        p.grad = torch.full_like(p, float("nan"))
+    apply_updates(optimizers, scaler, torch.ones(()))
+    after = snapshot(optimizers, params)
+    assert all(p.grad is None for p in params)
+    assert len(after) >= len(before) and all(torch.equal(a, b) for a, b in zip(before, after))
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in after[len(before):])  # a momentum started as zeros
+    optimizers, params = optimizers_and_grads(history)
+    twins, twin_params = optimizers_and_grads(history)
+    apply_updates(optimizers, scaler, torch.zeros(()))
+    torch.optim.Muon.step(twins[1])  # torch's own step, without the found_inf path
+    twins[0].step()
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(optimizers, params), snapshot(twins, twin_params)))
+
+
+def test_when_to_read_the_device_back():
+    cfg = TrainConfig(log_interval=4, eval_interval=6, max_iters=14, save_checkpoint_steps=(9,))
+    assert [s for s in range(1, 15) if should_read_back(s, cfg, 0, False)] == [4, 6, 8, 9, 12, 14]
+    assert should_read_back(5, cfg, 0, False, tasks_due=True)  # lm-eval's tasks at step 5
 
 
 def test_when_to_evaluate_and_checkpoint():
