@@ -42,6 +42,7 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 import argparse
 import os
 import sys
+from dataclasses import asdict
 
 import numpy as np
 
@@ -220,7 +221,7 @@ def coord_check(args):
     except FileNotFoundError as e:
         die(str(e))
     try:
-        checks = [cc.coord_check({**vars(cfg), "parametrization": p}, widths, seeds, args.coord_steps, args.coord_lr,
+        checks = [cc.coord_check({**asdict(cfg), "parametrization": p}, widths, seeds, args.coord_steps, args.coord_lr,
                                  data) for p in ("sp", "mup")]
     except ValueError as e:
         die(f"--coord_check: {e}")

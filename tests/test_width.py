@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import os
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -182,7 +183,7 @@ def test_the_coordinate_check_holds_under_mup_and_fails_under_sp(chars):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the order of the sums, hence the numbers, as analyze.py's with OMP_NUM_THREADS=1
     try:
-        checks = [coord_check({**cfg.__dict__, "parametrization": p}, [64, 128, 256, 512], [0, 1, 2], 10, 1e-2, data)
+        checks = [coord_check({**asdict(cfg), "parametrization": p}, [64, 128, 256, 512], [0, 1, 2], 10, 1e-2, data)
                   for p in ("sp", "mup")]
     finally:
         torch.set_num_threads(threads)
