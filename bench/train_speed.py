@@ -43,6 +43,7 @@ compiled graph (common.fresh_compiler): a variant that would fall back to eager 
 import multiprocessing
 import os
 import statistics
+from dataclasses import fields
 
 import torch
 
@@ -77,11 +78,12 @@ SIZE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
 
 def recipe(name):
-    """(model options, training config) of a recipe: the GPTConfig settings its config file
-    gives, the size and the query left out (the bench sets them), and its TrainConfig, whose
-    optimizer settings build_optimizers reads."""
+    """(model options, training config) of a recipe: the GPTConfig settings in which its config
+    file differs from GPTConfig's defaults, the size and the query left out (the bench sets them),
+    and its TrainConfig, whose optimizer settings build_optimizers reads."""
     cfg, _ = parse_config(TrainConfig, [os.path.join(REPO, RECIPES[name])])
-    options = {k: v for k, v in cfg.model_settings().items() if k not in (*SIZE_KEYS, "query_mode")}
+    options = {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)
+               if getattr(cfg, f.name) != f.default and f.name not in (*SIZE_KEYS, "query_mode")}
     return options, cfg
 
 

@@ -93,11 +93,12 @@ def hold_out_dir(out_dir):
 
 def release_new_out_dir(out_dir):
     """After a run that failed before writing anything: remove what hold_out_dir created, the lock file and
-    out_dir itself if it was new and holds nothing else, so a failed start leaves no trace. Returns True if
-    out_dir is gone."""
-    f = _HELD.pop(out_dir, None)
-    if f is None:
+    out_dir itself if it was new, so a failed start leaves no trace. Does nothing where out_dir holds more than
+    its lock file (a run that wrote something keeps its lock file, as every run does). Returns True if out_dir
+    is gone."""
+    if out_dir not in _HELD or set(os.listdir(out_dir)) - {os.path.basename(lock_path(out_dir))}:
         return False
+    f = _HELD.pop(out_dir)
     created = _CREATED.pop(out_dir)
     if lock_path(out_dir) in created:
         os.remove(lock_path(out_dir))
