@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 
 import pytest
 
@@ -100,3 +101,20 @@ def test_gpt3_configs_and_their_parameter_counts(params_table, size):
         row = params_table[f"gpt3/{size}_{arm}"]
         assert row["non-emb"] == f"{non_embedding:,}"
         assert row["total"] == f"{non_embedding + 50304 * d + 1024 * d:,}"  # tied wte and the positions
+
+
+def test_the_quickstarts_val_loss_is_said_once():
+    # docs/training.md's table holds step 500's val loss per thread count and CPU; the README and the walk
+    # through the run give the reference machine's row, and every other doc that states the number one of its rows
+    def read(path):
+        return open(os.path.join(REPO, path)).read()
+
+    training = read("docs/training.md").split("## The quickstart in detail")[1].split("\n## ")[0]
+    table = training.split("| machine")[1].split("\n\n")[0].splitlines()[2:]
+    rows = [(cells[0].strip(), cells[-1].strip()) for cells in (line.split("|")[1:-1] for line in table)]
+    reference = dict(rows)["AMD EPYC, the reference machine (README)"]
+    assert len(rows) == 6 and reference == "5.7649"
+    assert f"reaches val loss {reference} at step 500" in " ".join(read("README.md").split())
+    assert f"**{reference}** (500)" in training
+    for path in ("docs/evaluation.md", "config/quickstart.py"):
+        assert set(re.findall(r"\b5\.\d{2,4}\b", read(path))) <= {loss for _, loss in rows}, path
