@@ -1,5 +1,5 @@
 # The embedded default: a small GPT with the paper's nonlinear query (res_gelu) trained
-# on Shakespeare (data/shakespeare/prepare.py) on the CPU: 3-4 minutes on 2 cores. Its
+# on Shakespeare (data/shakespeare/prepare.py) on the CPU: minutes on 2 cores (README). Its
 # val loss at step 500 by thread count and CPU: docs/training.md, "The quickstart in detail".
 # It refuses to replace a run already in out_dir: pass --overwrite=True to start it afresh.
 out_dir = "out-quickstart"
