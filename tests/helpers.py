@@ -49,7 +49,10 @@ def run_in_process(script, *args):
     for its checks of the command line, or a run too short to pay for a subprocess and a second import of torch.
     Returns (exit status, stdout, stderr), the message of sys.exit("...") counted as stderr with status 1, as
     Python reports it."""
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    import signal
+
+    # a root program run as __main__ may install its Ctrl-C handler (interrupt.py): pytest's is put back
+    out, err, argv, sigint = io.StringIO(), io.StringIO(), sys.argv, signal.getsignal(signal.SIGINT)
     sys.argv = [os.path.join(REPO, script), *map(str, args)]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -59,6 +62,7 @@ def run_in_process(script, *args):
         code = e.code
     finally:
         sys.argv = argv
+        signal.signal(signal.SIGINT, sigint)
     if isinstance(code, str):
         return 1, out.getvalue(), err.getvalue() + code + "\n"
     return code or 0, out.getvalue(), err.getvalue()
