@@ -19,4 +19,5 @@ which imports nothing from here. One concern per module:
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware
 - atomic: every file the repo writes appears whole or not at all
 - cli: a program piped into one that stops reading (`| head`) ends quietly
+- interrupt: Ctrl-C at any moment, torch's import included, ends a program with one line
 """
