@@ -4,7 +4,7 @@ Training speed of every query mode (and the MLP4.75 control), measured side by s
     python bench/train_speed.py                                      # CPU: 6 x 384, block 256
     python bench/train_speed.py --size=gpt2 --compile --device=cuda  # GPT-2 small, bf16
     python bench/train_speed.py --recipe=modern                      # RoPE, RMSNorm, ReLU^2, QK-norm, Muon
-    python bench/train_speed.py --size=gpt2 --compile --device=cuda --splits=12x4,24x2,48x1 --profile
+    python bench/train_speed.py --size=gpt2 --compile --device=cuda --splits=12x40,48x10 --plain --profile
 
 One full training step per variant and round, as train.py runs it between two log steps:
 training.train_step (forward and backward over each of gradient_accumulation_steps
@@ -15,6 +15,10 @@ update it may skip (training.apply_updates) with train.py's own optimizer setup
 size preset's (the paper's 40 at --size=gpt2, 2 on the CPU) unless --gradient_accumulation_steps
 sets it; --splits=12x4,24x2,48x1 times each variant at each micro-batch x accumulation split of
 one global batch (the same sequences, as train.py's index gives them for any split), a row each.
+--plain adds a row "linear plain" that takes linear's step (same model, same compiled graph) as
+a minimal loop does (nanoGPT's: backward of each loss / accumulation, clip_grad_norm_, the
+optimizers' steps; no divergence guard, no float64 norm), the reference train.py's path is held
+to (within 1%, issue 44).
 --compile_mode is torch.compile's mode (TrainConfig's compile_mode); every variant compiles in
 it, with static shapes. --profile prints, under the table, each row's top kernels over one
 step (torch.profiler: self device time per kernel on a GPU, self CPU time per operator on the
@@ -142,6 +146,30 @@ def make_step(model, compiled, optimizers, micro_batches, dtype, autocast):
     return step
 
 
+def make_plain_step(model, compiled, optimizers, micro_batches, dtype, autocast):
+    """The step of make_step as a minimal training loop takes it (nanoGPT's train.py): forward and backward of
+    each micro-batch's loss / accumulation, torch.nn.utils.clip_grad_norm_ to 1.0, every optimizer's step
+    through a GradScaler (enabled for float16 only), the gradients cleared; no dropout seeds, no divergence
+    guard, no float64 norm, nothing read back. The reference that train.py's path is measured against."""
+    params = list(model.parameters())
+    scaler = torch.amp.GradScaler(params[0].device.type, enabled=dtype == "float16")
+
+    def step():
+        for x, y in micro_batches:
+            with autocast:
+                _, loss = compiled(x, y)
+            scaler.scale(loss / len(micro_batches)).backward()
+        for optimizer in optimizers:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for optimizer in optimizers:
+            scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        scaler.update()
+
+    return step
+
+
 def micro_batches(split, config, device):
     """The micro-batches (x, y) of split (batch_size, accumulation): accumulation of them, int64 (batch_size,
     block_size) each, of random tokens. The global batch is the same sequences for every variant and every
@@ -170,9 +198,14 @@ def splits(args, p):
     return out
 
 
-def top_kernels(step, device, top=12):
+def top_kernels(step, device, top=20):
     """[(name, calls, self ms, share of the step's self time)] of the `top` kernels of one step(), by self device
-    time on a GPU (the CUDA kernels), by self CPU time on the CPU (the operators); torch.profiler."""
+    time on a GPU (the CUDA kernels), by self CPU time on the CPU (the operators); torch.profiler.
+
+    On a GPU only the device's own events count: a CPU operator's self device time is that of the kernels it
+    launched (aten::mm's cuBLAS kernels, a Triton kernel's launch), which are rows of their own, so counting
+    both would give those kernels twice (torch.autograd.profiler_util.FunctionEvent.self_device_time_total)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
@@ -180,19 +213,21 @@ def top_kernels(step, device, top=12):
         step()
         sync(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0 and (not cuda or e.device_type == DeviceType.CUDA)]
     total = sum(getattr(e, key) for e in events)
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     return [(e.key, e.count, getattr(e, key) / 1000, getattr(e, key) / total) for e in events[:top]]
 
 
-def cpu_peak_mib(args, overrides, split):
-    """Peak RSS growth (MiB) of building one variant and running two steps of `split`, in this (fresh) process."""
+def cpu_peak_mib(args, overrides, split, plain=False):
+    """Peak RSS growth (MiB) of building one variant and running two steps of `split` (make_plain_step's if
+    `plain`), in this (fresh) process."""
     torch.set_num_threads(1)  # memory, not speed, is measured here
     before = proc_status_kib("VmRSS")
     model, compiled, optimizers = build(args, overrides, "cpu")
     _, dtype, autocast = resolve_device(args)
-    step = make_step(model, compiled, optimizers, micro_batches(split, model.config, "cpu"), dtype, autocast)
+    step = (make_plain_step if plain else make_step)(model, compiled, optimizers,
+                                                      micro_batches(split, model.config, "cpu"), dtype, autocast)
     step()
     step()
     # VmHWM, not ru_maxrss: a spawned process inherits its parent's ru_maxrss across exec
@@ -218,6 +253,8 @@ def main():
     p.add_argument("--splits", default="", help="micro-batch x accumulation splits of one global batch, a row "
                    "each, e.g. 12x4,24x2,48x1; default: --batch_size x --gradient_accumulation_steps")
     p.add_argument("--profile", action="store_true", help="print each row's top kernels over one step")
+    p.add_argument("--plain", action="store_true", help="add 'linear plain': linear's model and compiled graph "
+                   "stepped by a minimal loop, the reference for train.py's path")
     args = p.parse_args()
     if not args.modes.startswith("linear"):
         p.error("--modes must start with linear: every ratio is taken against it")
@@ -229,12 +266,20 @@ def main():
     peak = args.peak_flops or peak_flops(device)
 
     specs, split_list = variants(args), splits(args, p)
-    rows = {(f"{name} {b}x{a}" if args.splits else name): (name, (b, a)) for name in specs for b, a in split_list}
-    fresh_compiler(len(rows))
-    models, steps, persistent, first = {}, {}, {}, {}
+    at = lambda name, b, a: f"{name} {b}x{a}" if args.splits else name  # noqa: E731
+    rows = {at(name, b, a): (name, (b, a)) for name in specs for b, a in split_list}
+    if args.plain:  # after linear's rows, whose models they share
+        rows = {**rows, **{at("linear plain", b, a): ("linear plain", (b, a)) for b, a in split_list}}
+    fresh_compiler(len(specs) * len(split_list))
+    models, steps, persistent, first, built = {}, {}, {}, {}, {}
     for row, (name, split) in rows.items():
-        model, compiled, optimizers = build(args, specs[name], device)
-        step = make_step(model, compiled, optimizers, micro_batches(split, model.config, device), dtype, autocast)
+        if name == "linear plain":
+            model, compiled, optimizers = built[at("linear", *split)]
+            step = make_plain_step(model, compiled, optimizers, micro_batches(split, model.config, device), dtype,
+                                   autocast)
+        else:
+            model, compiled, optimizers = built[row] = build(args, specs[name], device)
+            step = make_step(model, compiled, optimizers, micro_batches(split, model.config, device), dtype, autocast)
         for _ in range(args.warmup):
             first.setdefault(row, timed(step, device))
         models[row], steps[row] = model, step
@@ -253,7 +298,8 @@ def main():
             peak_mib[row] = (torch.cuda.max_memory_allocated(device) - base + persistent[row]) / 2**20
         else:
             with multiprocessing.get_context("spawn").Pool(1) as pool:
-                peak_mib[row] = pool.apply(cpu_peak_mib, (args, specs[name], split))
+                peak_mib[row] = pool.apply(cpu_peak_mib, (args, specs.get(name, specs["linear"]), split,
+                                                            name == "linear plain"))
 
     cfg = next(iter(models.values())).config
     batch_size, accumulation = split_list[0]
