@@ -7,14 +7,11 @@ import statistics
 import sys
 import time
 
+import torch
+
+from nonlinear_queries.runtime import DTYPES, SetupError, setup
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# `python bench/NAME.py` from a checkout that was never pip-installed (a GPU box without network) finds the repo
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-import torch  # noqa: E402
-
-from nonlinear_queries.runtime import DTYPES, SetupError, setup  # noqa: E402
 
 
 def parser(description, model=True):

@@ -20,8 +20,10 @@ numbers against the targets.
    and those of their requirements the machine lacks; `pip wheel --no-deps` for rouge_score,
    sqlitedict and word2number, which PyPI has as sources only) and install them with
    `pip install --no-index --no-deps --target DIR *.whl; export PYTHONPATH=DIR` (bench/RESULTS.md
-   names what travelled):
+   names what travelled). Install the checkout itself, as everywhere (the bench scripts import
+   `model` and `nonlinear_queries` as installed packages); offline, without build isolation:
 
+       pip install --no-deps --no-build-isolation -e .   # or, where setuptools is missing: export PYTHONPATH=$PWD
        python bench/gpu.py --out=out-gpu/gpu_check.log
 
    About 18 minutes on an H100 (2026-11-25, torch 2.11): the tests about 12, train_speed

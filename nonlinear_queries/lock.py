@@ -58,35 +58,23 @@ def hold_out_dir(out_dir):
         return
     created = [p for p in (lock_path(out_dir), out_dir) if not os.path.exists(p)]
     os.makedirs(out_dir, exist_ok=True)
-    f = open(lock_path(out_dir), "a+")
-    for _ in range(20):  # out_dir_holder's probe holds it for microseconds: try for half a second
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError as e:
-            if e.errno in UNSUPPORTED:
-                f.close()
-                _remove_created(created)
-                raise NoFileLocks(
-                    f"cannot lock {lock_path(out_dir)}: its file system has no file locks (flock: {e.strerror}), "
-                    f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
-                    f"(Lustre: -o flock), choose an --out_dir on another file system, or pass --lock_out_dir=False "
-                    f"and see to it yourself that one run at a time uses each out_dir") from None
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            time.sleep(0.025)
-    else:
-        f.seek(0)
-        holder = f.read().strip() or "another process (it has not written its name yet)"
-        f.close()
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    try:  # out_dir_holder's probe holds the lock for microseconds: try for half a second
+        f, holder = try_lock(lock_path(out_dir), f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
+                             tries=20)
+    except OSError as e:
+        if e.errno not in UNSUPPORTED:
+            raise
+        _remove_created(created)
+        raise NoFileLocks(
+            f"cannot lock {lock_path(out_dir)}: its file system has no file locks (flock: {e.strerror}), "
+            f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
+            f"(Lustre: -o flock), choose an --out_dir on another file system, or pass --lock_out_dir=False "
+            f"and see to it yourself that one run at a time uses each out_dir") from None
+    if f is None:
         raise OutDirBusy(f"{out_dir} is in use by a running training run: {holder}. Two runs in one out_dir would "
                          f"mix their metrics and overwrite each other's checkpoints; wait for it to end (or stop it), "
-                         f"or choose another --out_dir") from None
-    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    f.seek(0)
-    f.truncate()
-    f.write(f"host {socket.gethostname()}, PID {os.getpid()}, started {started}\n")
-    f.flush()
+                         f"or choose another --out_dir")
     _HELD[out_dir] = f
     _CREATED[out_dir] = created
 
@@ -142,14 +130,15 @@ def lock_holder(path):
     return None
 
 
-def try_lock(path, holder):
+def try_lock(path, holder, tries=4):
     """Take the exclusive lock of the file `path` (created, with its directory, if missing) without waiting
-    longer than a probe (lock_holder) holds it, and write `holder` into it. Returns (the open file, None): the
-    lock is held until the file is closed or this process ends; or (None, what the process holding it wrote).
+    longer than a probe (lock_holder) holds it (`tries` attempts 25 ms apart), and write `holder` into it.
+    Returns (the open file, None): the lock is held until the file is closed or this process ends; or (None,
+    what the process holding it wrote).
     Raises OSError where the file system has no flock(2)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     f = open(path, "a+")
-    for _ in range(4):
+    for _ in range(tries):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break

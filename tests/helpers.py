@@ -104,7 +104,7 @@ def patched_train(path, prelude):
     train.py as its __main__ with the script's arguments: a run a test changes from outside, in one process or
     in each of torchrun's. Returns the script's path."""
     with open(path, "w") as f:
-        f.write(f"import runpy, sys\nsys.path.insert(0, {REPO!r})\n{prelude}\n"
+        f.write(f"import runpy, sys\n{prelude}\n"
                 f"sys.argv[0] = {os.path.join(REPO, 'train.py')!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
     return str(path)
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import randomize, reference_attention
-from model import GPT, QUERY_MODULES, GPTConfig
+from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
 from nonlinear_queries.optimizers import configure_optimizers
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
@@ -424,3 +424,28 @@ def test_mlp_activation_gelu_tanh_is_gpt2_gelu_new():
     torch.testing.assert_close(mlp(x), mlp.c_proj(gelu_new), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="unknown mlp_activation 'geglu'; valid: gelu, gelu_tanh, relu2, swiglu"):
         GPTConfig(mlp_activation="geglu")
+
+
+def test_a_query_module_with_forward_alone_trains_with_fused_qkv_on(monkeypatch):
+    # the fused projection's hooks are optional: a new module writes forward (and scale_mult) and nothing else
+    class TanhQuery(QueryModule):
+        scale_mult = 0.5
+
+        def __init__(self, config):
+            super().__init__()
+            self.w = torch.nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+        def forward(self, x):
+            return x + torch.tanh(self.w(x))
+
+    monkeypatch.setitem(QUERY_MODULES, "tanh", TanhQuery)
+    logits = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64, query_mode="tanh",
+                              fused_qkv=fused))
+        x = torch.randint(0, 64, (2, 8))
+        logits[fused], loss = model(x, x)
+        loss.backward()
+        assert model.transformer.h[0].attn.query.w.weight.grad.abs().sum() > 0
+    assert torch.equal(logits[True], logits[False])
