@@ -5,7 +5,7 @@ or for one model.
     python analyze.py out-mini/baseline out-mini/res_gelu                     # a table at the last common step
     python analyze.py out-diag/* --step=600 --format=markdown --plot=diag.png
     python analyze.py --checkpoint=out-mini/res_gelu/learning_rate=3e-3,seed=1   # one model, per layer
-    python analyze.py --checkpoint=gpt2 --data_dir=data/openwebtext           # any source from_pretrained loads
+    python analyze.py --checkpoint=gpt2 --data_dir=data/openwebtext           # any source load_pretrained loads
     python analyze.py --coord_check=config/mini/res_gelu.py --plot=coord.png   # μP's coordinate check
 
 Runs: the `diag` records that train.py writes at every evaluation, read, grouped and pooled as compare.py

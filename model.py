@@ -326,9 +326,9 @@ class AnchoredResGELUQuery(ResGELUQuery):
     """The paper's suggestion for pretrained models (§5): Q = (x W_Q + f(x)) / 2, res_gelu's f
     anchored to a pretrained linear query's W_Q instead of to x. d^2 + 2 C r + 2 C parameters.
 
-    Meant for fine-tuning: GPT.from_pretrained(source, query_mode='anchored_res_gelu') keeps a
-    linear model's W_Q and adds f, and at step 0 computes exactly that model's logits, which
-    the formula as written would not, hence two departures:
+    Meant for fine-tuning: nonlinear_queries.pretrained.load_pretrained(source,
+    query_mode='anchored_res_gelu') keeps a linear model's W_Q and adds f, and at step 0 computes
+    exactly that model's logits, which the formula as written would not, hence two departures:
     - f's closing LayerNorm weight starts at 0 (its bias too), so f(x) = 0 until training
       moves it, as LoRA starts its B at zero; with weight 1 (res_gelu's init) f would add a
       unit-scale term to every pretrained query.

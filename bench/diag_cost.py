@@ -14,7 +14,7 @@ on random tokens, after one untimed call of each. Columns:
 - diag s: median over rounds of the diagnostics' time (the weight norms' SVDs included)
 - diag / eval batch: median over rounds of the ratio within the round
 - diag / evaluation: the same ratio over a whole evaluation, 2 x eval_iters batches of the config; the target
-  is below 5% on the CPU (README "Diagnostics")
+  is below 5% on the CPU (docs/diagnostics.md)
 """
 
 import statistics

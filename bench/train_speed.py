@@ -24,7 +24,7 @@ it, with static shapes. --profile prints, under the table, each row's top kernel
 step (torch.profiler: self device time per kernel on a GPU, self CPU time per operator on the
 CPU). --recipe picks the model options and the
 optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
-config/modern/baseline.py (README "The modern recipe": Muon for the blocks' matrices); the
+config/modern/baseline.py (docs/modern.md: Muon for the blocks' matrices); the
 size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
 machine's drift falls on all of them alike. With --compile every variant keeps its own
 compiled graph (common.fresh_compiler): a variant that would fall back to eager fails the bench. Columns:

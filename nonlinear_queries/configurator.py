@@ -1,5 +1,6 @@
 """
-Config loading shared by train.py and sample.py (nanoGPT's convention, validated).
+Config loading for every program at the root that takes a config (train, sample, eval, export,
+analyze, sweep, study) and the bench scripts: nanoGPT's convention, validated.
 
     python train.py config/res_gelu.py --batch_size=8 --compile=False
 

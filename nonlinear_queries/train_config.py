@@ -39,7 +39,7 @@ class TrainConfig(GPTConfig):
     # split and keep its evaluations (docs/speed.md)
     eval_batch_size: int = 0
     eval_only: bool = False
-    # per-layer attention and query diagnostics at every evaluation (diagnostics.py, README "Diagnostics") on
+    # per-layer attention and query diagnostics at every evaluation (diagnostics.py, docs/diagnostics.md) on
     # the first diagnostics_batches of the eval_iters fixed val batches: a `diag` record in metrics.jsonl
     diagnostics: bool = True
     diagnostics_batches: int = 1
@@ -54,7 +54,7 @@ class TrainConfig(GPTConfig):
     eval_tasks: str = ""  # comma-separated lm-eval task names; '' = none (and lm-eval is not imported)
     eval_tasks_interval: int = 0  # steps between task runs (also after the last update); 0 = eval_interval
     eval_tasks_limit: int = 0  # examples per task, the first ones; 0 = all
-    eval_tasks_include_path: str = ""  # a directory of task YAMLs, e.g. over local data (README: Evaluation)
+    eval_tasks_include_path: str = ""  # a directory of task YAMLs, e.g. over local data (docs/evaluation.md)
     # wandb
     wandb_log: bool = False
     wandb_project: str = "nonlinear-queries"

@@ -1,4 +1,4 @@
-"""The modern recipe (README "The modern recipe"): RoPE, grouped-query attention, RMSNorm,
+"""The modern recipe (docs/modern.md): RoPE, grouped-query attention, RMSNorm,
 ReLU^2 and SwiGLU MLPs and Muon, each held against a direct transcription or the plain
 computation, with every query mode, and through train.py (resume, torchrun, a real run)."""
 

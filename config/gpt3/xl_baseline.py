@@ -2,7 +2,7 @@
 # batch 1M tokens) as this repo's baseline, the linear query, at context 1024 as the paper's runs
 # have; everything else as the paper's GPT-2 small (../baseline.py): 60,000 steps, 2000 warmup steps,
 # cosine decay to lr / 10, AdamW (0.9, 0.95) with weight decay 0.1, evaluation every 1000 steps.
-# What it needs per GPU, and how it fits on one of 80 GB: python bench/memory.py (README "Larger models").
+# What it needs per GPU, and how it fits on one of 80 GB: python bench/memory.py (docs/scale.md, "Larger models").
 base = "../baseline.py"
 
 out_dir = "out-gpt3-xl-baseline"

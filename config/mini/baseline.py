@@ -1,4 +1,4 @@
-# The CPU-sized reproduction of Table 1 (README "Fair comparisons"), arm 1 of 3: the
+# The CPU-sized reproduction of Table 1 (docs/training.md, "What makes the comparison fair"), arm 1 of 3: the
 # linear query. A 4-layer, 128-wide GPT on character-level Shakespeare
 # (data/shakespeare_char/prepare.py): 1000 steps of 8 x 256 characters, 2M characters
 # in all, 2-3 minutes on one CPU core. The three arms differ only in the model; each

@@ -1,4 +1,4 @@
-# The modern recipe (README "The modern recipe"), arm 1 of 2: GPT-2 small with the linear
+# The modern recipe (docs/modern.md), arm 1 of 2: GPT-2 small with the linear
 # query, trained the way current models are: rotary positions (RoPE), RMSNorm, ReLU^2 MLP,
 # QK-norm, an untied LM head and Muon for the blocks' matrices (modded-nanogpt's speedrun
 # recipe). Data, batch, steps and evaluation as the paper's baseline (../baseline.py).

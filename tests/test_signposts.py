@@ -1,0 +1,118 @@
+"""The signposts are true: what the docs, comments and docstrings point a reader to exists (a README
+section, a file, a function of the package or of the model), and every module of the package is on
+both maps of it (nonlinear_queries/__init__.py and the README's layout)."""
+
+import ast
+import importlib
+import io
+import os
+import re
+import subprocess
+import tokenize
+
+import scipy.stats
+
+from helpers import REPO
+
+MODEL_NAMES = ("GPT", "GPTConfig")
+PACKAGE = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "nonlinear_queries"))
+                 if f.endswith(".py") and f != "__init__.py")
+
+
+def tracked(*patterns):
+    """The repo's tracked files matching the git pathspecs."""
+    return subprocess.run(["git", "ls-files", *patterns], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def prose(path):
+    """What a reader reads in `path`: a markdown file whole; of a Python file, its comments and docstrings."""
+    with open(os.path.join(REPO, path)) as f:
+        source = f.read()
+    if path.endswith(".md"):
+        return source
+    parts = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            parts.append(ast.get_docstring(node) or "")
+    return "\n".join(parts)
+
+
+def sections(readme):
+    """The headings of the markdown file `readme` (a path from the repo root)."""
+    with open(os.path.join(REPO, readme)) as f:
+        return {m[1].strip() for m in re.finditer(r"^#+ (.+)$", f.read(), re.MULTILINE)}
+
+
+def model_instance_attributes():
+    """Attributes that GPT's methods set on self (GPT.mup_roles and the like), which the class itself lacks."""
+    with open(os.path.join(REPO, "model.py")) as f:
+        return set(re.findall(r"\bself\.(\w+) =", f.read()))
+
+
+def exists(reference, instance_attributes):
+    """Whether `module.name` (a module of the package) or `GPT.name` / `GPTConfig.name` names something real.
+    `stats.name` may also be scipy.stats's, which the results READMEs cite by that name."""
+    owner, name = reference.removeprefix("nonlinear_queries.").split(".")[:2]
+    if owner in MODEL_NAMES:
+        cls = getattr(importlib.import_module("model"), owner)
+        return hasattr(cls, name) or name in getattr(cls, "__dataclass_fields__", {}) or name in instance_attributes
+    module = importlib.import_module(f"nonlinear_queries.{owner}")
+    return hasattr(module, name) or (owner == "stats" and hasattr(scipy.stats, name))
+
+
+def test_every_readme_section_a_file_cites_exists():
+    # README "X", README's "X", or results/NAME/README.md, "X": a section of that README
+    cited = r'((?:[\w-]+/)*README(?:\.md)?)(?:\'s)?,? "([^"]+)"'
+    missing = []
+    for path in tracked("*.py", "*.md", "*.toml"):
+        if path.endswith(".toml"):
+            with open(os.path.join(REPO, path)) as f:
+                text = f.read()
+        else:
+            text = prose(path)
+        for readme, section in re.findall(cited, text):
+            readme = readme if readme.endswith(".md") else f"{readme}.md"
+            if not os.path.exists(os.path.join(REPO, readme)) or section not in sections(readme):
+                missing.append((path, readme, section))
+    assert not missing, f"README sections that do not exist: {missing}"
+
+
+def test_every_function_a_doc_or_comment_names_exists():
+    names = r"(?<![\w.])((?:nonlinear_queries\.)?(?:" + "|".join((*MODEL_NAMES, *PACKAGE)) + r")\.[A-Za-z_]\w*)"
+    instance_attributes, missing = model_instance_attributes(), []
+    for path in tracked("*.py", "*.md"):
+        for m in re.finditer(names, prose(path)):
+            suffix = m[1].rsplit(".", 1)[1]
+            if suffix in ("py", "md", "html") or exists(m[1], instance_attributes):
+                continue
+            missing.append((path, m[1]))
+    assert not missing, f"functions and attributes that do not exist: {missing}"
+
+
+def test_every_file_a_markdown_link_points_to_exists():
+    missing = []
+    for path in tracked("*.md"):
+        with open(os.path.join(REPO, path)) as f:
+            for target in re.findall(r"\]\(([^)\s]+)\)", f.read()):
+                target = target.split("#")[0]
+                if target and not target.startswith(("http://", "https://")) and not os.path.exists(
+                        os.path.join(REPO, os.path.dirname(path), target)):
+                    missing.append((path, target))
+    assert not missing, f"links to files that do not exist: {missing}"
+
+
+def test_every_module_of_the_package_is_on_both_maps():
+    with open(os.path.join(REPO, "nonlinear_queries", "__init__.py")) as f:
+        docstring = ast.get_docstring(ast.parse(f.read()))
+    # the __init__ docstring's "- a, b: what" lines; the README layout's indented "  a, b    what" lines
+    listed_init = {n.strip() for line in re.findall(r"^- ([\w, ]+):", docstring, re.MULTILINE)
+                   for n in line.split(",")}
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    layout = readme[readme.index("## Layout"):]
+    listed_readme = {n.strip() for line in re.findall(r"^  (\w+(?:, \w+)*)  ", layout, re.MULTILINE)
+                     for n in line.split(",")}
+    assert set(PACKAGE) - listed_init == set(), "modules missing from nonlinear_queries/__init__.py's list"
+    assert set(PACKAGE) - listed_readme == set(), "modules missing from the README's layout"
+    assert listed_init - set(PACKAGE) == set() and listed_readme - set(PACKAGE) == set(), "modules that do not exist"
