@@ -450,8 +450,9 @@ def long_horizon_prose():
 
 
 def readme_prose():
-    """[(what, the words that say it)]: README.md's numbers of results/long_horizon, from the committed table of
-    its 7 arms (which test_committed_table_equals_what_its_command_prints holds to the runs)."""
+    """[(what, the words that say it)]: README.md's headline numbers: results/long_horizon's, from the committed
+    table of its 7 arms (which test_committed_table_equals_what_its_command_prints holds to the runs), and the
+    width ladder's gaps and slope."""
     table = next(committed for readme, _, _, _, argv, committed, _ in TABLES
                  if readme == "results/long_horizon/README.md"
                  and sum(a.startswith("results/long_horizon/") for a in argv) == 7)
@@ -464,15 +465,8 @@ def readme_prose():
     s = slope["res_gelu"]
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
             ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]}, {gaps[2]} and {gaps[3]})"),
-            ("their minimum detectable effects", "the paired test's minimum detectable effects " + ", ".join(
-                f"{rung['res_gelu', w].mde:.2f}%" for w in (64, 128, 256)) + f" and {rung['res_gelu', 384].mde:.2f}%"),
-            ("no_half's sign", "without the ½ is below it at every width" if all(
-                rung["res_gelu_no_half", w].gap > 0 for w in (64, 128, 256, 384)) else "(no_half's sign varies)"),
             ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
-             f"{with_sign(s.ci[1])})"),
-            ("its power", f"minimum detectable slope is {s.mde:.2f} points per doubling, {s.mde * s.span:.2f} points "
-             f"over 64 → 384: a change larger than the gap at any width" if s.mde * s.span > max(
-                 abs(rung["res_gelu", w].gap) for w in (64, 128, 256, 384)) else "(the slope's MDE)")]
+             f"{with_sign(s.ci[1])})")]
 
 
 def width_transfer_prose():

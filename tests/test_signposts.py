@@ -20,9 +20,10 @@ PACKAGE = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "nonlinear_querie
 
 
 def tracked(*patterns):
-    """The repo's tracked files matching the git pathspecs."""
-    return subprocess.run(["git", "ls-files", *patterns], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.split()
+    """The repo's tracked files matching the git pathspecs, this file left out (its examples name nothing)."""
+    return [path for path in subprocess.run(["git", "ls-files", *patterns], cwd=REPO, capture_output=True,
+                                            text=True, check=True).stdout.split()
+            if path != "tests/test_signposts.py"]
 
 
 def prose(path):
