@@ -179,6 +179,7 @@ def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, to
                         torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
                         numerics=numerics(rt.device),
                         tokens_per_iter=tokens_per_iter, non_embedding_params=model.get_num_params(),
+                        params=model.get_num_params(non_embedding=False), flops_per_token=model.flops_per_token(),
                         config=asdict(cfg), data=data_fingerprint)
     out.log(header)
     if rt.master:

@@ -184,6 +184,10 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
     assert header["type"] == "config" and header["git_commit"] == head and len(head) == 40
     assert "--query_mode=identity" in header["argv"] and header["non_embedding_params"] > 0
     assert header["config"]["query_mode"] == "identity" and header["config"]["n_embd"] == 32
+    # the model's size and cost, for compare.py and study.py to read instead of rebuilding the model
+    model = GPT(GPTConfig(**{k: header["config"][k] for k in GPTConfig.__dataclass_fields__}))
+    assert (header["params"], header["flops_per_token"]) == (model.get_num_params(False), model.flops_per_token())
+    assert header["non_embedding_params"] == model.get_num_params() < header["params"]
     # what decides a CPU run's bits beside its config: the run's own thread count, instruction set and BLAS
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
     assert header["numerics"] == {"torch_threads": threads, "interop_threads": header["numerics"]["interop_threads"],
