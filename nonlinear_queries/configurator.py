@@ -157,12 +157,16 @@ def _read(path, chain=()):
             raise ConfigError(f"{where}: {key} = {whole}" + (f": {code}" if code != whole else "")
                               + f" {problem}; write the value itself") from None
         if key == "base":
-            if found or not isinstance(value, str):
-                raise ConfigError(f"{where}: `base = \"FILE\"` must be the first assignment, naming a config file")
-            base = os.path.join(os.path.dirname(path), value)
-            if not os.path.isfile(base):
-                raise ConfigError(f"{where}: base config {value!r} not found (looked for {base})")
-            found = _read(base, (*chain, os.path.abspath(path)))
+            bases = [value] if isinstance(value, str) else value
+            if found or not isinstance(bases, (list, tuple)) or not bases or not all(
+                    isinstance(b, str) for b in bases):
+                raise ConfigError(f"{where}: `base = \"FILE\"` must be the first assignment, naming a config file "
+                                  f"(or a list of them)")
+            for name in bases:  # in order: a later base's setting replaces an earlier one's
+                base = os.path.join(os.path.dirname(path), name)
+                if not os.path.isfile(base):
+                    raise ConfigError(f"{where}: base config {name!r} not found (looked for {base})")
+                found.update(_read(base, (*chain, os.path.abspath(path))))
             names = {k: v for k, (v, _) in found.items()}
             continue
         names[key] = value
@@ -178,7 +182,7 @@ def read_config_file(path):
     on literals, or a key assigned above (`min_lr = learning_rate / 10`); names that start
     with _ are local helpers, not settings. A first line `base = "other.py"` (relative to
     the file) takes every setting of that file first, so a config says only how it
-    differs. Nothing in the file is executed. Raises ConfigError naming the file and line
+    differs; `base = ["a.py", "b.py"]` takes a's settings, then b's over them. Nothing in the file is executed. Raises ConfigError naming the file and line
     for anything else, a missing file or base, or a cycle of bases.
     """
     return {key: value for key, (value, _) in _read(path).items()}

@@ -50,9 +50,9 @@ def test_a_mup_twin_is_its_table1_config_under_mup_at_the_base_widths_rate(name)
 def test_every_config_is_listed():
     names = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "*.py"))}
     assert names == set(TABLE1) | set(MUP) | {"quickstart"}
-    # the modern recipe (tests/test_modern.py holds its settings)
+    # the modern recipe (tests/test_modern.py holds its settings), its model and optimizers in recipe.py
     assert {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "modern", "*.py"))} == {
-        "baseline", "res_gelu"}
+        "baseline", "res_gelu", "recipe"}
     assert {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "config", "gpt3", "*.py"))} == {
         f"{size}_{arm}" for size in GPT3 for arm in ("baseline", "res_gelu")}
 

@@ -63,6 +63,22 @@ def test_bad_config_files_name_the_file_and_line(tmp_path, files, message):
     assert message in str(e.value), str(e.value)
 
 
+def test_a_list_of_bases_applies_them_in_order(tmp_path):
+    write(tmp_path / "size.py", "n_layer = 2\nn_embd = 64\nlearning_rate = 1e-3\n")
+    write(tmp_path / "recipe.py", "norm = 'rmsnorm'\nlearning_rate = 3e-3\n")
+    child = write(tmp_path / "child.py", 'base = ["size.py", "recipe.py"]\nmin_lr = learning_rate / 10\n')
+    assert read_config_file(child) == {"n_layer": 2, "n_embd": 64, "learning_rate": 3e-3, "norm": "rmsnorm",
+                                       "min_lr": 3e-3 / 10}
+    # the modern recipe is written once: GPT-2 small's and the CPU size's modern baselines both take it as a base
+    modern, mini = (read_config_file(os.path.join(REPO, "config", *p)) for p in (("modern", "baseline.py"),
+                                                                                 ("mini", "modern_baseline.py")))
+    recipe = read_config_file(os.path.join(REPO, "config", "modern", "recipe.py"))
+    assert all(modern[k] == mini[k] == v for k, v in recipe.items()) and modern["n_layer"] == 12 > mini["n_layer"]
+    bad = write(tmp_path / "bad.py", 'base = ["size.py", 3]\n')
+    with pytest.raises(ConfigError, match=r"bad.py, line 1: `base = \"FILE\"` must be the first assignment, naming a config file \(or a list"):
+        read_config_file(bad)
+
+
 def test_a_bad_key_in_a_base_names_the_base(tmp_path):
     write(tmp_path / "base.py", "n_layer = 2\nlearnig_rate = 1e-3\n")
     child = write(tmp_path / "child.py", 'base = "base.py"\nn_layer = 3\n')
