@@ -182,8 +182,9 @@ def read_config_file(path):
     on literals, or a key assigned above (`min_lr = learning_rate / 10`); names that start
     with _ are local helpers, not settings. A first line `base = "other.py"` (relative to
     the file) takes every setting of that file first, so a config says only how it
-    differs; `base = ["a.py", "b.py"]` takes a's settings, then b's over them. Nothing in the file is executed. Raises ConfigError naming the file and line
-    for anything else, a missing file or base, or a cycle of bases.
+    differs; `base = ["a.py", "b.py"]` takes a's settings, then b's over them. Nothing in the
+    file is executed. Raises ConfigError naming the file and line for anything else, a missing
+    file or base, or a cycle of bases.
     """
     return {key: value for key, (value, _) in _read(path).items()}
 

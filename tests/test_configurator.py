@@ -75,7 +75,8 @@ def test_a_list_of_bases_applies_them_in_order(tmp_path):
     recipe = read_config_file(os.path.join(REPO, "config", "modern", "recipe.py"))
     assert all(modern[k] == mini[k] == v for k, v in recipe.items()) and modern["n_layer"] == 12 > mini["n_layer"]
     bad = write(tmp_path / "bad.py", 'base = ["size.py", 3]\n')
-    with pytest.raises(ConfigError, match=r"bad.py, line 1: `base = \"FILE\"` must be the first assignment, naming a config file \(or a list"):
+    with pytest.raises(ConfigError, match=r"bad.py, line 1: `base = \"FILE\"` must be the first assignment, naming "
+                                          r"a config file \(or a list"):
         read_config_file(bad)
 
 
