@@ -48,7 +48,7 @@ import numpy as np
 
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
-from nonlinear_queries.runs import RunsError, layer_mean, make_groups, pooled, read_runs
+from nonlinear_queries.runs import RunsError, layer_mean, make_arms, pooled, read_runs
 from nonlinear_queries.stats import Row, print_table, step_list
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -84,16 +84,16 @@ def stats(values):
     return row.mean, row.std, row.n
 
 
-def table(groups, names, step):
-    """{group label: {row: (mean, std, n)}} at `step`: the val loss and each diagnostic's layer mean over the
-    group's pooled runs that have that step."""
+def table(arms, names, step):
+    """{arm label: {row: (mean, std, n)}} at `step`: the val loss and each diagnostic's layer mean over the
+    arm's pooled runs that have that step."""
     out = {}
-    for group in groups:
-        runs = pooled(group)
+    for arm in arms:
+        runs = pooled(arm)
         cells = {"val_loss": stats([r.evals[step][1] for r in runs if step in r.evals])}
         for name in names:
             cells[name] = stats([layer_mean(r.diags[step].get(name, [])) for r in runs if step in r.diags])
-        out[group.label] = cells
+        out[arm.label] = cells
     return out
 
 
@@ -104,23 +104,23 @@ def cell(mean, std, n):
     return f"{mean:.4g}" + (f" ± {std:.3g}" if std is not None else "")
 
 
-def print_runs_table(groups, names, step, values, fmt, group_over):
+def print_runs_table(arms, names, step, values, fmt, group_over):
     """The table of the runs at `step` (module docstring)."""
     if fmt == "csv":
         print_table(["run", "step", "diagnostic", "mean", "std", "n"],
-                    [[g.label, step, name, *cells] for g in groups for name, cells in values[g.label].items()], fmt)
+                    [[a.label, step, name, *cells] for a in arms for name, cells in values[a.label].items()], fmt)
         return
     print(f"diagnostics at step {step}: the mean over layers, then mean ± sample std over the group's runs; "
           f"runs pooled over {', '.join(sorted(group_over))}\n")
-    header = ["diagnostic"] + [f"{g.label} (n={values[g.label]['attn_logit_max'][2]})" for g in groups]
-    rows = [[name] + [cell(*values[g.label][name]) for g in groups] for name in ["val_loss", *names]]
+    header = ["diagnostic"] + [f"{a.label} (n={values[a.label]['attn_logit_max'][2]})" for a in arms]
+    rows = [[name] + [cell(*values[a.label][name]) for a in arms] for name in ["val_loss", *names]]
     print_table(header, rows, fmt, [True])
     notes = []
-    for group in groups:
-        diverged = [r.diverged for r in group.runs if r.diverged is not None]
+    for arm in arms:
+        diverged = [r.diverged for r in arm.runs if r.diverged is not None]
         if diverged:
-            kept = "kept up to where they stopped" if len(diverged) == len(group.runs) else "left out"
-            notes.append(f"{group.label}: {len(diverged)} of {len(group.runs)} diverged at "
+            kept = "kept up to where they stopped" if len(diverged) == len(arm.runs) else "left out"
+            notes.append(f"{arm.label}: {len(diverged)} of {len(arm.runs)} diverged at "
                          f"{step_list(diverged)}, {kept}")
     if notes:
         print("\n" + "\n".join(notes))
@@ -136,7 +136,7 @@ def analyze_runs(args):
     if empty:
         die(f"{', '.join(empty)}: no diag records in metrics.jsonl (trained with diagnostics=False, or before "
             f"train.py had them); leave those runs out, or measure a checkpoint with --checkpoint")
-    groups = make_groups(runs, group_over)
+    arms = make_arms(runs, group_over)
     if args.step is None:
         step = default_step(runs)
     else:
@@ -145,9 +145,9 @@ def analyze_runs(args):
         if step not in diag_steps:
             die(f"--step={step} is not a diag step of any run; diag steps: {', '.join(map(str, diag_steps))}")
     names = diagnostic_names([d for r in runs for d in r.diags.values()])
-    print_runs_table(groups, names, step, table(groups, names, step), args.format, group_over)
+    print_runs_table(arms, names, step, table(arms, names, step), args.format, group_over)
     if args.plot:
-        plot_diagnostics(groups, names).savefig(args.plot, dpi=120)
+        plot_diagnostics(arms, names).savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 

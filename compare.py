@@ -38,22 +38,17 @@ input; 2 bad command line.
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
 
 import argparse
-import json
 import os
 import sys
 
 from nonlinear_queries import runs as rd
-from nonlinear_queries import stats
+from nonlinear_queries import stats, width
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import Curve, curve, figure2, loss_curves
+from nonlinear_queries.table1 import notes, table
 
-FOOTER = ("val loss: mean ± sample std (ddof=1) over the group's n runs; p: Welch's t-test vs the baseline "
-          "(n >= 2 in both); rel. improvement = (L_base - L) / L_base of the means, positive = lower loss")
 # the diagnostics --with_diag shows when it names none: the attention-logit growth and the attention's entropy
 DEFAULT_DIAG = ("attn_logit_max", "attn_entropy")
-HOLM_NOTE = "p (Holm): Holm-Bonferroni adjusted over the {m} rows compared with the baseline"
-PAIRED_NOTE = ("paired Δ: L - L_base over the runs of the row and the baseline with equal {keys} (same init, same "
-               "batches), mean ± sample std, (k) = number of pairs where it is not n; paired p: the paired t-test")
 
 
 def die(message):
@@ -61,19 +56,19 @@ def die(message):
     sys.exit(f"error: {message}")
 
 
-def summarize(group, step, value=rd.val_loss):
-    """The Row of value(run, step) (by default the val loss, nats per token) over the group's runs that did not
+def summarize(arm, step, value=rd.val_loss):
+    """The Row of value(run, step) (by default the val loss, nats per token) over the arm's runs that did not
     diverge and have one at `step`, and which runs are left out."""
-    alive = [r for r in group.runs if r.diverged is None]
+    alive = [r for r in arm.runs if r.diverged is None]
     values = [v for v in (value(r, step) for r in alive) if v is not None]
-    diverged = [r.diverged for r in group.runs if r.diverged is not None]
-    return stats.Row.of(values, diverged, len(alive) - len(values), len(group.runs))
+    diverged = [r.diverged for r in arm.runs if r.diverged is not None]
+    return stats.Row.of(values, diverged, len(alive) - len(values), len(arm.runs))
 
 
 def parse_select(spec, group_over):
     """{key: value} of --select_on='key=value[,key=value...]', values as Python literals (seed=0 is the int 0).
     Exits with a message for a malformed spec or a key outside --group_over: the tuning runs must be runs of the
-    same groups as the reported ones, differing only in the pooled keys."""
+    same arms as the reported ones, differing only in the pooled keys."""
     # imported here: only --select_on needs it
     import ast
 
@@ -92,28 +87,23 @@ def parse_select(spec, group_over):
     return select
 
 
-def split_groups(groups, select):
-    """(tuning, held_out): each group twice, under its label, with only its runs whose config matches every
+def split_arms(arms, select):
+    """(tuning, held_out): each arm twice, under its label, with only its runs whose config matches every
     key=value of `select`, and with only the others."""
     def tuning(run):
         return all(run.config.get(k) == v for k, v in select.items())
 
-    return ([rd.Group(g.label, [r for r in g.runs if tuning(r)]) for g in groups],
-            [rd.Group(g.label, [r for r in g.runs if not tuning(r)]) for g in groups])
+    return ([rd.Arm(a.label, [r for r in a.runs if tuning(r)]) for a in arms],
+            [rd.Arm(a.label, [r for r in a.runs if not tuning(r)]) for a in arms])
 
 
-def family(group, skip):
-    """The settings of a group apart from the keys in `skip`, as a comparable string."""
-    return json.dumps({k: v for k, v in group.runs[0].config.items() if k not in skip}, sort_keys=True)
-
-
-def best_of(groups, rows, skip):
-    """Of the groups whose settings differ only in keys in `skip` (say, learning_rate), the one with the lowest
-    mean val loss; groups without a value lose. Returns [(group, row)] in order of first appearance."""
-    families = {}
-    for group, row in zip(groups, rows):
-        families.setdefault(family(group, skip), []).append((group, row))
-    return [min(members, key=lambda m: (m[1].mean is None, m[1].mean or 0.0)) for members in families.values()]
+def best_of(arms, rows, skip):
+    """Of the arms whose settings differ only in keys in `skip` (say, learning_rate), the one with the lowest
+    mean val loss; arms without a value lose. Returns [(arm, row)] in order of first appearance."""
+    tuned = {}
+    for arm, row in zip(arms, rows):
+        tuned.setdefault(rd.arm_key(arm.config, skip), []).append((arm, row))
+    return [min(members, key=lambda m: (m[1].mean is None, m[1].mean or 0.0)) for members in tuned.values()]
 
 
 def checked_names(option, asked, known, what, how):
@@ -126,91 +116,6 @@ def checked_names(option, asked, known, what, how):
             die(f"{option}={name}: no run has that {what}; they have "
                 + (", ".join(known) if known else f"none ({how})"))
     return names
-
-
-def loss_cell(row):
-    """The val loss column's text: mean ± std, or why there is no value, and which runs are left out."""
-    if len(row.diverged) == row.runs:
-        return f"diverged at {stats.step_list(row.diverged)}"
-    value = "not reached" if row.n == 0 else stats.pm_cell(row.mean, row.std)
-    notes = [f"{len(row.diverged)} of {row.runs} diverged at {stats.step_list(row.diverged)}"] if row.diverged else []
-    notes += [f"{row.not_reached} of {row.runs} not reached"] if row.not_reached and row.n else []
-    return value + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def metric_cell(row):
-    """A downstream score's column text: mean ± std over the runs that have it, and how many do not."""
-    if row.n == 0:
-        return "not evaluated"
-    missing = f" ({row.not_reached} of {row.runs} not evaluated)" if row.not_reached else ""
-    return stats.pm_cell(row.mean, row.std) + missing
-
-
-def table(groups, rows, step, fmt, metrics, metric_rows, opts):
-    """(header, lines, left) of the table: csv with full precision, else the human-readable cells. metrics: the
-    names of the --metric and --with_diag columns; metric_rows[i]: group i's Rows of them, in that order. opts:
-    the optional columns: "select" (the --select_on text: row.tuning), "holm" (row.p_holm), "paired"."""
-    select, holm_on, paired_on = opts.get("select"), opts.get("holm"), opts.get("paired")
-    if fmt == "csv":
-        header = (["run", "query_mode", "non_embedding_params", "learning_rate", "min_lr", "weight_decay", "step",
-                   "val_loss_mean", "val_loss_std", "n", "rel_improvement_pct", "p", "diverged", "not_reached"]
-                  + (["tuning_val_loss_mean", "tuning_val_loss_std", "tuning_n"] if select else [])
-                  + (["p_holm"] if holm_on else [])
-                  + (["paired_diff_mean", "paired_diff_std", "paired_n", "paired_p"] if paired_on else [])
-                  + (["paired_p_holm"] if paired_on and holm_on else [])
-                  + [f"{m}_{k}" for m in metrics for k in ("mean", "std", "n")])
-        lines = []
-        for group, row, scores in zip(groups, rows, metric_rows):
-            cfg, pair = group.header["config"], row.paired
-            lines.append([group.label, cfg["query_mode"], group.header["non_embedding_params"], cfg["learning_rate"],
-                          cfg["min_lr"], cfg["weight_decay"], step, row.mean, row.std, row.n, row.rel, row.p,
-                          " ".join(map(str, row.diverged)), row.not_reached]
-                         + ([row.tuning.mean, row.tuning.std, row.tuning.n] if select else [])
-                         + ([row.p_holm] if holm_on else [])
-                         + ([pair.mean, pair.std, pair.n, pair.p] if paired_on else [])
-                         + ([pair.p_holm] if paired_on and holm_on else [])
-                         + [x for m in scores for x in (m.mean, m.std, m.n)])
-        return header, lines, []
-    # text columns and the val loss and scores (which may carry a note) align left, numbers right
-    columns = [("run", True), ("query", True), ("non-emb params", False), ("max lr", False), ("min lr", False),
-               ("weight decay", False)]
-    columns += [(f"val loss @ {step}, {select} (selection)", True)] if select else []
-    columns += [(f"val loss @ {step}", True), *((f"{m} @ {step}", True) for m in metrics), ("n", False),
-                ("rel. improvement (%)", False), ("p", False)]
-    columns += [("p (Holm)", False)] if holm_on else []
-    columns += [("paired Δ", True), ("paired p", False)] if paired_on else []
-    columns += [("paired p (Holm)", False)] if paired_on and holm_on else []
-    lines = []
-    for group, row, scores in zip(groups, rows, metric_rows):
-        cfg, pair, tuned = group.header["config"], row.paired, row.tuning
-        cells = [group.label, cfg["query_mode"], f"{group.header['non_embedding_params']:,}",
-                 f"{cfg['learning_rate']:g}", f"{cfg['min_lr']:g}", f"{cfg['weight_decay']:g}"]
-        cells += [stats.pm_cell(tuned.mean, tuned.std) + (f" ({tuned.n})" if tuned.n != 1 else "")] if select else []
-        cells += [loss_cell(row), *(metric_cell(m) for m in scores), str(row.n),
-                  "-" if row.rel is None else f"{row.rel:.2f}", stats.p_cell(row.p)]
-        cells += [stats.p_cell(row.p_holm)] if holm_on else []
-        if paired_on:
-            shown = pair.mean is not None and pair.n != row.n
-            cells += [stats.pm_cell(pair.mean, pair.std) + (f" ({pair.n})" if shown else ""), stats.p_cell(pair.p)]
-            cells += [stats.p_cell(pair.p_holm)] if holm_on else []
-        lines.append(cells)
-    return [c for c, _ in columns], lines, [lft for _, lft in columns]
-
-
-def notes(rows, metrics, opts):
-    """The footer of the text and markdown tables: what the columns mean."""
-    out = [FOOTER]
-    if any(not m.startswith("diag/") for m in metrics):
-        out.append("downstream scores (train.py's eval_tasks): mean ± sample std over the runs that have them at "
-                   "this step")
-    if any(m.startswith("diag/") for m in metrics):
-        out.append("diag/NAME: the diagnostic's mean over the layers (diagnostics.py), then mean ± sample std over "
-                   "the runs")
-    if opts.get("holm"):
-        out.append(HOLM_NOTE.format(m=sum(r.p is not None for r in rows)))
-    if opts.get("paired"):
-        out.append(PAIRED_NOTE.format(keys=", ".join(sorted(opts["keys"]))))
-    return "; ".join(out)
 
 
 def parser():
@@ -258,16 +163,16 @@ def parser():
     return p
 
 
-def select_held_out(groups, baseline, step, args, group_over):
-    """--select_on: (groups, rows, baseline) of each arm at its --best_over setting chosen on the tuning runs
+def select_held_out(arms, baseline, step, args, group_over):
+    """--select_on: (arms, rows, baseline) of each arm at its --best_over setting chosen on the tuning runs
     (KEY=VALUE), reported over the other runs; each row's `tuning` holds the tuning runs' Row."""
-    tuning, held_out = split_groups(groups, parse_select(args.select_on, group_over))
+    tuning, held_out = split_arms(arms, parse_select(args.select_on, group_over))
     skip = rd.IGNORED_KEYS | group_over | set(args.best_over.split(","))
     tuned = [(t, summarize(t, step)) for t in tuning if t.runs]
     if not tuned:
         die(f"--select_on={args.select_on}: no run has {args.select_on}, so there is nothing to choose on")
-    families = {family(t, skip) for t, _ in tuned}
-    orphans = [h.label for h in held_out if h.runs and family(h, skip) not in families]
+    keys = {rd.arm_key(t.config, skip) for t, _ in tuned}
+    orphans = [h.label for h in held_out if h.runs and rd.arm_key(h.config, skip) not in keys]
     if orphans:
         die(f"--select_on={args.select_on}: no run of the arm of {', '.join(orphans)} has {args.select_on}, so "
             f"its {args.best_over} cannot be chosen; run its grid with {args.select_on}")
@@ -281,13 +186,13 @@ def select_held_out(groups, baseline, step, args, group_over):
     if missing:
         die(f"--select_on={args.select_on}: {', '.join(missing)}, chosen on the tuning runs, has no other runs "
             f"to report; run its held-out seeds at that setting")
-    base_family = family(baseline, skip)
-    baseline = next(reported[t.label] for t, _ in kept if family(t, skip) == base_family)
-    groups = [reported[t.label] for t, _ in kept]
-    rows = [summarize(g, step) for g in groups]
+    base_key = rd.arm_key(baseline.config, skip)
+    baseline = next(reported[t.label] for t, _ in kept if rd.arm_key(t.config, skip) == base_key)
+    arms = [reported[t.label] for t, _ in kept]
+    rows = [summarize(a, step) for a in arms]
     for row, (_, tuning_row) in zip(rows, kept):
         row.tuning = tuning_row
-    return groups, rows, baseline
+    return arms, rows, baseline
 
 
 def main(argv=None):
@@ -331,10 +236,10 @@ def report(args):
                             "downstream score", "train with eval_tasks to get them")
     diags = checked_names("--with_diag", args.with_diag, [n for r in runs for d in r.diags.values() for n in d],
                           "diagnostic", "train with diagnostics=True to get them")
-    groups = rd.make_groups(runs, group_over)
-    for note in filter(None, map(rd.numerics_note, groups)):
+    arms = rd.make_arms(runs, group_over)
+    for note in filter(None, map(rd.numerics_note, arms)):
         print(note, file=sys.stderr)
-    baseline = rd.find_baseline(groups, args.baseline)
+    baseline = rd.find_baseline(arms, args.baseline)
     if args.step is None:
         step = default_step(runs)
         caption = f"val loss at step {step}, the last eval step that every run that did not diverge has reached"
@@ -345,25 +250,25 @@ def report(args):
             die(f"--step={step} is not an eval step of any run; eval steps: {', '.join(map(str, eval_steps))}")
     opts = {"holm": args.holm, "paired": args.paired, "keys": group_over}
     if args.select_on:
-        groups, rows, baseline = select_held_out(groups, baseline, step, args, group_over)
+        arms, rows, baseline = select_held_out(arms, baseline, step, args, group_over)
         opts["select"] = args.select_on
         caption += (f"; each row the {args.best_over} with the lowest mean val loss over its arm's runs with "
                     f"{args.select_on} (the selection column), reported over the other runs only")
     else:
-        rows = [summarize(g, step) for g in groups]
+        rows = [summarize(a, step) for a in arms]
         if args.best_over:
-            # tuned against tuned: each family of groups keeps its best, the baseline's family included
+            # tuned against tuned: each arm keeps its best setting, the baseline's arm included
             skip = rd.IGNORED_KEYS | group_over | set(args.best_over.split(","))
-            kept = best_of(groups, rows, skip)
-            baseline = next(g for g, _ in kept if family(g, skip) == family(baseline, skip))
-            groups, rows = [g for g, _ in kept], [r for _, r in kept]
+            kept = best_of(arms, rows, skip)
+            baseline = next(a for a, _ in kept if rd.arm_key(a.config, skip) == rd.arm_key(baseline.config, skip))
+            arms, rows = [a for a, _ in kept], [r for _, r in kept]
             caption += f"; each row the best {args.best_over} of its arm (lowest mean val loss at this step)"
-    base_row = rows[groups.index(baseline)]
-    for group, row in zip(groups, rows):
+    base_row = rows[arms.index(baseline)]
+    for arm, row in zip(arms, rows):
         row.rel, row.p = stats.rel_improvement(row, base_row), stats.welch_p(row, base_row)
         if args.paired:
-            row.paired = stats.paired_t(rd.paired_losses(group, step, group_over),
-                                  rd.paired_losses(baseline, step, group_over), same=group is baseline)
+            row.paired = stats.paired_t(rd.paired_losses(arm, step, group_over),
+                                        rd.paired_losses(baseline, step, group_over), same=arm is baseline)
     for row, p in zip(rows, stats.holm([r.p for r in rows])):
         row.p_holm = p
     if args.paired:
@@ -371,23 +276,23 @@ def report(args):
             row.paired.p_holm = p
     caption += f"; baseline: {baseline.label}; runs pooled over {', '.join(sorted(group_over))}"
     values = [rd.downstream_score(m) for m in metrics] + [rd.diag_value(d) for d in diags]
-    metric_rows = [[summarize(g, step, v) for v in values] for g in groups]
+    metric_rows = [[summarize(a, step, v) for v in values] for a in arms]
     names = metrics + [f"diag/{d}" for d in diags]
-    header, lines, left = table(groups, rows, step, args.format, names, metric_rows, opts)
+    header, lines, left = table(arms, rows, step, args.format, names, metric_rows, opts)
     if args.format != "csv":
         print(caption + "\n")
     stats.print_table(header, lines, args.format, left)
     if args.format != "csv":
         print("\n" + notes(rows, names, opts))
     if args.plot:
-        loss_curves(groups, baseline).savefig(args.plot, dpi=150)
+        loss_curves(arms, baseline).savefig(args.plot, dpi=150)
         # the csv on stdout stays machine-readable
         print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
-    if args.figure2:  # the groups with a run that did not diverge, each its mean val loss
-        arms = [(g, *curve(g)) for g in groups if any(r.diverged is None for r in g.runs)]
-        if all(g is not baseline for g, _, _ in arms):
+    if args.figure2:  # the arms with a run that did not diverge, each its mean val loss
+        alive = [(a, *curve(a)) for a in arms if any(r.diverged is None for r in a.runs)]
+        if all(a is not baseline for a, _, _ in alive):
             die(f"--figure2: every run of the baseline {baseline.label} diverged; choose another with --baseline")
-        curves = [Curve(g.label, g.header["non_embedding_params"], s, v[:, :, 1].mean(axis=0)) for g, s, v in arms]
+        curves = [Curve(a.label, a.header["non_embedding_params"], s, v[:, :, 1].mean(axis=0)) for a, s, v in alive]
         figure2(curves, baseline.label).savefig(args.figure2, dpi=150)
         print(f"wrote {args.figure2}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
@@ -404,56 +309,11 @@ def default_step(runs):
 def width_report(runs, args):
     """--width_transfer or --width_ladder: its tables at --step (default: the last step every run has), and with
     --plot its figure (nonlinear_queries/width.py)."""
-    # imported here: only the width tables need them (the ladder builds each model on the meta device)
-    from nonlinear_queries import width
-    from nonlinear_queries.plots import rate_transfer, width_ladder
-
     step = args.step if args.step is not None else default_step(runs)
     if args.width_transfer:
-        base_width = runs[0].config.get("mup_base_width", 128)
-        curves = width.transfer_curves(runs, step)
-        (header, rows), (vheader, vrows) = width.transfer_tables(curves, base_width)
-        verdicts = width.transfer_verdicts(curves, base_width)
-        caption = (f"val loss at step {step}, the mean over each rate's seeds; bold: the best rate of the row. A run "
-                   f"at the μP base width {base_width} (m = 1) counts as SP and as μP, which are equal there")
-        vcaption = (f"transfer holds: the best rate moves by at most one x2 step from the smallest width to the "
-                    f"largest, and width {base_width}'s best rate costs at most 1% of val loss at the largest")
-        figure = (lambda: rate_transfer(curves, verdicts, step, base_width))  # noqa: E731
+        width.transfer_report(runs, step, args.format, args.plot)
     else:
-        try:
-            rungs, slopes, baseline = width.ladder(runs, step, args.baseline)
-        except ValueError as e:
-            die(str(e))
-        (header, rows), (vheader, vrows) = width.ladder_tables(rungs, slopes, baseline)
-        caption = (f"val loss at step {step}; rel. improvement = 100 (L_base - L) / L_base over the runs paired by "
-                   f"seed and data_seed with the baseline {baseline} at the same width (positive = lower loss), its "
-                   f"95% t interval and the paired t-test's p; MDE: the smallest gap detected with 80% power at "
-                   f"these n and stds by the paired test (the p given) and, for comparison, by Welch's test on the "
-                   f"same runs (in % of the baseline's loss); training PFLOPs: 6N + attention per token times the "
-                   f"run's tokens")
-        vcaption = ("slope: least squares of each pair's rel. improvement on log2(width), in percentage points per "
-                    "doubling; the gap grows or shrinks only where its 95% interval excludes 0; MDE: the smallest "
-                    "slope its t-test detects with 80% power, and that slope times the doublings the widths span")
-        claims = []
-        for spec in args.claim:
-            w, percent, label = (spec.split(":", 2) + ["", ""])[:3]
-            try:
-                claims.append((int(w), float(percent), label))
-            except ValueError:
-                die(f"--claim={spec}: write WIDTH:PERCENT:LABEL, e.g. --claim=768:1.40:the paper")
-        figure = (lambda: width_ladder(rungs, slopes, baseline, claims, width.setting(runs, step)))  # noqa: E731
-    tables = [(header, rows, caption), (vheader, vrows, vcaption)]
-    if args.width_ladder:  # the pooled test declared for the ladder's fresh seeds (results/width_ladder/README.md)
-        tables.append((*width.pooled_table(width.pooled_tests(rungs)), width.POOLED_CAPTION))
-    for head, lines, text in tables:
-        if args.format != "csv":
-            print(text + "\n")
-        stats.print_table(head, lines, args.format, [True])
-        if args.format != "csv":
-            print()
-    if args.plot:
-        figure().savefig(args.plot, dpi=150)
-        print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
+        width.ladder_report(runs, step, args.format, args.baseline, args.claim, args.plot)
 
 
 if __name__ == "__main__":

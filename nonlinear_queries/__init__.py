@@ -8,12 +8,14 @@ which imports nothing from here. One concern per module:
 - batches: token memmaps and the fixed-seed index streams every variant shares
 - training: one optimizer step, evaluation, the learning-rate schedule, divergence
 - optimizers: AdamW (and Muon for the modern recipe), μP's per-group rates
-- coord_check, width: μP's coordinate check; the best rate and the gap to the baseline across widths
+- coord_check, width: μP's coordinate check; the best rate and the gap to the baseline across widths, and
+  compare.py's --width_transfer and --width_ladder reports
 - checkpoint: atomic single-file and sharded (DCP) checkpoints, resuming;
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
 - pretrained: weights in (`load_pretrained`) and out (Hugging Face GPT-2 format)
 - runlog: metrics.jsonl and wandb
 - runs, stats, plots: reading run and sweep directories; Welch, paired and Holm tests, tables; the figures
+- table1: compare.py's Table 1, its columns, cells and footer
 - diagnostics: per-layer attention-logit, entropy and query statistics
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware

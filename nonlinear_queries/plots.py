@@ -40,44 +40,44 @@ def styles(keys):
     return out
 
 
-def curve(group):
-    """A group's curve: (steps, losses) with losses of shape (runs, steps, 2) holding (train_loss, val_loss) at the
-    eval steps after step 0 that all its pooled runs have (runs.pooled: an all-diverged group keeps its runs, so
+def curve(arm):
+    """An arm's curve: (steps, losses) with losses of shape (runs, steps, 2) holding (train_loss, val_loss) at the
+    eval steps after step 0 that all its pooled runs have (runs.pooled: an all-diverged arm keeps its runs, so
     its curve ends where they stopped)."""
-    runs = pooled(group)
+    runs = pooled(arm)
     steps = sorted(set.intersection(*(set(r.evals) for r in runs)) - {0})
     losses = np.array([[r.evals[s] for s in steps] for r in runs], dtype=float).reshape(len(runs), len(steps), 2)
     return np.array(steps, dtype=np.int64), losses
 
 
-def loss_curves(groups, baseline):
-    """Figure 1 of the paper: top, the loss vs step of every group (val solid, train dashed; the mean over its
+def loss_curves(arms, baseline):
+    """Figure 1 of the paper: top, the loss vs step of every arm (val solid, train dashed; the mean over its
     runs, a band from the lowest to the highest run when n > 1); bottom, the relative improvement over the
-    baseline group's mean, 100 (L_base - L) / L_base (%), at the steps both have: the group's mean, and for the
+    baseline arm's mean, 100 (L_base - L) / L_base (%), at the steps both have: the arm's mean, and for the
     val loss a band of ± one sample std of its runs' improvements. Step 0 is left out: the untrained loss, about
-    ln(vocab_size), would squash the y-range. Runs that diverged are left out of a group that has others; a group
+    ln(vocab_size), would squash the y-range. Runs that diverged are left out of an arm that has others; an arm
     whose runs all diverged is drawn on top only, up to where they stopped; the legend says which."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 8), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     base_steps, base_losses = curve(baseline)
-    for group, (color, marker) in zip(groups, styles([g.header["config"]["query_mode"] for g in groups])):
-        steps, losses = curve(group)
-        diverged = [r.diverged for r in group.runs if r.diverged is not None]
-        note = f" ({len(diverged)} of {len(group.runs)} diverged, left out)" if diverged else ""
-        if len(diverged) == len(group.runs):
+    for arm, (color, marker) in zip(arms, styles([a.header["config"]["query_mode"] for a in arms])):
+        steps, losses = curve(arm)
+        diverged = [r.diverged for r in arm.runs if r.diverged is not None]
+        note = f" ({len(diverged)} of {len(arm.runs)} diverged, left out)" if diverged else ""
+        if len(diverged) == len(arm.runs):
             note = f" (diverged at {step_list(diverged)})"
         _, mine, theirs = np.intersect1d(steps, base_steps, return_indices=True)
         base_mean = base_losses.mean(axis=0)[theirs]
         for j, style in ((1, "-"), (0, "--")):
             top.plot(steps, losses[:, :, j].mean(axis=0), style, marker=marker, markersize=3, color=color,
-                     label=None if j == 0 else group.label + note)
+                     label=None if j == 0 else arm.label + note)
             if len(losses) > 1:
                 top.fill_between(steps, losses[:, :, j].min(axis=0), losses[:, :, j].max(axis=0), color=color,
                                  alpha=0.15, linewidth=0)
-            # a diverged group's early losses would set the scale of the improvements that matter
-            if len(diverged) < len(group.runs):
+            # a diverged arm's early losses would set the scale of the improvements that matter
+            if len(diverged) < len(arm.runs):
                 rel = 100 * (base_mean[:, j] - losses[:, mine, j]) / base_mean[:, j]
                 bottom.plot(steps[mine], rel.mean(axis=0), style, marker=marker, markersize=3, color=color)
                 # the val loss's band only: with the train loss's too, a figure of many arms turns to mud
@@ -98,10 +98,10 @@ def loss_curves(groups, baseline):
     return fig
 
 
-def diagnostic_curve(group, name):
-    """(steps, values (runs, steps)) of a diagnostic's layer mean over a group's pooled runs, at the diag steps
-    they all have; values None where the diagnostic is undefined for the group."""
-    runs = pooled(group)
+def diagnostic_curve(arm, name):
+    """(steps, values (runs, steps)) of a diagnostic's layer mean over an arm's pooled runs, at the diag steps
+    they all have; values None where the diagnostic is undefined for the arm."""
+    runs = pooled(arm)
     steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
     values = [[layer_mean(r.diags[s].get(name, [])) for s in steps] for r in runs]
     if all(v is None for row in values for v in row):
@@ -109,28 +109,28 @@ def diagnostic_curve(group, name):
     return steps, np.array(values, dtype=float)
 
 
-def diagnostics(groups, names):
-    """analyze.py's figure: one panel per diagnostic over the steps, each group a line (its mean over runs, a band
+def diagnostics(arms, names):
+    """analyze.py's figure: one panel per diagnostic over the steps, each arm a line (its mean over runs, a band
     from its lowest to its highest run; each arm, its run_name, one colour family), the legend above the panels;
-    then per group a layers x steps heatmap of attn_logit_max, the mean over its runs, all on one color scale."""
+    then per arm a layers x steps heatmap of attn_logit_max, the mean over its runs, all on one color scale."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     cols = 3
-    panel_rows, map_rows = -(-len(names) // cols), -(-len(groups) // cols)
+    panel_rows, map_rows = -(-len(names) // cols), -(-len(arms) // cols)
     fig = Figure(figsize=(4.2 * cols, 3.0 * (panel_rows + map_rows) + 0.6), layout="constrained")
     grid = fig.add_gridspec(panel_rows + map_rows, cols)
-    looks = styles(["/".join(dict.fromkeys(r.header["run_name"] for r in g.runs)) for g in groups])
+    looks = styles(["/".join(dict.fromkeys(r.header["run_name"] for r in a.runs)) for a in arms])
     handles = {}
     for k, name in enumerate(names):
         ax = fig.add_subplot(grid[k // cols, k % cols])
-        for group, (color, marker) in zip(groups, looks):
-            steps, values = diagnostic_curve(group, name)
+        for arm, (color, marker) in zip(arms, looks):
+            steps, values = diagnostic_curve(arm, name)
             if values is None:
                 continue
             (line,) = ax.plot(steps, values.mean(axis=0), marker=marker, markersize=3, color=color,
-                              label=group.label)
-            handles.setdefault(group.label, line)
+                              label=arm.label)
+            handles.setdefault(arm.label, line)
             if len(values) > 1:
                 ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=color, alpha=0.15, linewidth=0)
         ax.set_title(f"{name}, mean over layers", fontsize="medium")
@@ -138,13 +138,13 @@ def diagnostics(groups, names):
     fig.legend(list(handles.values()), list(handles), loc="outside upper center", ncols=min(len(handles), 3),
                fontsize="small")
     maps = []
-    for group in groups:
-        runs = pooled(group)
+    for arm in arms:
+        runs = pooled(arm)
         steps = sorted(set.intersection(*(set(r.diags) for r in runs)))
         maps.append((steps, np.array([[r.diags[s]["attn_logit_max"] for s in steps] for r in runs],
                                      dtype=float).mean(axis=0)))
     low, high = min(m.min() for _, m in maps), max(m.max() for _, m in maps)
-    for i, (group, (steps, heat)) in enumerate(zip(groups, maps)):
+    for i, (arm, (steps, heat)) in enumerate(zip(arms, maps)):
         ax = fig.add_subplot(grid[panel_rows + i // cols, i % cols])
         image = ax.imshow(heat.T, origin="lower", aspect="auto", cmap="viridis", vmin=low, vmax=high,
                           extent=(-0.5, len(steps) - 0.5, -0.5, heat.shape[1] - 0.5))
@@ -153,7 +153,7 @@ def diagnostics(groups, names):
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel("layer")
-        ax.set_title(f"{group.label}: attn_logit_max", fontsize="medium")
+        ax.set_title(f"{arm.label}: attn_logit_max", fontsize="medium")
         fig.colorbar(image, ax=ax)
     return fig
 

@@ -47,7 +47,7 @@ class Run:
 
 
 @dataclass
-class Group:
+class Arm:
     """Runs with equal settings apart from the pooled keys (e.g. the seed), under a label unique in a table."""
 
     label: str
@@ -56,6 +56,10 @@ class Group:
     @property
     def header(self):
         return self.runs[0].header
+
+    @property
+    def config(self):
+        return self.header["config"]
 
 
 def read_records(path, warn=True):
@@ -185,71 +189,76 @@ def check_keys(runs, option, keys):
                         + f"; the runs' config keys: {', '.join(known)}")
 
 
-def make_groups(runs, group_over):
-    """Group runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first appearance.
-    Each group's label is its run_name, plus key=value for every setting in which it differs from another group
-    of the same run_name."""
+def arm_key(config, skip):
+    """The arm of a run's config: its settings apart from the keys in `skip` (the pooled ones, and for a tuned or
+    width comparison the tuned key and the width too), as a string equal for the runs of one arm."""
+    return json.dumps({k: v for k, v in config.items() if k not in skip}, sort_keys=True)
+
+
+def make_arms(runs, group_over):
+    """The Arms of runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first
+    appearance. Each arm's label is its run_name, plus key=value for every setting in which it differs from
+    another arm of the same run_name."""
     skip = IGNORED_KEYS | group_over
     members = {}
     for run in runs:
-        key = json.dumps({k: v for k, v in run.config.items() if k not in skip}, sort_keys=True)
-        members.setdefault(key, []).append(run)
-    names = ["/".join(dict.fromkeys(run.header["run_name"] for run in group)) for group in members.values()]
-    groups = []
-    for name, group in zip(names, members.values()):
+        members.setdefault(arm_key(run.config, skip), []).append(run)
+    names = ["/".join(dict.fromkeys(run.header["run_name"] for run in arm)) for arm in members.values()]
+    arms = []
+    for name, arm in zip(names, members.values()):
         configs = [other[0].config for n, other in zip(names, members.values()) if n == name]
         keys = [k for k in dict.fromkeys(k for c in configs for k in c)
                 if k not in skip and len({json.dumps(c.get(k, "(unset)")) for c in configs}) > 1]
-        groups.append(Group(" ".join([name] + [f"{k}={group[0].config.get(k, '(unset)')}" for k in keys]), group))
-    return groups
+        arms.append(Arm(" ".join([name] + [f"{k}={arm[0].config.get(k, '(unset)')}" for k in keys]), arm))
+    return arms
 
 
-def numerics_note(group):
-    """A warning, or '' if none is due: the group's runs differ in what decides their floating-point results
+def numerics_note(arm):
+    """A warning, or '' if none is due: the arm's runs differ in what decides their floating-point results
     beyond the config (the threads, the CPU's instruction set and model, the BLAS, the GPU: the header's
     `numerics`, runtime.numerics), so their spread mixes the seeds' with the machines'. Runs from before the
     header held it are not compared."""
-    known = [(r, r.header["numerics"]) for r in group.runs if r.header.get("numerics")]
+    known = [(r, r.header["numerics"]) for r in arm.runs if r.header.get("numerics")]
     differ = sorted({k for _, n in known for k in n if len({json.dumps(m.get(k)) for _, m in known}) > 1})
     if not differ:
         return ""
     values = "; ".join(f"{k}: " + ", ".join(f"{n.get(k)!r} ({os.path.basename(os.path.normpath(r.out_dir))})"
                                              for r, n in known) for k in differ)
-    return (f"warning: the runs of {group.label} differ in {', '.join(differ)} ({values}), which change a run's "
+    return (f"warning: the runs of {arm.label} differ in {', '.join(differ)} ({values}), which change a run's "
             f"numbers as a seed does: its n and std pool machines with seeds")
 
 
-def pooled(group):
-    """The runs of a group that count in a curve: those that did not diverge, or all when every one did (then
+def pooled(arm):
+    """The runs of an arm that count in a curve: those that did not diverge, or all when every one did (then
     up to where they stopped)."""
-    return [r for r in group.runs if r.diverged is None] or group.runs
+    return [r for r in arm.runs if r.diverged is None] or arm.runs
 
 
-def paired_losses(group, step, keys):
-    """{values of `keys` (e.g. the seed): val loss at `step`} of the group's runs that did not diverge and have an
+def paired_losses(arm, step, keys):
+    """{values of `keys` (e.g. the seed): val loss at `step`} of the arm's runs that did not diverge and have an
     eval there, the runs a paired comparison matches. Raises RunsError if two runs have the same values of
     `keys`, since a pair would then be ambiguous."""
     losses = {}
-    for run in group.runs:
+    for run in arm.runs:
         if run.diverged is None and step in run.evals:
             key = tuple(json.dumps(run.config.get(k)) for k in sorted(keys))
             if key in losses:
-                raise RunsError(f"{group.label}: two runs with {', '.join(sorted(keys))} = {', '.join(key)}; "
+                raise RunsError(f"{arm.label}: two runs with {', '.join(sorted(keys))} = {', '.join(key)}; "
                                 f"--paired needs one run per value (a run given twice under two paths?)")
             losses[key] = run.evals[step][1]
     return losses
 
 
-def find_baseline(groups, name):
-    """The group named by --baseline (a label or one of the run directories); the first group if name is None.
-    Raises RunsError if there is no such group."""
+def find_baseline(arms, name):
+    """The arm named by --baseline (a label or one of the run directories); the first arm if name is None.
+    Raises RunsError if there is no such arm."""
     if name is None:
-        return groups[0]
-    for group in groups:
-        if name == group.label or any(os.path.realpath(name) == os.path.realpath(r.out_dir) for r in group.runs):
-            return group
+        return arms[0]
+    for arm in arms:
+        if name == arm.label or any(os.path.realpath(name) == os.path.realpath(r.out_dir) for r in arm.runs):
+            return arm
     raise RunsError(f"--baseline={name} is neither a group label nor a run directory given; "
-        f"labels: {', '.join(repr(g.label) for g in groups)}")
+        f"labels: {', '.join(repr(a.label) for a in arms)}")
 
 
 def default_step(runs):

@@ -40,7 +40,7 @@ class Paired:
 class Row:
     """One table row as numbers: `values` of the runs that count (shape (n,)), their mean and sample std (ddof=1;
     None without a value, std None for n < 2), n; the steps at which runs diverged, how many runs that did not
-    diverge lack a value (`not_reached`) and how many runs the group has. compare.py fills in the comparison with
+    diverge lack a value (`not_reached`) and how many runs the arm has. compare.py fills in the comparison with
     the baseline: rel (%), p (Welch), p_holm, paired, and tuning (the Row of the tuning runs, --select_on)."""
 
     values: np.ndarray

@@ -1,6 +1,7 @@
 """
-What changes as the model widens, from runs at several widths (compare.py's --width_transfer and --width_ladder;
-results/width_transfer, results/width_ladder; docs/width.md).
+What changes as the model widens, from runs at several widths (compare.py's --width_transfer and --width_ladder,
+whose tables and figures transfer_report and ladder_report print and save; results/width_transfer,
+results/width_ladder; docs/width.md).
 
 - transfer: per arm and parametrization, the mean val loss of every learning rate at every width, the best rate
   per width, how far it moves from the smallest width to the largest (in x2 steps), and what the base width's
@@ -19,12 +20,14 @@ bit, tests/test_width.py), so it joins both curves.
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from nonlinear_queries import stats
-from nonlinear_queries.runs import IGNORED_KEYS
+from nonlinear_queries.plots import rate_transfer, width_ladder
+from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key
 
 SEED_KEYS = {"seed", "data_seed"}
 WIDTH_KEYS = {"n_embd", "n_head", "parametrization", "mup_base_width", "mup_base_head_dim"}
@@ -37,11 +40,6 @@ def parametrizations(config):
     at_base = (config["n_embd"] == config.get("mup_base_width", 128)
                and config.get("mup_base_head_dim", 0) in (0, head_dim))
     return {"sp", "mup"} if at_base else {config.get("parametrization", "sp")}
-
-
-def arm_key(config, skip):
-    """The arm a run belongs to: its settings apart from `skip`, as a comparable string."""
-    return json.dumps({k: v for k, v in config.items() if k not in skip}, sort_keys=True)
 
 
 def arm_labels(runs, skip):
@@ -181,7 +179,7 @@ class Rung:
     data order), the per-seed relative improvement g = 100 (L_base - L) / L_base (%, positive = lower loss than
     the baseline), its mean, 95% confidence interval (the paired t interval) and the paired t-test's p on g, the
     minimum detectable effect (80% power, two-sided 5%) of that paired test on g (`mde`, percentage points: the
-    test the table reports) and of Welch's test on the two groups' losses (`mde_welch`, % of the baseline's mean:
+    test the table reports) and of Welch's test on the two arms' losses (`mde_welch`, % of the baseline's mean:
     what an unpaired comparison of the same runs would detect), the pairs' keys ((seed, data_seed) each), and the
     model's non-embedding parameters and training FLOPs per run."""
 
@@ -276,7 +274,7 @@ def run_flops(config):
 def ladder(runs, step, baseline=None):
     """([Rung], [Slope], the baseline's label) of `runs` at `step`: every arm but the baseline (by default the
     first run's arm; else the label `baseline`) against the baseline at each width where both have runs, paired
-    by seed and data_seed; runs that diverged or lack the step are left out. Raises ValueError for an unknown
+    by seed and data_seed; runs that diverged or lack the step are left out. Raises RunsError for an unknown
     baseline or an arm with no paired runs."""
     skip = IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS
     labels = arm_labels(runs, skip)
@@ -288,7 +286,7 @@ def ladder(runs, step, baseline=None):
     arms = list(dict.fromkeys(labels.values()))
     base = arms[0] if baseline is None else baseline
     if base not in by_arm:
-        raise ValueError(f"no baseline arm {base!r} among the runs' arms: {', '.join(map(repr, arms))}")
+        raise RunsError(f"no baseline arm {base!r} among the runs' arms: {', '.join(map(repr, arms))}")
     rungs, slopes = [], []
     for arm in (a for a in arms if a != base and a in by_arm):
         mine = []
@@ -308,7 +306,7 @@ def ladder(runs, step, baseline=None):
             mine.append(Rung(arm, width, losses, base_losses, gaps, t_interval(gaps), p, mde, welch,
                              run.header.get("non_embedding_params"), run_flops(run.config), tuple(pairs)))
         if not mine:
-            raise ValueError(f"{arm}: no run pairs with the baseline {base} at any width (same seed and data_seed)")
+            raise RunsError(f"{arm}: no run pairs with the baseline {base} at any width (same seed and data_seed)")
         rungs += mine
         if len(mine) > 1:
             x = np.concatenate([np.full(len(r.gaps), math.log2(r.width)) for r in mine])
@@ -357,15 +355,15 @@ def pooled_test(arm, gaps_by_width):
     (N - W < 1) or no spread."""
     from scipy import stats as sps
 
-    groups = [np.asarray(g, dtype=float) for _, g in sorted(gaps_by_width.items())]
-    n, w = sum(len(g) for g in groups), len(groups)
+    per_width = [np.asarray(g, dtype=float) for _, g in sorted(gaps_by_width.items())]
+    n, w = sum(len(g) for g in per_width), len(per_width)
     if n - w < 1:
         return None
-    residual = sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / (n - w)
-    se = math.sqrt(residual) * math.sqrt(sum(1 / len(g) for g in groups)) / w
+    residual = sum(float(((g - g.mean()) ** 2).sum()) for g in per_width) / (n - w)
+    se = math.sqrt(residual) * math.sqrt(sum(1 / len(g) for g in per_width)) / w
     if not se > 0:
         return None
-    estimate = float(np.mean([g.mean() for g in groups]))
+    estimate = float(np.mean([g.mean() for g in per_width]))
     half = sps.t.ppf(0.975, n - w) * se
     p = float(2 * sps.t.sf(abs(estimate) / se, n - w))
     return Pooled(arm, estimate, (estimate - half, estimate + half), p, stats.t_detectable_effect(se, n - w), n,
@@ -436,3 +434,69 @@ def ladder_tables(rungs, slopes, baseline):
               "-" if math.isnan(s.mde) else f"{s.mde:.2f}",
               "-" if math.isnan(s.mde) else f"{s.mde * s.span:.2f} ({s.widths[0]}→{s.widths[1]})"] for s in slopes]
     return (header, rows), (sheader, srows)
+
+
+def transfer_report(runs, step, fmt, plot=None):
+    """compare.py --width_transfer: print the loss and verdict tables of `runs` at `step` in `fmt` (text, markdown
+    or csv), and with `plot` (a path) save their figure there."""
+    base_width = runs[0].config.get("mup_base_width", 128)
+    curves = transfer_curves(runs, step)
+    (header, rows), (vheader, vrows) = transfer_tables(curves, base_width)
+    verdicts = transfer_verdicts(curves, base_width)
+    caption = (f"val loss at step {step}, the mean over each rate's seeds; bold: the best rate of the row. A run "
+               f"at the μP base width {base_width} (m = 1) counts as SP and as μP, which are equal there")
+    vcaption = (f"transfer holds: the best rate moves by at most one x2 step from the smallest width to the "
+                f"largest, and width {base_width}'s best rate costs at most 1% of val loss at the largest")
+    print_tables([(header, rows, caption), (vheader, vrows, vcaption)], fmt)
+    if plot:
+        save(rate_transfer(curves, verdicts, step, base_width), plot, fmt)
+
+
+def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None):
+    """compare.py --width_ladder: print the per-width, slope and pooled tables of `runs` at `step` against the
+    arm labelled `baseline` (ladder's default: the first run's) in `fmt`, and with `plot` (a path) save their
+    figure there, noting `claims` (--claim's WIDTH:PERCENT:LABEL specs) under it. Raises RunsError for an
+    unknown baseline, an arm without pairs or a malformed claim."""
+    rungs, slopes, baseline = ladder(runs, step, baseline)
+    (header, rows), (vheader, vrows) = ladder_tables(rungs, slopes, baseline)
+    caption = (f"val loss at step {step}; rel. improvement = 100 (L_base - L) / L_base over the runs paired by "
+               f"seed and data_seed with the baseline {baseline} at the same width (positive = lower loss), its "
+               f"95% t interval and the paired t-test's p; MDE: the smallest gap detected with 80% power at "
+               f"these n and stds by the paired test (the p given) and, for comparison, by Welch's test on the "
+               f"same runs (in % of the baseline's loss); training PFLOPs: 6N + attention per token times the "
+               f"run's tokens")
+    vcaption = ("slope: least squares of each pair's rel. improvement on log2(width), in percentage points per "
+                "doubling; the gap grows or shrinks only where its 95% interval excludes 0; MDE: the smallest "
+                "slope its t-test detects with 80% power, and that slope times the doublings the widths span")
+    claimed = [claim(spec) for spec in claims]
+    # the pooled test declared for the ladder's fresh seeds (results/width_ladder/README.md)
+    print_tables([(header, rows, caption), (vheader, vrows, vcaption),
+                  (*pooled_table(pooled_tests(rungs)), POOLED_CAPTION)], fmt)
+    if plot:
+        save(width_ladder(rungs, slopes, baseline, claimed, setting(runs, step)), plot, fmt)
+
+
+def claim(spec):
+    """(width, percent, label) of a --claim=WIDTH:PERCENT:LABEL; raises RunsError for a malformed one."""
+    w, percent, label = (spec.split(":", 2) + ["", ""])[:3]
+    try:
+        return int(w), float(percent), label
+    except ValueError:
+        raise RunsError(f"--claim={spec}: write WIDTH:PERCENT:LABEL, e.g. --claim=768:1.40:the paper") from None
+
+
+def print_tables(tables, fmt):
+    """Print each (header, rows, caption) of `tables` with stats.print_table, the caption above a text or
+    markdown table (csv stays machine-readable: tables only)."""
+    for head, lines, text in tables:
+        if fmt != "csv":
+            print(text + "\n")
+        stats.print_table(head, lines, fmt, [True])
+        if fmt != "csv":
+            print()
+
+
+def save(figure, path, fmt):
+    """Save `figure` at `path` and say so, on stderr under csv so that stdout stays machine-readable."""
+    figure.savefig(path, dpi=150)
+    print(f"wrote {path}", file=sys.stderr if fmt == "csv" else sys.stdout)

@@ -19,7 +19,7 @@ import compare
 from helpers import REPO, run_script
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.plots import Curve, figure2, loss_curves
-from nonlinear_queries.runs import load_run, make_groups
+from nonlinear_queries.runs import load_run, make_arms
 from nonlinear_queries.stats import holm, min_detectable_effect
 from nonlinear_queries.train_config import TrainConfig
 
@@ -333,7 +333,7 @@ def test_plot_draws_both_panels(seeds, tmp_path):
 
     wd = make_run(tmp_path / "wd", "baseline", {0: 10.9, 1000: 4.4}, diverged_at=1500, weight_decay=0.05)
     runs = [load_run(d) for d in [*seeds, wd]]
-    groups = make_groups(runs, {"seed"})
+    groups = make_arms(runs, {"seed"})
     top, bottom = loss_curves(groups, groups[1]).axes
     # per group a val (solid) and a train (dashed) line; below, not for the diverged group, and the zero line
     assert [line.get_linestyle() for line in top.lines] == ["-", "--"] * 3
@@ -607,7 +607,7 @@ def test_plot_gives_each_of_more_than_ten_groups_its_own_color(tmp_path):
     # the ablation study's 11 arms: matplotlib's default cycle would give the 11th the 1st one's color
     dirs = [make_run(tmp_path / f"wd{k}", "baseline", {1000: 3.5, 2000: 3.0 + k / 100}, weight_decay=k / 10)
             for k in range(11)]
-    groups = make_groups([load_run(d) for d in dirs], {"seed"})
+    groups = make_arms([load_run(d) for d in dirs], {"seed"})
     top, _ = loss_curves(groups, groups[0]).axes
     solid = [line for line in top.lines if line.get_linestyle() == "-"]
     assert len(solid) == 11 and len({tuple(np.round(to_rgba(line.get_color()), 6)) for line in solid}) == 11
@@ -635,7 +635,7 @@ def test_plot_titles_fit_the_figure_when_the_labels_are_long(tmp_path):
                 dict(attn_scale=0.5, learning_rate=6e-3, weight_decay=0.03125, warmup_iters=40)]
     dirs = [make_run(tmp_path / f"arm{k}", "baseline_qk_norm", {1000: 3.5, 2000: 3.0 + k / 100}, **s)
             for k, s in enumerate(settings)]
-    groups = make_groups([load_run(d) for d in dirs], {"seed"})
+    groups = make_arms([load_run(d) for d in dirs], {"seed"})
     assert [len(g.label) for g in groups] == [86, 102, 88]
     for baseline in groups:
         fig = loss_curves(groups, baseline)

@@ -25,7 +25,7 @@ from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.runlog import RunLog
-from nonlinear_queries.runs import load_run, make_groups
+from nonlinear_queries.runs import load_run, make_arms
 from nonlinear_queries.runtime import parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
 
@@ -285,7 +285,7 @@ def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
     assert "| attn_logit_max | 1.5 ± 0.707 | 1 |" in lines and "| query_cos | - | 0.8 |" in lines
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     loaded = [load_run(r) for r in runs]
-    groups = make_groups(loaded, {"seed"})
+    groups = make_arms(loaded, {"seed"})
     names = analyze.diagnostic_names([d for r in loaded for d in r.diags.values()])
     fig = plot_diagnostics(groups, names)
     # a panel per diagnostic, then a heatmap (with its colorbar) per arm

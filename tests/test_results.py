@@ -38,7 +38,7 @@ import analyze
 import compare
 from helpers import REPO
 from nonlinear_queries.runlog import read_metrics
-from nonlinear_queries.runs import Group, diag_value, load_run, make_groups, paired_losses, read_runs
+from nonlinear_queries.runs import Arm, diag_value, load_run, make_arms, paired_losses, read_runs
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
@@ -164,13 +164,13 @@ def held_out_table(results, arms, step, seeds):
 
 
 def held_out_groups(results, arms, step):
-    """({arm: the Group of its held-out runs at the rate chosen on seed 0 at `step`}, the keys a pair shares)."""
+    """({arm: the Arm of its held-out runs at the rate chosen on seed 0 at `step`}, the keys a pair shares)."""
     runs, keys = read_runs([os.path.join(REPO, results, a) for a in arms], "seed,data_seed")
     groups = {}
     for arm in arms:
         mine = [r for r in runs if os.path.basename(os.path.dirname(os.path.normpath(r.out_dir))) == arm]
         lr = chosen_rate({r.config["learning_rate"]: {0: r.evals[step][1]} for r in mine if r.config["seed"] == 0})
-        groups[arm] = Group(arm, [r for r in mine if r.config["seed"] != 0 and r.config["learning_rate"] == lr])
+        groups[arm] = Arm(arm, [r for r in mine if r.config["seed"] != 0 and r.config["learning_rate"] == lr])
     return groups, keys
 
 
@@ -204,7 +204,7 @@ def ablations_long_over_time():
     """results/ablations: res_gelu's and the QK-norm baseline's rel. improvement and Welch p at each step."""
     runs, group_over = read_runs([os.path.join(REPO, "results/ablations/long", a)
                                   for a in ("baseline", "baseline_qk_norm", "res_gelu")], "seed")
-    base, qk_norm, res_gelu = make_groups(runs, group_over)
+    base, qk_norm, res_gelu = make_arms(runs, group_over)
     return over_time([res_gelu, qk_norm], base, [400, 600, 800, 1000, 1400, 2000, 3000])
 
 
@@ -380,7 +380,7 @@ def diagnostics_steps():
              "val loss qk_norm", "max logit baseline", "max logit res_gelu", "max logit qk_norm", "entropy baseline",
              "entropy res_gelu", "entropy qk_norm"]]
     for lr in (3e-3, 6e-3):
-        base, res, qk = make_groups([r for r in runs if r.config["learning_rate"] == lr], group_over)
+        base, res, qk = make_arms([r for r in runs if r.config["learning_rate"] == lr], group_over)
         for step in (200, 400, 600, 800, 1000):
             loss = [compare.summarize(g, step) for g in (base, res, qk)]
             logit = [compare.summarize(g, step, diag_value("attn_logit_max")).mean for g in (base, res, qk)]
