@@ -259,16 +259,19 @@ def setting(runs, step):
     return f"{kind}, learning rate {rates}, {horizons} steps, val loss at step {step}"
 
 
-def run_flops(config):
-    """Training FLOPs of one run of `config` (a run's config dict): model.GPT.flops_per_token times the tokens of
-    its max_iters steps."""
-    import torch
+def run_flops(config, flops_per_token=None):
+    """Training FLOPs of one run of `config` (a run's config dict, or a planned run's): model.GPT.flops_per_token
+    times the tokens of its max_iters steps. flops_per_token: the run header's (train.py records it); None builds
+    the model on the meta device to count it (a planned run, or one whose header predates the record)."""
+    if flops_per_token is None:
+        import torch
 
-    from model import GPT, GPTConfig, model_config_keys
-    with torch.device("meta"):
-        model = GPT(GPTConfig(**{k: config[k] for k in model_config_keys() if k in config}))
+        from model import GPT, GPTConfig, model_config_keys
+        with torch.device("meta"):
+            flops_per_token = GPT(GPTConfig(**{k: config[k] for k in model_config_keys() if k in config}
+                                            )).flops_per_token()
     tokens = config["batch_size"] * config["gradient_accumulation_steps"] * config["block_size"]
-    return model.flops_per_token() * tokens * config["max_iters"]
+    return flops_per_token * tokens * config["max_iters"]
 
 
 def ladder(runs, step, baseline=None):
@@ -304,7 +307,8 @@ def ladder(runs, step, baseline=None):
                      if len(pairs) > 1 else None)
             run = by_arm[arm][width][pairs[0]]
             mine.append(Rung(arm, width, losses, base_losses, gaps, t_interval(gaps), p, mde, welch,
-                             run.header.get("non_embedding_params"), run_flops(run.config), tuple(pairs)))
+                             run.header.get("non_embedding_params"),
+                             run_flops(run.config, run.header.get("flops_per_token")), tuple(pairs)))
         if not mine:
             raise RunsError(f"{arm}: no run pairs with the baseline {base} at any width (same seed and data_seed)")
         rungs += mine
