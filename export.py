@@ -11,8 +11,8 @@ Conv1D weights (in, out), c_attn = [W_Q | W_K | W_V], zero biases where the mode
 which transformers.GPT2LMHeadModel.from_pretrained(DIR) loads with the same logits. Any
 other model (res_gelu, identity, residual, anchored_res_gelu, qk_norm, ...) has no
 architecture in transformers: it is written under this repo's weight names with config.json
-holding its model_args, which load_pretrained(DIR) loads, and the script says so and
-why. --out_dir may also name any source load_pretrained reads (pretrained.py).
+holding its model_args, which load_model(DIR) loads, and the script says so and
+why. --out_dir may also name any source checkpoint.load_model reads (pretrained.py lists them).
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
@@ -20,8 +20,9 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 import sys
 from dataclasses import dataclass
 
+from nonlinear_queries.checkpoint import load_model
 from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError, check_export_dir, export, load_pretrained
+from nonlinear_queries.pretrained import PretrainedError, check_export_dir, export
 
 
 @dataclass
@@ -40,7 +41,7 @@ cfg, _ = config_from_argv(ExportConfig)
 try:
     # the destination first: loading a large model takes a while
     check_export_dir(cfg.to)
-    model = load_pretrained(cfg.out_dir)
+    model = load_model(cfg.out_dir)
     reason = export(model, cfg.to)
 except PretrainedError as e:
     sys.exit(f"error: {e}")
@@ -51,4 +52,4 @@ if reason is None:
           f"transformers.GPT2LMHeadModel.from_pretrained({cfg.to!r}) loads it")
 else:
     print(f"{reason}. Hugging Face transformers has no such architecture, so {cfg.to}/model.safetensors holds this "
-          f"repo's weight names and config.json its model_args: load_pretrained({cfg.to!r}) loads it")
+          f"repo's weight names and config.json its model_args: load_model({cfg.to!r}) loads it")

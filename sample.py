@@ -7,10 +7,10 @@ Sample text from a checkpoint written by train.py, or from any pretrained model.
 
 Prompts are encoded with GPT-2's BPE, or, for a run on a character-level dataset (its
 meta.json says "tokenizer": "char", e.g. data/shakespeare_char), with that dataset's
-characters. Models are loaded by load_pretrained (pretrained.py): checkpoints through
+characters. Models are loaded by checkpoint.load_model: checkpoints through
 checkpoint.load_checkpoint_file (torch.load(weights_only=True): only tensors and plain
 containers, never arbitrary pickled objects), which names the run's other checkpoints if
-ckpt.pt is truncated or corrupt.
+ckpt.pt is truncated or corrupt, and every other source by pretrained.py.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nonlinear_queries.checkpoint import sharded_hint
+from nonlinear_queries.checkpoint import load_model, sharded_hint
 from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError, load_pretrained
+from nonlinear_queries.pretrained import PretrainedError
 from nonlinear_queries.runtime import SetupError, setup
 from nonlinear_queries.tokenizer import run_tokenizer
 
@@ -33,7 +33,7 @@ class SampleConfig:
     """Sampling settings; every field can be set with --key=value."""
 
     out_dir: str = "out"  # directory holding ckpt.pt
-    init_from: str = ""  # '' = out_dir's ckpt.pt; else any source load_pretrained reads (gpt2, a directory, ...)
+    init_from: str = ""  # '' = out_dir's ckpt.pt; else any source load_model reads (gpt2, a directory, ...)
     start: str = "\n"  # prompt text, or FILE:path to read it from a file
     num_samples: int = 1
     max_new_tokens: int = 200
@@ -74,7 +74,7 @@ try:
         raise PretrainedError(sharded_hint(cfg.out_dir) or (
             f"no checkpoint at {os.path.join(cfg.out_dir, 'ckpt.pt')}; train one with train.py, pass --out_dir=DIR, "
             f"or sample from a pretrained model with --init_from=gpt2"))
-    model = load_pretrained(source)
+    model = load_model(source)
 except (SetupError, PretrainedError) as e:
     sys.exit(f"error: {e}")
 model.eval().to(rt.device)

@@ -55,22 +55,12 @@ import torch
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
-from nonlinear_queries.checkpoint import (
-    CheckpointError,
-    TrainState,
-    check_resumable,
-    checkpoint_paths,
-    latest_checkpoint,
-    load_training_state,
-    read_checkpoint,
-    remove_checkpoints,
-    save_training_state,
-)
+from nonlinear_queries.checkpoint import Checkpointer, CheckpointError, load_model
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
 from nonlinear_queries.lock import hold_out_dir, release_new_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.pretrained import PretrainedError, load_pretrained
+from nonlinear_queries.pretrained import PretrainedError
 from nonlinear_queries.runlog import open_run_log, run_header
 from nonlinear_queries.runtime import (
     SetupError,
@@ -92,7 +82,6 @@ from nonlinear_queries.training import (
     get_lr,
     should_eval,
     should_read_back,
-    should_save,
     train_step,
 )
 
@@ -117,39 +106,23 @@ def micro_steps_per_process(cfg, rt):
     return cfg.gradient_accumulation_steps // rt.world_size
 
 
-def resume_checkpoint(cfg):
-    """The checkpoint a resumed run continues from (None for a new run), after checking that a new
-    run (from scratch or fine-tuning) never replaces the run in out_dir unasked. Raises CheckpointError."""
-    if cfg.init_from != "resume":
-        if checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
-            raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). "
-                                  f"Continue it with --init_from=resume, choose another --out_dir, or pass "
-                                  f"--overwrite=True to replace it")
-        return None
-    path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
-    if not os.path.exists(path):
-        raise CheckpointError(f"--init_from=resume but {path} does not exist; start with --init_from=scratch")
-    return path
-
-
-def build_model(cfg, rt, resume_path):
-    """The run's model on rt.device: new from the config (init seeded by cfg.seed), the checkpoint's
-    at resume_path to resume, or a pretrained source's to fine-tune (its new parameters, such as
-    anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg with the model's settings filled in,
-    model, the checkpoint dict or None). Raises CheckpointError, PretrainedError, or SetupError for a
-    model μP cannot classify."""
+def build_model(cfg, rt, resumed_args):
+    """The run's model on rt.device: new from the config (init seeded by cfg.seed), the one of
+    resumed_args (a resumed checkpoint's model_args, {} for a new run), or a pretrained source's to
+    fine-tune (its new parameters, such as anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg
+    with the model's settings filled in, model). Raises PretrainedError, or SetupError for a model μP
+    cannot classify."""
     torch.manual_seed(cfg.seed)
-    ckpt = read_checkpoint(resume_path, map_location=rt.device) if resume_path else None
     if cfg.init_from in ("scratch", "resume"):
         # a checkpoint's model_args win; settings it predates keep the config's values
-        model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **(ckpt["model_args"] if ckpt else {})}
+        model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **resumed_args}
         try:
             model = GPT(GPTConfig(**model_args))
         except ValueError as e:  # a parameter μP cannot classify (model.GPT._mup_roles)
             raise SetupError(str(e)) from None
     else:
-        model = load_pretrained(cfg.init_from, **cfg.model_settings())
-    return replace(cfg, **asdict(model.config)), model.to(rt.device), ckpt
+        model = load_model(cfg.init_from, **cfg.model_settings())
+    return replace(cfg, **asdict(model.config)), model.to(rt.device)
 
 
 def open_data(cfg):
@@ -161,10 +134,9 @@ def open_data(cfg):
 
 
 def prepare_out_dir(cfg, rt):
-    """A new run replaces the run in out_dir (allowed by resume_checkpoint): its checkpoints and
-    metrics.jsonl go, on rank 0, once every check has passed."""
+    """A new run replaces the run in out_dir (allowed by Checkpointer): its metrics.jsonl goes, on
+    rank 0, once every check has passed (Checkpointer.restore has removed its checkpoints)."""
     if rt.master and cfg.init_from != "resume":
-        remove_checkpoints(cfg.out_dir)
         if os.path.exists(os.path.join(cfg.out_dir, "metrics.jsonl")):
             os.remove(os.path.join(cfg.out_dir, "metrics.jsonl"))
 
@@ -201,9 +173,9 @@ def train(cfg, config_files, rt):
     micro_steps = micro_steps_per_process(cfg, rt)
     if rt.master and cfg.lock_out_dir:  # one run per out_dir, held until this process ends (lock.py)
         hold_out_dir(cfg.out_dir)
-    resume_path = resume_checkpoint(cfg)
+    checkpoints = Checkpointer(cfg, rt)  # the checkpoint a resumed run continues, read; None for a new run
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
-    cfg, raw_model, ckpt = build_model(cfg, rt, resume_path)
+    cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
     model_args = {k: getattr(cfg, k) for k in model_config_keys()}
     B, T = cfg.batch_size, cfg.block_size
     tokens_per_iter = cfg.gradient_accumulation_steps * B * T
@@ -214,8 +186,7 @@ def train(cfg, config_files, rt):
         from nonlinear_queries.downstream import DownstreamEval
 
         downstream = DownstreamEval(cfg, rt)
-    if ckpt:
-        check_resumable(ckpt, resume_path, model_settings, data_fingerprint, data.files())
+    checkpoints.check(model_settings, data_fingerprint, data.files())
 
     # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
     # the optimizers are built on what the processes hold (under FSDP, the shards)
@@ -224,27 +195,20 @@ def train(cfg, config_files, rt):
     params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
-    state = TrainState()
-    if ckpt:
-        load_training_state(ckpt, resume_path, raw_model, optimizers, scaler)
-        state = TrainState.from_checkpoint(ckpt)
-        del ckpt
-    if state.step > cfg.max_iters:
-        raise CheckpointError(f"the checkpoint is at step {state.step}, past max_iters={cfg.max_iters}")
+    state = checkpoints.restore(raw_model, optimizers, scaler)
     start_step, resumed_after_eval = state.step, state.evaluated
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
     prepare_out_dir(cfg, rt)
     out = open_log(cfg, rt, state, run_name, config_files, raw_model, data_fingerprint, tokens_per_iter)
-    if resume_path:
-        out.print(f"resuming from {resume_path} at step {start_step}")
+    if checkpoints.path:
+        out.print(f"resuming from {checkpoints.path} at step {start_step}")
     elif cfg.init_from != "scratch":
         out.print(f"fine-tuning from {raw_model.loaded_from.path} ({raw_model.loaded_from.kind})")
 
     stop = StopFlag().install()  # acted on after the step in flight, by every rank at the same step
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
-    last_ckpt_step = start_step if resume_path else None
-    ckpt_path = resume_path  # the newest checkpoint, once this run has written one its own
+    run_info = {"model_args": model_args, "config": asdict(cfg), "data": data_fingerprint}  # in every checkpoint
     t_start = time.time()
     # ms_per_step, tokens_per_s and MFU time the training steps alone, from a step's batch to its update,
     # summed since the last log: evaluations, lm-eval tasks and checkpoints between them are left out
@@ -271,16 +235,11 @@ def train(cfg, config_files, rt):
             for record in downstream.evaluate(raw_model, state.step):  # on rank 0, the other ranks waiting for it
                 out.print(downstream.describe(record))
                 out.log(record)
-        if should_save(state.step, cfg, start_step, state.evaluated, stopping):
-            ckpt_path = save_training_state(cfg.out_dir, raw_model, optimizers, {
-                "model_args": model_args, "config": asdict(cfg), "data": data_fingerprint,
-                "grad_scaler": scaler.state_dict(), **state.state_dict()},
-                cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
-            out.print(f"saved checkpoint to {ckpt_path} (step {state.step})")
-            last_ckpt_step = state.step
+        if checkpoints.save(state, stopping, raw_model, optimizers, scaler, run_info):
+            out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
         if stopping:
             out.print(f"stopped by {stop.signal or 'a signal to another process'} after step {state.step}; "
-                      f"the checkpoint is {ckpt_path}. Resume with:\n  {resume_command(rt)}")
+                      f"the checkpoint is {checkpoints.path}. Resume with:\n  {resume_command(rt)}")
             out.finish(0)
             return 0
         if state.step >= cfg.max_iters or cfg.eval_only:
@@ -319,9 +278,9 @@ def train(cfg, config_files, rt):
             if diverged:
                 reason, at, loss, norm = diverged
                 out.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
-                         "lr": get_lr(at - 1, cfg), "last_checkpoint_step": last_ckpt_step})
-                kept = (f"the last checkpoint, {ckpt_path} (step {last_ckpt_step}), is untouched"
-                        if last_ckpt_step is not None else "no checkpoint was written")
+                         "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
+                kept = (f"the last checkpoint, {checkpoints.path} (step {checkpoints.step}), is untouched"
+                        if checkpoints.step is not None else "no checkpoint was written")
                 out.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; "
                           f"{kept}. A lower learning_rate or a larger warmup_iters may avoid it; metrics.jsonl "
                           f"records it as 'diverged'.", file=sys.stderr)

@@ -10,9 +10,11 @@ which imports nothing from here. One concern per module:
 - optimizers: AdamW (and Muon for the modern recipe), μP's per-group rates
 - coord_check, width: μP's coordinate check; the best rate and the gap to the baseline across widths, and
   compare.py's --width_transfer and --width_ladder reports
-- checkpoint: atomic single-file and sharded (DCP) checkpoints, resuming;
+- checkpoint: train.py's Checkpointer (which checkpoint to resume, its checks and restore, when to save),
+  atomic single-file and sharded (DCP) checkpoints, and load_model, every program's loader of any source;
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
-- pretrained: weights in (`load_pretrained`) and out (Hugging Face GPT-2 format)
+- pretrained: other people's weights in (GPT-2, Hugging Face, the official code's) and out (Hugging Face
+  GPT-2 format)
 - runlog: metrics.jsonl and wandb
 - runs, stats, plots: reading run and sweep directories; Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer

@@ -1,5 +1,9 @@
 """
-Checkpoints of train.py: listed, written atomically, and read back with every check.
+Checkpoints of train.py: listed, written atomically, and read back with every check. train.py
+holds them through one Checkpointer: which checkpoint a run continues, its checks and restore,
+and when and where to save (should_save). The programs (sample.py, eval.py, analyze.py,
+export.py, train.py's fine-tuning) load a model with load_model: a run's checkpoint read here,
+any other source by pretrained.py. load_checkpoint_file is the repo's one torch.load.
 
 Under parallelism='ddp' a checkpoint is one file. Files in a run's out_dir: ckpt_<step>.pt
 (6 digits) for the newest keep_last_n steps and for the save_checkpoint_steps, and ckpt.pt,
@@ -401,6 +405,57 @@ def read_checkpoint(path, map_location="cpu", mmap=False):
     return ckpt
 
 
+def load_model(source, **overrides):
+    """The model of `source` on the CPU in float32, the one loader of sample.py, eval.py, analyze.py,
+    export.py and train.py's fine-tuning. A checkpoint file, or a run directory holding ckpt.pt, is read
+    here (load_checkpoint_file, which names a damaged file's other checkpoints): this repo's train.py's
+    (model_args in GPTConfig's names, upgrade_model_args) or the official code's (model_args with
+    num_heads, renamed by pretrained.from_official). Every other source, GPT-2 or a Hugging Face or export
+    directory, is pretrained.load_pretrained's (pretrained.py lists them all).
+
+    overrides: GPTConfig fields, as pretrained.build_pretrained takes them. Returns the GPT, its `config`
+    the resolved GPTConfig and `loaded_from` a pretrained.LoadedFrom. Raises PretrainedError, for a
+    directory holding only a sharded checkpoint one that says how to make a file of it (sharded_hint)."""
+    # imported here: pretrained reads its torch files through this module
+    from nonlinear_queries.pretrained import (
+        GPT2_SIZES,
+        LoadedFrom,
+        PretrainedError,
+        build_pretrained,
+        from_official,
+        load_pretrained,
+    )
+
+    path = None
+    if source not in GPT2_SIZES:
+        if os.path.isfile(source):
+            path = source
+        elif os.path.isfile(os.path.join(source, "ckpt.pt")):  # a run directory (its config.json is train.py's)
+            path = os.path.join(source, "ckpt.pt")
+        elif os.path.isdir(source) and sharded_hint(source):
+            raise PretrainedError(sharded_hint(source))
+    if path is None:
+        return load_pretrained(source, **overrides)
+    try:
+        ckpt = load_checkpoint_file(path)
+    except CheckpointError as e:
+        raise PretrainedError(str(e)) from None
+    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
+        found = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise PretrainedError(f"{path} is not a checkpoint: expected a dict with 'model' (a state dict) and "
+                              f"'model_args', as this repo's train.py and the official code write; found {found}")
+    args = ckpt["model_args"]
+    if "num_heads" in args:
+        weights = from_official(ckpt, path)
+    elif "n_head" in args:
+        weights = (upgrade_model_args(args), ckpt["model"],
+                   LoadedFrom("ckpt", path, ckpt.get("step"), ckpt.get("config")))
+    else:
+        raise PretrainedError(f"{path}: model_args has neither n_head (this repo's train.py) nor num_heads (the "
+                              f"official code); its keys: {sorted(args)}")
+    return build_pretrained(*weights, source, overrides)
+
+
 def load_training_state(ckpt, path, model, optimizers, scaler=None):
     """Load the weights and optimizer states of the checkpoint at `path` (ckpt: what
     read_checkpoint(path) returned) into `model`, a GPT (plain, or sharded by FSDP), and
@@ -483,6 +538,87 @@ def check_resumable(ckpt, path, model_settings, data_fingerprint, data_paths):
                 f"{data_paths[name]} changed since {path} was written ({change}), so the run would go on with "
                 f"other tokens than it started with. Restore the run's data, or start a new run "
                 f"(--init_from=scratch and another --out_dir)")
+
+
+def should_save(step, cfg, start_step, evaluated, stopping):
+    """Whether to write a checkpoint at `step`: after each evaluation, before stopping on a
+    signal, and at the save_checkpoint_steps; never at the step the run started from, which
+    is on disk already, and never with eval_only."""
+    return (evaluated or stopping or step in cfg.save_checkpoint_steps) and step > start_step and not cfg.eval_only
+
+
+class Checkpointer:
+    """train.py's checkpoints, one object per run: which checkpoint the run continues, its checks and its
+    restore, and when and where the run writes its own. In the order train.py calls them:
+
+        checkpoints = Checkpointer(cfg, rt)                      # the checkpoint to resume, read (or none)
+        checkpoints.model_args                                   # its model_args ({} for a new run)
+        checkpoints.check(model_settings, fingerprint, files)    # the config and the data are the run's
+        state = checkpoints.restore(model, optimizers, scaler)   # a TrainState
+        checkpoints.save(state, stopping, model, optimizers, scaler, run_info)   # if should_save says so
+
+    path is the newest checkpoint (the one resumed from, then the run's own latest) and step its step,
+    None until there is one. Every method raises CheckpointError for a run that cannot go on."""
+
+    def __init__(self, cfg, rt):
+        """The checkpoint that a resumed run continues, read with its meta and weights on rt.device (path
+        None for a new run, after checking that a new run, from scratch or fine-tuning, never replaces the
+        run in out_dir unasked). cfg: the TrainConfig; rt: runtime.setup's processes."""
+        self.cfg, self.master, self.step = cfg, rt.master, None
+        if cfg.init_from != "resume":
+            if checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
+                raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). "
+                                      f"Continue it with --init_from=resume, choose another --out_dir, or pass "
+                                      f"--overwrite=True to replace it")
+            self.path = None
+        else:
+            self.path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
+            if not os.path.exists(self.path):
+                raise CheckpointError(f"--init_from=resume but {self.path} does not exist; start with "
+                                      f"--init_from=scratch")
+        self.ckpt = read_checkpoint(self.path, map_location=rt.device) if self.path else None
+
+    @property
+    def model_args(self):
+        """The resumed checkpoint's model_args (GPTConfig fields), {} for a new run."""
+        return self.ckpt["model_args"] if self.ckpt else {}
+
+    def check(self, model_settings, data_fingerprint, data_paths):
+        """check_resumable on the resumed checkpoint; nothing for a new run."""
+        if self.ckpt:
+            check_resumable(self.ckpt, self.path, model_settings, data_fingerprint, data_paths)
+
+    def restore(self, model, optimizers, scaler):
+        """The TrainState the run starts from. Resumed: the checkpoint's, its weights, optimizer states and
+        loss scale loaded into `model`, `optimizers` and `scaler` (load_training_state), and the checkpoint
+        dict let go; raises CheckpointError if its step is past max_iters. New: step 0, and on rank 0 the
+        run in out_dir that it replaces (allowed at construction) loses its checkpoints now, every check
+        having passed (remove_checkpoints)."""
+        state = TrainState()
+        if self.ckpt:
+            load_training_state(self.ckpt, self.path, model, optimizers, scaler)
+            state = TrainState.from_checkpoint(self.ckpt)
+            self.ckpt, self.step = None, state.step
+        if state.step > self.cfg.max_iters:
+            raise CheckpointError(f"the checkpoint is at step {state.step}, past max_iters={self.cfg.max_iters}")
+        if self.master and self.cfg.init_from != "resume":
+            remove_checkpoints(self.cfg.out_dir)
+        self.start_step = state.step
+        return state
+
+    def save(self, state, stopping, model, optimizers, scaler, run_info):
+        """Checkpoint the run at state.step if should_save says so (after restore; `stopping`: a signal
+        stops the run after this step): `model`, `optimizers`, the loss scale of `scaler` and `state`, with
+        run_info (model_args, config, data) as save_training_state writes them. Call it on every process.
+        Returns the path written (ckpt.pt or ckpt.dcp, also self.path), or None where none is due."""
+        if not should_save(state.step, self.cfg, self.start_step, state.evaluated, stopping):
+            return None
+        cfg = self.cfg
+        self.path = save_training_state(cfg.out_dir, model, optimizers, {
+            **run_info, "grad_scaler": scaler.state_dict(), **state.state_dict()},
+            cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
+        self.step = state.step
+        return self.path
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """
-Weights in and out. In: load_pretrained(source, **overrides) (load_pretrained here), for
-fine-tuning and sampling from existing models. Out: export(model, directory), which export.py
-calls. The formats are described in docs/pretrained.md.
+Other people's weights in, and this repo's out. In: load_pretrained(source, **overrides) for
+OpenAI's GPT-2 and Hugging Face or export directories, and from_official for the official code's
+checkpoints. The programs load every source, this repo's runs included, with
+checkpoint.load_model: it reads checkpoint files itself (the official code's too, handing their
+dict to from_official) and every other source with load_pretrained. Out: export(model,
+directory), which export.py calls. The formats are described in docs/pretrained.md.
 
 A source is one of the following; its kind is read from the files, not from its name:
 - 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl': OpenAI's GPT-2 from the local Hugging Face
@@ -11,26 +14,26 @@ A source is one of the following; its kind is read from the files, not from its 
   weights (in, out), transposed against nn.Linear, fuses q, k, v into attn.c_attn (rows
   q | k | v here: split into the query's W_Q and c_kv), has biases everywhere, gelu_new and
   vocab 50257
-- a checkpoint file of the official code (arXiv:2603.13381's repository): a dict with 'model'
-  (its state dict, keys perhaps prefixed by torch.compile's '_orig_mod.') and 'model_args'
-  (num_heads, head_size, mlp_hidden_size, tie_weights, bias, scale, query_mode in
-  original | identity | residual | residual_gelu); its attention names attn.c_attn (rows
-  q | k | v for original and residual, k | v otherwise), attn.residual_rmsnorm_input,
-  attn.residual_in (W1), attn.residual_out (W2), attn.residual_layernorm_output
+- a checkpoint file of the official code (arXiv:2603.13381's repository), read by
+  checkpoint.load_model: a dict with 'model' (its state dict, keys perhaps prefixed by
+  torch.compile's '_orig_mod.') and 'model_args' (num_heads, head_size, mlp_hidden_size,
+  tie_weights, bias, scale, query_mode in original | identity | residual | residual_gelu); its
+  attention names attn.c_attn (rows q | k | v for original and residual, k | v otherwise),
+  attn.residual_rmsnorm_input, attn.residual_in (W1), attn.residual_out (W2),
+  attn.residual_layernorm_output
 - a checkpoint of this repo's train.py (ckpt.pt: 'model', 'model_args' with this repo's
-  GPTConfig names, 'step', 'config', ...), or a run directory holding one
+  GPTConfig names, 'step', 'config', ...), or a run directory holding one: checkpoint.load_model's
 - a directory written by export.py in this repo's own format (config.json with
   "format": "nonlinear-queries" and the model_args)
 
 Loading never unpickles arbitrary objects: files are read with safetensors or with
-torch.load(weights_only=True), which admits only tensors and plain containers. Every failure
-is a PretrainedError whose message says what was expected.
+checkpoint.load_checkpoint_file (torch.load(weights_only=True)), which admits only tensors and
+plain containers. Every failure is a PretrainedError whose message says what was expected.
 """
 
 import json
 import math
 import os
-import pickle
 from dataclasses import asdict, dataclass
 
 import torch
@@ -40,7 +43,7 @@ from torch import nn
 
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.atomic import atomic_path, write_json
-from nonlinear_queries.checkpoint import CheckpointError, load_checkpoint_file, sharded_hint, upgrade_model_args
+from nonlinear_queries.checkpoint import CheckpointError, load_checkpoint_file
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 REPO_FORMAT = "nonlinear-queries"  # config.json's "format" in export.py's own format
@@ -93,16 +96,23 @@ class LoadedFrom:
 
 
 def load_pretrained(source, **overrides):
-    """load_pretrained: the model of `source` (see the module docstring) on the CPU in float32.
+    """The model of `source`, one of GPT-2's names or a Hugging Face GPT-2 or export directory (see the
+    module docstring), on the CPU in float32: build_pretrained on what read_source reads (overrides and
+    the returned model as there). Raises PretrainedError."""
+    return build_pretrained(*read_source(source), source, overrides)
 
-    overrides: GPTConfig fields. dropout and fused_qkv may take any value; block_size may be
+
+def build_pretrained(model_args, state_dict, loaded_from, source, overrides):
+    """The GPT of model_args (GPTConfig keyword arguments) holding state_dict (its weights under this
+    repo's names), read from `source` as loaded_from (a LoadedFrom) says, with `overrides` applied.
+
+    overrides: {GPTConfig field: value}. dropout and fused_qkv may take any value; block_size may be
     smaller than the source's (positions past it are dropped, as nanoGPT's crop_block_size);
     query_mode='anchored_res_gelu' (with query_rank) turns a linear model into the anchored
     query, keeping its W_Q and adding f with f = 0, so the logits are the loaded model's until
     training moves f. Every other field must equal the loaded one. Returns the GPT, its
     `config` the resolved GPTConfig and `loaded_from` a LoadedFrom. Raises PretrainedError.
     """
-    model_args, state_dict, loaded_from = read_source(source)
     loaded = make_config(model_args, source)
     config = apply_overrides(loaded, overrides, source)
     model = GPT(config)
@@ -133,7 +143,7 @@ def make_config(model_args, source):
 
 
 def apply_overrides(loaded, overrides, source):
-    """The GPTConfig `loaded` with `overrides` applied, if each is one load_pretrained allows."""
+    """The GPTConfig `loaded` with `overrides` applied, if each is one build_pretrained allows."""
     values = asdict(loaded)
     unknown = sorted(set(overrides) - set(values))
     if unknown:
@@ -151,21 +161,18 @@ def apply_overrides(loaded, overrides, source):
 
 
 def read_source(source):
-    """(model_args, state_dict, LoadedFrom) of `source`: GPTConfig keyword arguments, and the
-    weights under this repo's names for the model those arguments build."""
+    """(model_args, state_dict, LoadedFrom) of `source`, a GPT-2 name or a directory: GPTConfig keyword
+    arguments, and the weights under this repo's names for the model those arguments build. A checkpoint
+    file, or a run directory (ckpt.pt), is checkpoint.load_model's, which hands every other source here."""
     if source in GPT2_SIZES:
         return read_directory(hub_snapshot(source), kind="gpt2")
     if os.path.isdir(source):
-        if os.path.isfile(os.path.join(source, "ckpt.pt")):  # a run directory (its config.json is train.py's)
-            return read_checkpoint(os.path.join(source, "ckpt.pt"))
-        if sharded_hint(source):
-            raise PretrainedError(sharded_hint(source))
         if os.path.isfile(os.path.join(source, "config.json")):
             return read_directory(source)
         raise PretrainedError(f"{source} holds neither config.json (a Hugging Face GPT-2 directory or export.py's "
                               f"output) nor ckpt.pt (a run directory of train.py)")
     if os.path.isfile(source):
-        return read_checkpoint(source)
+        raise PretrainedError(f"{source} is a file: checkpoint files are read by checkpoint.load_model")
     raise PretrainedError(f"{source!r} is none of {', '.join(GPT2_SIZES)} and no file or directory")
 
 
@@ -196,17 +203,13 @@ def read_json(path):
         raise PretrainedError(f"cannot read {path}: not valid JSON ({e})") from None
 
 
-def read_torch_file(path):
-    """torch.load(path, weights_only=True) on the CPU; PretrainedError if the file is not one."""
+def read_torch_weights(path):
+    """The tensors of a pytorch_model.bin, read by checkpoint.load_checkpoint_file (tensors and plain
+    containers only); PretrainedError if the file is missing, truncated, corrupt or holds other objects."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # garbage, or a pickle of objects that weights_only refuses
-        raise PretrainedError(f"cannot read {path}: not a PyTorch file of tensors and plain containers (corrupt, or "
-                              f"it holds other Python objects, which are never unpickled): "
-                              f"{str(e).splitlines()[0]}") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:  # a truncated or torn zip archive
-        raise PretrainedError(f"cannot read {path}: truncated or corrupt ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        return load_checkpoint_file(path)
+    except CheckpointError as e:
+        raise PretrainedError(str(e)) from None
 
 
 def read_safetensors(path):
@@ -220,7 +223,7 @@ def read_safetensors(path):
 def read_weights(directory):
     """The tensors of directory's model.safetensors or else pytorch_model.bin, each possibly sharded
     (model.safetensors.index.json or pytorch_model.bin.index.json naming the shards)."""
-    for name, reader in (("model.safetensors", read_safetensors), ("pytorch_model.bin", read_torch_file)):
+    for name, reader in (("model.safetensors", read_safetensors), ("pytorch_model.bin", read_torch_weights)):
         path = os.path.join(directory, name)
         if os.path.isfile(path):
             return reader(path)
@@ -301,28 +304,9 @@ def state_dict_from_hf(hf, n_embd, tie_weights):
     return out
 
 
-def read_checkpoint(path):
-    """A checkpoint file of this repo's train.py or of the official code, told apart by model_args' names.
-    Read by checkpoint.load_checkpoint_file, whose refusal of a damaged file names the run's other checkpoints."""
-    try:
-        ckpt = load_checkpoint_file(path)
-    except CheckpointError as e:
-        raise PretrainedError(str(e)) from None
-    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
-        found = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise PretrainedError(f"{path} is not a checkpoint: expected a dict with 'model' (a state dict) and "
-                              f"'model_args', as this repo's train.py and the official code write; found {found}")
-    args = ckpt["model_args"]
-    if "num_heads" in args:
-        return from_official(ckpt, path)
-    if "n_head" in args:
-        return upgrade_model_args(args), ckpt["model"], LoadedFrom("ckpt", path, ckpt.get("step"), ckpt.get("config"))
-    raise PretrainedError(f"{path}: model_args has neither n_head (this repo's train.py) nor num_heads (the official "
-                          f"code); its keys: {sorted(args)}")
-
-
 def from_official(ckpt, path):
-    """(model_args, state_dict, LoadedFrom) of an official-code checkpoint, under this repo's names.
+    """(model_args, state_dict, LoadedFrom) of an official-code checkpoint (the dict that
+    checkpoint.load_model read from `path`), under this repo's names.
     The softmax scale is model_args' `scale`: attn_scale 0 where it is the query module's own."""
     args = {**OFFICIAL_DEFAULTS, **ckpt["model_args"]}
     mode = OFFICIAL_QUERY_MODES.get(args["query_mode"])
@@ -453,7 +437,7 @@ def export(model, directory):
     transformers.GPT2LMHeadModel.from_pretrained(directory) loads, computing the same logits;
     returns None. Otherwise in this repo's format (its state dict, a tied LM head stored once;
     config.json {"format": "nonlinear-queries", "model_args": ...}), which
-    load_pretrained(directory) loads; returns the reason Hugging Face cannot hold the model.
+    checkpoint.load_model(directory) loads; returns the reason Hugging Face cannot hold the model.
     """
     check_export_dir(directory)
     reason = hf_incompatibility(model.config)

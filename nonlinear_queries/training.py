@@ -2,8 +2,8 @@
 The pieces of train.py's loop, each a function of what it uses: the learning-rate
 schedule, the dropout seeds, one training step, the divergence rule (on the host, and
 kept on the device between the loop's reads), the update that a diverged step skips,
-evaluation, and the loop's decisions of when to evaluate, when to checkpoint and when to
-read the device's numbers back.
+evaluation, and the loop's decisions of when to evaluate and when to read the device's
+numbers back (when to checkpoint is checkpoint.should_save's).
 
 Step numbering: "step s" is the state after s optimizer updates; the update that takes
 step s to s + 1 uses get_lr(s).
@@ -248,13 +248,6 @@ def should_eval(step, cfg, start_step, resumed_after_eval, stopping):
     due = step % cfg.eval_interval == 0 or step == cfg.max_iters or cfg.eval_only
     repeated = step == start_step and resumed_after_eval and not cfg.eval_only
     return due and not stopping and not repeated
-
-
-def should_save(step, cfg, start_step, evaluated, stopping):
-    """Whether to write a checkpoint at `step`: after each evaluation, before stopping on a
-    signal, and at the save_checkpoint_steps; never at the step the run started from, which
-    is on disk already, and never with eval_only."""
-    return (evaluated or stopping or step in cfg.save_checkpoint_steps) and step > start_step and not cfg.eval_only
 
 
 def should_read_back(step, cfg, start_step, resumed_after_eval, tasks_due=False):

@@ -17,7 +17,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import TINY, losses_by_step, randomize, read_metrics, run_in_process, run_script, train
 from model import GPT, GPTConfig
-from nonlinear_queries.pretrained import PretrainedError, export, load_pretrained
+from nonlinear_queries.checkpoint import load_model
+from nonlinear_queries.pretrained import PretrainedError, export
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 IDX = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -68,7 +69,7 @@ def test_hf_gpt2_directory_gives_the_logits_of_gpt2lmheadmodel(tmp_path, config,
     if weights == "pytorch_model.bin":  # the older format: a torch.save'd state dict
         os.remove(tmp_path / "model.safetensors")
         torch.save(hf.state_dict(), tmp_path / weights)
-    model = load_pretrained(str(tmp_path)).eval()
+    model = load_model(str(tmp_path)).eval()
     cfg = model.config
     assert (cfg.bias, cfg.mlp_activation, cfg.vocab_size, cfg.block_size) == (True, activation, 97, 16)
     assert cfg.tie_weights == config.get("tie_word_embeddings", True) and model.loaded_from.kind == "hf"
@@ -80,14 +81,14 @@ def test_gpt2_loads_from_the_local_cache_only(tmp_path, monkeypatch, repo_id):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(PretrainedError, match="not in the local Hugging Face cache.*\n  hf download "
                                               "openai-community/gpt2 config.json model.safetensors"):
-        load_pretrained("gpt2")
+        load_model("gpt2")
     # the cache's layout: models--OWNER--NAME/refs/main names the snapshot holding the files
     repo = tmp_path / f"models--{repo_id.replace('/', '--')}"
     hf = hf_gpt2(2)
     hf.save_pretrained(repo / "snapshots" / ("a" * 40))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("a" * 40)
-    model = load_pretrained("gpt2").eval()
+    model = load_model("gpt2").eval()
     assert model.loaded_from.kind == "gpt2"
     torch.testing.assert_close(logits(model), logits(hf), rtol=0, atol=1e-5)
 
@@ -106,7 +107,7 @@ def test_export_round_trip_through_gpt2lmheadmodel(tmp_path, variant):
     assert export(model, str(tmp_path)) is None
     hf = GPT2LMHeadModel.from_pretrained(str(tmp_path)).eval()
     torch.testing.assert_close(logits(hf), logits(model), rtol=0, atol=1e-5)
-    back = load_pretrained(str(tmp_path)).eval()  # a bias-free model comes back with zero biases
+    back = load_model(str(tmp_path)).eval()  # a bias-free model comes back with zero biases
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=1e-5)
 
 
@@ -118,7 +119,7 @@ def test_export_of_what_gpt2_cannot_hold_writes_this_repos_format(tmp_path, vari
     assert reason.startswith(("query_mode=", "qk_norm=True"))
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["format"] == "nonlinear-queries" and config["model_args"] == asdict(model.config)
-    back = load_pretrained(str(tmp_path)).eval()
+    back = load_model(str(tmp_path)).eval()
     assert back.loaded_from.kind == "export" and back.config == model.config
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=0)
 
@@ -186,7 +187,7 @@ def test_official_checkpoint_gives_the_original_logits(tmp_path, official_mode, 
     model = randomize(GPT(GPTConfig(**SMALL, query_mode=query_mode, tie_weights=tie_weights, bias=bias,
                                     attn_scale=attn_scale)), 6).eval()
     torch.save(official_checkpoint(model, official_mode, scale, compiled=tie_weights), tmp_path / "ckpt.pt")
-    loaded = load_pretrained(str(tmp_path / "ckpt.pt")).eval()
+    loaded = load_model(str(tmp_path / "ckpt.pt")).eval()
     assert loaded.config == model.config
     assert (loaded.loaded_from.kind, loaded.loaded_from.step) == ("official", 60000)
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
@@ -196,7 +197,7 @@ def test_repo_checkpoint_loads_from_file_and_run_directory(tmp_path):
     model = randomize(GPT(GPTConfig(**SMALL, query_mode="res_gelu", tie_weights=False, bias=True)), 7).eval()
     path = save_run(model, tmp_path / "run", step=7)
     for source in (path, str(tmp_path / "run")):
-        loaded = load_pretrained(source).eval()
+        loaded = load_model(source).eval()
         assert loaded.config == model.config and loaded.loaded_from.path == path
         assert loaded.loaded_from.step == 7 and loaded.loaded_from.run_config["dataset"] == "shakespeare"
         torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
@@ -210,7 +211,7 @@ def test_repo_checkpoint_from_before_the_official_half_keeps_its_scale(tmp_path)
     for key in ("attn_scale", "tie_weights", "bias", "mlp_activation"):
         del ckpt["model_args"][key]
     torch.save(ckpt, path)
-    loaded = load_pretrained(path).eval()
+    loaded = load_model(path).eval()
     assert loaded.config.attn_scale == 1 / math.sqrt(8)
     torch.testing.assert_close(logits(loaded), logits(model), rtol=0, atol=0)
 
@@ -222,10 +223,10 @@ def test_repo_checkpoint_from_before_the_official_half_keeps_its_scale(tmp_path)
 def test_anchored_query_starts_at_the_pretrained_logits_and_its_gradient_reaches_f(tmp_path):
     hf = hf_gpt2(9)
     hf.save_pretrained(tmp_path)
-    model = load_pretrained(str(tmp_path), query_mode="anchored_res_gelu", query_rank=8)
+    model = load_model(str(tmp_path), query_mode="anchored_res_gelu", query_rank=8)
     assert model.transformer.h[0].attn.query.w1.weight.shape == (8, 32)
     torch.testing.assert_close(logits(model.eval()), logits(hf), rtol=0, atol=1e-5)
-    linear = load_pretrained(str(tmp_path)).eval()
+    linear = load_model(str(tmp_path)).eval()
     torch.testing.assert_close(logits(model), logits(linear), rtol=0, atol=1e-6)
     # step 0: f = 0, so only its closing LayerNorm weight gets a gradient; after one step all of f does
     model.train()
@@ -243,7 +244,7 @@ def test_anchored_query_starts_at_the_pretrained_logits_and_its_gradient_reaches
 def test_overrides_that_keep_the_weights_meaning(tmp_path):
     model = randomize(GPT(GPTConfig(**SMALL)), 10).eval()
     path = save_run(model, tmp_path)
-    loaded = load_pretrained(path, dropout=0.1, fused_qkv=False, block_size=8, n_layer=2).eval()
+    loaded = load_model(path, dropout=0.1, fused_qkv=False, block_size=8, n_layer=2).eval()
     assert (loaded.config.dropout, loaded.config.fused_qkv, loaded.config.block_size) == (0.1, False, 8)
     first8 = IDX[:, :8].contiguous()
     torch.testing.assert_close(logits(loaded, first8), logits(model, first8), rtol=0, atol=1e-6)
@@ -262,7 +263,7 @@ def test_overrides_that_keep_the_weights_meaning(tmp_path):
 def test_overrides_that_would_change_the_model_are_refused(tmp_path, source_mode, overrides, message):
     path = save_run(GPT(GPTConfig(**SMALL, query_mode=source_mode)), tmp_path)
     with pytest.raises(PretrainedError, match=message):
-        load_pretrained(path, **overrides)
+        load_model(path, **overrides)
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,15 +272,15 @@ def test_overrides_that_would_change_the_model_are_refused(tmp_path, source_mode
 
 def test_directory_that_is_not_gpt2(tmp_path):
     with pytest.raises(PretrainedError, match="holds neither config.json .* nor ckpt.pt"):
-        load_pretrained(str(tmp_path))
+        load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
     with pytest.raises(PretrainedError, match="model_type='llama': expected a Hugging Face GPT-2"):
-        load_pretrained(str(tmp_path))
+        load_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32}))
     with pytest.raises(PretrainedError, match="has no model.safetensors or pytorch_model.bin"):
-        load_pretrained(str(tmp_path))
+        load_model(str(tmp_path))
     with pytest.raises(PretrainedError, match="'nowhere' is none of gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
-        load_pretrained("nowhere")
+        load_model("nowhere")
 
 
 def test_corrupt_and_foreign_files(tmp_path):
@@ -293,27 +294,27 @@ def test_corrupt_and_foreign_files(tmp_path):
         with open(tmp_path / "bad.pt", "wb") as f:
             f.write(content)
         with pytest.raises(PretrainedError, match=message):
-            load_pretrained(str(tmp_path / "bad.pt"))
+            load_model(str(tmp_path / "bad.pt"))
     torch.save(argparse.Namespace(model={}), tmp_path / "object.pt")  # a pickled object of a class
     with pytest.raises(PretrainedError, match="it holds Python objects other than tensors and plain containers, "
                                               "which are never unpickled"):
-        load_pretrained(str(tmp_path / "object.pt"))
+        load_model(str(tmp_path / "object.pt"))
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
     with pytest.raises(PretrainedError, match=r"not a checkpoint: expected a dict with 'model'.*found \['weights'\]"):
-        load_pretrained(str(tmp_path / "other.pt"))
+        load_model(str(tmp_path / "other.pt"))
     torch.save({"model": {}, "model_args": {"num_heads": 4, "query_mode": "swiglu"}}, tmp_path / "mode.pt")
     with pytest.raises(PretrainedError, match="the official query_mode 'swiglu' is none of original, identity"):
-        load_pretrained(str(tmp_path / "mode.pt"))
+        load_model(str(tmp_path / "mode.pt"))
     # model_args that do not match the weights: an 'original' run whose c_attn lacks the W_Q rows
     ckpt = official_checkpoint(GPT(GPTConfig(**SMALL, query_mode="identity")), "original", 0.125, compiled=False)
     torch.save(ckpt, tmp_path / "mismatch.pt")
     with pytest.raises(PretrainedError, match="the weights do not fit the model its config describes"):
-        load_pretrained(str(tmp_path / "mismatch.pt"))
+        load_model(str(tmp_path / "mismatch.pt"))
     hf_gpt2().save_pretrained(tmp_path / "hf")
     with open(tmp_path / "hf" / "model.safetensors", "r+b") as f:
         f.truncate(100)
     with pytest.raises(PretrainedError, match="not a safetensors file, or truncated or corrupt"):
-        load_pretrained(str(tmp_path / "hf"))
+        load_model(str(tmp_path / "hf"))
 
 
 def test_export_refuses_a_destination_it_would_destroy(tmp_path):
@@ -342,7 +343,7 @@ def test_export_refuses_a_destination_it_would_destroy(tmp_path):
     for kind, first in (("hf", model), ("own", GPT(GPTConfig(**SMALL, query_mode="res_gelu")))):
         export(first, str(tmp_path / kind))
         export(other, str(tmp_path / kind))
-        torch.testing.assert_close(logits(load_pretrained(str(tmp_path / kind)).eval()), logits(other), rtol=0,
+        torch.testing.assert_close(logits(load_model(str(tmp_path / kind)).eval()), logits(other), rtol=0,
                                    atol=1e-5)
 
 

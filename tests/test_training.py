@@ -9,6 +9,7 @@ import torch
 
 from model import GPT, GPTConfig
 from nonlinear_queries.batches import get_batch
+from nonlinear_queries.checkpoint import should_save
 from nonlinear_queries.optimizers import Muon, configure_optimizers
 from nonlinear_queries.runtime import Runtime
 from nonlinear_queries.train_config import TrainConfig
@@ -21,7 +22,6 @@ from nonlinear_queries.training import (
     get_lr,
     should_eval,
     should_read_back,
-    should_save,
     train_step,
 )
 
