@@ -355,13 +355,14 @@ def _unreadable(path, e):
     out_dir = os.path.dirname(path) or "."
     others = [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))
               if not (os.path.exists(path) and os.path.samefile(p, path))]
-    hint = (f"Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH"
-            if others else f"There is no other checkpoint in {out_dir}")
+    hint = (f" Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH" if others
+            # another file (a Hugging Face directory's pytorch_model.bin) has no checkpoints beside it to offer
+            else f" There is no other checkpoint in {out_dir}" if os.path.basename(path).startswith("ckpt") else "")
     detail = str(e).splitlines()[0] if str(e) else ""
     objects = (", or it holds Python objects other than tensors and plain containers, which are never unpickled"
                if isinstance(e, pickle.UnpicklingError) else "")
     return CheckpointError(f"cannot read checkpoint {path}: it is truncated or corrupt{objects} "
-                           f"({type(e).__name__}: {detail}). {hint}")
+                           f"({type(e).__name__}: {detail}).{hint}")
 
 
 def load_checkpoint_file(path, map_location="cpu", mmap=False):
