@@ -1,6 +1,6 @@
 """
 The library shared by the programs at the repo's root (train.py, sample.py, eval.py,
-export.py, compare.py, analyze.py, sweep.py); the model itself is the root's model.py,
+export.py, compare.py, analyze.py, sweep.py, study.py); the model itself is the root's model.py,
 which imports nothing from here. One concern per module:
 
 - configurator, train_config: config files parsed (never executed), `--key=value`, the checked TrainConfig
@@ -13,7 +13,10 @@ which imports nothing from here. One concern per module:
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
 - pretrained: weights in (`load_pretrained`) and out (Hugging Face GPT-2 format)
 - runlog: metrics.jsonl and wandb
-- runs, stats: reading run and sweep directories; Welch, paired and Holm tests, tables
+- runs, stats: reading run and sweep directories (runs.finished: whether a run is over); Welch, paired and
+  Holm tests, tables
+- sweeps, slurm: a sweep's points, their claims and their runs on this machine (sweeps) or as SLURM jobs (slurm)
+- protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps)
 - diagnostics: per-layer attention-logit, entropy and query statistics
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware
