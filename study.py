@@ -21,16 +21,16 @@ protocol, for each horizon and each arm:
    RESULTS_DIR/figure*.png, regenerated on every run; the README beside them is a person's.
 
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
-based on in RESULTS_DIR/study.json. The runs go through sweep.py, in RUNS_DIR/<horizon>/<arm>/<point>:
-finished points are skipped, interrupted ones resume. On this machine with [launcher] jobs = N > 1,
-the arms share N slots (on CUDA each a set of GPUs of its own), each running one point at a time: a
-slot that frees takes the next point waiting in any arm's current stage, so no slot idles while a
-point waits (each point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches
-every point, which checkpoints. With a
-launcher that returns before its jobs finish (SLURM), the study stops after submitting and says
-so; run the same command again once they are done. Exit status: 0 ok (or waiting for jobs),
-1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study file,
-128 + N stopped by signal N.
+based on in RESULTS_DIR/study.json. The runs go through sweep.py's library
+(nonlinear_queries/sweeps.py), in this process, in RUNS_DIR/<horizon>/<arm>/<point>: finished points
+are skipped, interrupted ones resume. On this machine with [launcher] jobs = N > 1, the arms share N
+slots (on CUDA each a set of GPUs of its own), each running one point at a time: a slot that frees
+takes the next point waiting in any arm's current stage, so no slot idles while a point waits (each
+point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which
+checkpoints. With a launcher that returns before its jobs finish (SLURM), the study stops after
+submitting and says so; run the same command again once they are done. Exit status: 0 ok (or waiting
+for jobs), 1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study
+file, 128 + N stopped by signal N.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
@@ -40,281 +40,32 @@ import math
 import os
 import shlex
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
-import tomllib
-from dataclasses import dataclass, field
 
+from nonlinear_queries import sweeps
 from nonlinear_queries.atomic import atomic_write, write_json
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.runs import history, read_records
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.protocol import (
+    StudyError,
+    advance,
+    arm_config,
+    arm_dir,
+    arms_at,
+    final_val_loss,
+    held_out_seeds,
+    load_study,
+    point_dir,
+    points_had,
+    train_args,
+)
+from nonlinear_queries.runs import finished, read_records
+from nonlinear_queries.sweeps import Point, end_point, point_name, start_point, visible_gpus, write_record
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-# assumed when no run of the study has finished yet: an H100's dense bf16 peak at a typical MFU
-DEFAULT_PEAK_FLOPS, DEFAULT_MFU = 989e12, 0.40
-
-
-class StudyError(Exception):
-    """A study file that cannot be run; the message names the file and the key."""
-
-
-@dataclass
-class Arm:
-    name: str
-    config: str  # a config file, relative to the repo root
-    overrides: dict = field(default_factory=dict)
-    grid: list = field(default_factory=list)  # this arm's starting tuning grid; [] = the study's
-    value: str = ""  # a value fixed in advance: no tuning, straight to the held-out seeds
-    value_from: str = ""  # the name of the arm whose chosen value this one runs (e.g. tuned at a smaller width)
-    runs: str = ""  # a directory of another study's runs of this arm, reused as they are: never run here
-    seeds: list | None = None  # this arm's held-out seeds; None = the horizon's
-
-
-@dataclass
-class Table:
-    """One compare.py table of TABLES.md at one horizon: `arms` in order (the first is the baseline
-    unless `args` say otherwise), `args` added to the protocol's flags, and compare.py's figure
-    written to `figure` where one is named. `kind`: 'compare' (Table 1 over the arms), 'width_transfer'
-    (each arm's val loss against the rate, per width, SP and μP) or 'width_ladder' (the gap to the
-    baseline per width and its slope against log width), compare.py's --width_transfer / --width_ladder."""
-
-    horizon: int  # max_iters of the horizon it compares
-    title: str
-    arms: list
-    args: list
-    figure: str
-    kind: str = "compare"
-
-
-@dataclass
-class Horizon:
-    """A training length (lr_decay_iters follows max_iters) and where its runs go. A horizon with
-    tune=false tunes nothing: its arms run the held-out seeds at the value chosen at the horizon
-    `chosen_from` (results/ablations' long runs were made so; a fair long-horizon answer tunes)."""
-
-    max_iters: int
-    subdir: str  # RUNS_DIR/<subdir>/<arm>; "" puts the arms in RUNS_DIR itself
-    arms: list  # the names of the arms run at this horizon
-    tune: bool
-    chosen_from: int  # with tune=false: the max_iters of the horizon whose chosen values are used
-    seeds: list  # the held-out seeds at this horizon
-
-
-@dataclass
-class Study:
-    """A parsed study file; see the module docstring and studies/*.toml."""
-
-    path: str
-    name: str
-    runs_dir: str
-    results_dir: str
-    arms: list
-    key: str  # the tuning axis, a TrainConfig key
-    grid: list  # its starting values, as written (they name the run directories)
-    max_widen: int
-    tuning_seeds: list  # the tuning seeds; a value's tuning loss is the mean over them
-    vary_data_order: bool
-    horizons: list
-    launcher: dict
-    tables: list  # Table
-    peak_flops: float
-    mfu: float
-    seconds_per_step: float  # the cost of a step where no run of the study has finished yet; 0 = from FLOPs
-
-    @property
-    def tuning_seed(self):
-        """The first tuning seed: the one a point is checked with, and compare.py's --select_on."""
-        return self.tuning_seeds[0]
-
-
-def _take(table, key, kind, where, default=None):
-    """table[key] checked to be of `kind`; `default` when absent (None: required). Raises StudyError."""
-    if key not in table:
-        if default is None:
-            raise StudyError(f"{where}: '{key}' is missing")
-        return default
-    value = table.pop(key)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise StudyError(f"{where}: '{key}' must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _no_more(table, where):
-    if table:
-        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(table))}")
-
-
-def load_study(path):
-    """Parse and check the study file at `path`. Returns a Study. Raises StudyError naming the file and key
-    (a missing or unknown key, a wrong type, an unknown config key, a config file that does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise StudyError(f"{path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise StudyError(f"{path} is not valid TOML: {e}") from None
-    name = _take(raw, "name", str, path, os.path.splitext(os.path.basename(path))[0])
-    results_dir = _take(raw, "results_dir", str, path, os.path.join("results", name))
-    runs_dir = _take(raw, "runs_dir", str, path, results_dir)
-    tuning = _take(raw, "tuning", dict, path)
-    where = f"{path} [tuning]"
-    key = _take(tuning, "key", str, where)
-    grid = [str(v) for v in _take(tuning, "grid", list, where)]
-    max_widen = _take(tuning, "max_widen", int, where, 3)
-    if ("seed" in tuning) == ("seeds" in tuning):
-        raise StudyError(f"{where}: give the tuning seed as 'seed' or several as 'seeds', one of the two")
-    tuning_seeds = [_take(tuning, "seed", int, where)] if "seed" in tuning else _take(tuning, "seeds", list, where)
-    if not tuning_seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in tuning_seeds):
-        raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers, got {tuning_seeds!r}")
-    _no_more(tuning, where)
-    held_out = _take(raw, "held_out", dict, path)
-    where = f"{path} [held_out]"
-    seeds = _take(held_out, "seeds", list, where)
-    vary = _take(held_out, "vary_data_order", bool, where, True)
-    _no_more(held_out, where)
-    if set(tuning_seeds) & set(seeds):
-        raise StudyError(f"{path}: the tuning seed {sorted(set(tuning_seeds) & set(seeds))[0]} is also a held-out "
-                         f"seed; a value chosen on a seed must not be reported on it")
-    raw_horizons = _take(raw, "horizon", list, path)
-    arms = []
-    for i, a in enumerate(_take(raw, "arm", list, path)):
-        where = f"{path} [[arm]] {i + 1}"
-        arm = Arm(_take(a, "name", str, where), _take(a, "config", str, where), _take(a, "overrides", dict, where, {}),
-                  [str(v) for v in _take(a, "grid", list, where, [])], _take(a, "value", str, where, ""),
-                  _take(a, "value_from", str, where, ""), _take(a, "runs", str, where, ""),
-                  _take(a, "seeds", list, where, None) if "seeds" in a else None)
-        _no_more(a, where)
-        if arm.value and arm.value_from:
-            raise StudyError(f"{where}: 'value' fixes the arm's {key} and 'value_from' takes another arm's; give one")
-        if arm.seeds is not None and set(arm.seeds) & set(tuning_seeds):
-            raise StudyError(f"{where}: its held-out seeds include a tuning seed")
-        for value in [*(arm.grid or grid), *([arm.value] if arm.value else [])]:
-            try:
-                float(value)
-            except ValueError:
-                raise StudyError(f"{where}: the tuning grid holds {value!r}; the tuning axis must be numeric") from None
-        if not os.path.isfile(os.path.join(REPO, arm.config)):
-            raise StudyError(f"{where}: config {arm.config} does not exist")
-        arms.append(arm)
-    if len({a.name for a in arms}) != len(arms):
-        raise StudyError(f"{path}: two arms share a name")
-    names = [a.name for a in arms]
-    for i, arm in enumerate(arms):
-        source = next((a for a in arms if a.name == arm.value_from), None) if arm.value_from else None
-        if arm.value_from and (source is None or source.value_from):
-            raise StudyError(f"{path} [[arm]] {i + 1}: value_from = {arm.value_from!r} must name an arm that is "
-                             f"tuned or has a fixed value")
-    horizons = []
-    for i, h in enumerate(raw_horizons):
-        where = f"{path} [[horizon]] {i + 1}"
-        horizon = Horizon(_take(h, "max_iters", int, where), _take(h, "subdir", str, where, ""),
-                          _take(h, "arms", list, where, names), _take(h, "tune", bool, where, True),
-                          _take(h, "chosen_from", int, where, 0), _take(h, "seeds", list, where, seeds))
-        _no_more(h, where)
-        if set(tuning_seeds) & set(horizon.seeds):
-            raise StudyError(f"{where}: a tuning seed is also a held-out seed")
-        if set(horizon.arms) - set(names):
-            raise StudyError(f"{where}: no arm is named {', '.join(sorted(set(horizon.arms) - set(names)))}")
-        tuned = {x.max_iters: x for x in horizons if x.tune}
-        if not horizon.tune and (horizon.chosen_from not in tuned or set(horizon.arms) - set(
-                tuned.get(horizon.chosen_from, horizon).arms)):
-            raise StudyError(f"{where}: tune = false needs chosen_from = the max_iters of an earlier tuned horizon "
-                             f"that runs the same arms")
-        horizons.append(horizon)
-    launcher = _take(raw, "launcher", dict, path, {})
-    tables = []
-    default_tables = [{"horizon": h.max_iters, "arms": h.arms,
-                       "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]
-    for i, tb in enumerate(_take(raw, "table", list, path, default_tables)):
-        where = f"{path} [[table]] {i + 1}"
-        table = Table(_take(tb, "horizon", int, where, horizons[0].max_iters), _take(tb, "title", str, where, ""),
-                      _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
-                      _take(tb, "figure", str, where, ""), _take(tb, "kind", str, where, "compare"))
-        _no_more(tb, where)
-        if table.kind not in ("compare", "width_transfer", "width_ladder"):
-            raise StudyError(f"{where}: kind must be 'compare', 'width_transfer' or 'width_ladder', got {table.kind!r}")
-        horizon = next((h for h in horizons if h.max_iters == table.horizon), None)
-        if horizon is None or set(table.arms) - set(horizon.arms):
-            raise StudyError(f"{where}: its horizon {table.horizon} is not one of the study's, or does not run every "
-                             f"arm it names")
-        tables.append(table)
-    cost = _take(raw, "cost", dict, path, {})
-    peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
-    mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
-    per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
-    _no_more(cost, f"{path} [cost]")
-    _no_more(raw, path)
-    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
-                  launcher, tables, peak, mfu, per_step)
-    for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
-        for horizon in (h for h in horizons if arm.name in h.arms):
-            try:
-                arm_config(study, arm, horizon, {key: arm.value or (arm.grid or grid)[0], "seed": tuning_seeds[0]})
-            except Exception as e:
-                raise StudyError(f"{path}: arm {arm.name}: {e}") from None
-            if arm.runs:  # reused runs are read, never run: every one the protocol asks for must be there
-                missing = advance(study, arm, horizon).todo
-                if missing or not os.path.isdir(arm.runs):
-                    raise StudyError(f"{path}: arm {arm.name} reuses the runs in {arm.runs}, which lack "
-                                     f"{len(missing) or 'all'} the protocol asks for (e.g. "
-                                     f"{point_dir(study, arm, horizon, missing[0]) if missing else arm.runs}); "
-                                     f"finish them in their own study first")
-    return study
-
-
-def format_value(value):
-    """A widened grid value as a run directory names it: the shortest mantissa and a power of ten
-    (0.012 -> '1.2e-2', 0.00075 -> '7.5e-4'), as the committed grids are written."""
-    exponent = math.floor(math.log10(value))
-    mantissa = round(value / 10**exponent, 10)
-    return f"{mantissa:g}e{exponent}"
-
-
-def train_args(study, arm, horizon):
-    """The train.py arguments every run of `arm` at `horizon` shares: its config file, its overrides, and the
-    horizon (max_iters, with lr_decay_iters following it)."""
-    overrides = {**arm.overrides, "max_iters": horizon.max_iters, "lr_decay_iters": horizon.max_iters}
-    return [os.path.join(REPO, arm.config), *(f"--{k}={v}" for k, v in overrides.items())]
-
-
-def arm_config(study, arm, horizon, point):
-    """The TrainConfig of one run (raises ConfigError for a setting train.py would refuse)."""
-    args = [*train_args(study, arm, horizon), *(f"--{k}={v}" for k, v in point.items())]
-    return parse_config(TrainConfig, args)[0]
-
-
-def arm_dir(study, arm, horizon):
-    """The directory of the arm's runs at `horizon`: RUNS_DIR/<subdir>/<arm>, or the reused runs' directory."""
-    return arm.runs or os.path.join(study.runs_dir, horizon.subdir, arm.name)
-
-
-def held_out_point(study, value, seed):
-    """The point (an ordered dict of axis values, as sweep.py names its directory) of a held-out run."""
-    point = {study.key: value, "seed": seed}
-    if study.vary_data_order:
-        point["data_seed"] = seed
-    return point
-
-
-def point_dir(study, arm, horizon, point):
-    return os.path.join(arm_dir(study, arm, horizon), ",".join(f"{k}={v}" for k, v in point.items()))
-
-
-def final_val_loss(path, max_iters):
-    """A run's val loss at max_iters; inf for a run that diverged; None while it is missing or unfinished."""
-    if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
-        return None
-    evals, diverged, _, _ = history(read_records(os.path.join(path, "metrics.jsonl")))
-    if diverged is not None:
-        return math.inf
-    return evals[max_iters][1] if max_iters in evals else None
 
 
 def seconds_per_step(paths):
@@ -325,77 +76,6 @@ def seconds_per_step(paths):
             times += [r["ms_per_step"] / 1000 for r in read_records(os.path.join(path, "metrics.jsonl"))
                       if r["type"] == "train" and r.get("ms_per_step")]
     return statistics.median(times) if times else None
-
-
-@dataclass
-class Stage:
-    """What the protocol has reached for one arm at one horizon (see `advance`)."""
-
-    values: list  # the tuning grid so far, sorted by value
-    # value -> val loss at max_iters, the mean over the tuning seeds (None: not finished, inf: one diverged)
-    tuning: dict
-    widening: list  # the widening steps taken: {"edge", "added", "best", "because": {value: val loss}}
-    chosen: str | None  # the chosen value, once the tuning runs are done and the best is inside the grid
-    held_out: dict  # seed -> val loss (None: not finished)
-    todo: list  # the points to run next: tuning points, then held-out points; empty once the arm is done
-
-
-def advance(study, arm, horizon):
-    """Follow the protocol as far as the finished runs of `arm` allow, widening where the best tuning value is at
-    an edge. Returns a Stage whose `todo` lists the points to run next: tuning points while the tuning is open,
-    held-out points once a value is chosen, none when the arm is done (or while the arm or horizon it takes its
-    value from has not chosen one). A value's tuning loss is the mean over the tuning seeds."""
-    source = None
-    if not horizon.tune:
-        source = advance(study, arm, next(h for h in study.horizons if h.max_iters == horizon.chosen_from))
-    elif arm.value_from:
-        source = advance(study, next(a for a in study.arms if a.name == arm.value_from), horizon)
-    if source is not None or arm.value:
-        chosen = source.chosen if source is not None else arm.value
-        if chosen is None:
-            return Stage([], {}, [], None, {s: None for s in held_out_seeds(arm, horizon)}, [])
-        return held_out_stage(study, arm, horizon, [], {}, [], chosen)
-    values = sorted(set(arm.grid or study.grid), key=float)
-    widening = []
-    while True:
-        tuning = {v: tuning_loss(study, arm, horizon, v) for v in values}
-        missing = [{study.key: v, "seed": s} for v in values for s in study.tuning_seeds
-                   if final_val_loss(point_dir(study, arm, horizon, {study.key: v, "seed": s}), horizon.max_iters)
-                   is None]
-        if missing:
-            return Stage(values, tuning, widening, None, {}, missing)
-        best = min(values, key=lambda v: (tuning[v], float(v)))
-        edge = 0 if best == values[0] else len(values) - 1 if best == values[-1] else None
-        widened_here = sum(1 for w in widening if w["edge"] == ("low" if edge == 0 else "high"))
-        if edge is None or widened_here >= study.max_widen:
-            break
-        added = format_value(float(best) / 2 if edge == 0 else float(best) * 2)
-        widening.append({"edge": "low" if edge == 0 else "high", "added": added, "best": best,
-                         "because": {v: tuning[v] for v in values}})
-        values = sorted({*values, added}, key=float)
-    return held_out_stage(study, arm, horizon, values, tuning, widening, best)
-
-
-def tuning_loss(study, arm, horizon, value):
-    """The mean val loss at max_iters of `value`'s runs on the tuning seeds: None while one is missing, inf if
-    one diverged."""
-    losses = [final_val_loss(point_dir(study, arm, horizon, {study.key: value, "seed": s}), horizon.max_iters)
-              for s in study.tuning_seeds]
-    return None if None in losses else statistics.fmean(losses) if all(map(math.isfinite, losses)) else math.inf
-
-
-def held_out_seeds(arm, horizon):
-    """The arm's held-out seeds at `horizon`: its own `seeds` where given, else the horizon's."""
-    return horizon.seeds if arm.seeds is None else arm.seeds
-
-
-def held_out_stage(study, arm, horizon, values, tuning, widening, chosen):
-    """The Stage of an arm whose value is chosen: its held-out runs, done or to do."""
-    seeds = held_out_seeds(arm, horizon)
-    held_out = {s: final_val_loss(point_dir(study, arm, horizon, held_out_point(study, chosen, s)),
-                                  horizon.max_iters) for s in seeds}
-    return Stage(values, tuning, widening, chosen, held_out,
-                 [held_out_point(study, chosen, s) for s in seeds if held_out[s] is None])
 
 
 def sweep_command(study, arm, horizon, points, jobs=None):
@@ -439,26 +119,21 @@ def arm_run_dirs(study, arm, horizon):
 
 def estimated_seconds(study, arm, horizon, n_runs):
     """(seconds for n_runs more runs of `arm`, how it was estimated): the median measured time per step of the
-    arm's own finished runs; else the time per step that the arms with finished runs give at its FLOPs per step
-    (a power law fitted in log-log to their medians, where their sizes differ by 1.5x or more: a small model's step
-    costs more than its FLOPs on a CPU; else proportional to the FLOPs); else the study's [cost]
-    seconds_per_step; else its FLOPs at the study's assumed peak and MFU."""
+    arm's own finished runs (metrics.jsonl's ms_per_step); else its FLOPs per step at the measured seconds per
+    FLOP of the arms with finished runs (their geometric mean); else the study's [cost] seconds_per_step; else
+    its FLOPs at the study's assumed peak and MFU."""
     own = seconds_per_step(arm_run_dirs(study, arm, horizon))
     if own is not None:
         return n_runs * horizon.max_iters * own, "measured"
-    measured = {}  # FLOPs per step -> the median seconds per step of an arm with finished runs of that size
+    per_flop = []  # the measured seconds per step over the FLOPs per step, one per arm with finished runs
     for h in study.horizons:
         for a in arms_at(study, h):
             per_step = seconds_per_step(arm_run_dirs(study, a, h))
             if per_step is not None:
-                measured[run_flops(study, a, h)[0] / h.max_iters] = per_step
+                per_flop.append(per_step / (run_flops(study, a, h)[0] / h.max_iters))
     flops = run_flops(study, arm, horizon)[0]
-    if measured:
-        x, y = [math.log(f) for f in measured], [math.log(t) for t in measured.values()]
-        # a fit needs sizes apart (arms of one width differ by a query module's few FLOPs)
-        slope = statistics.linear_regression(x, y).slope if max(x) - min(x) > math.log(1.5) else 1.0
-        anchor = statistics.fmean(y) - slope * statistics.fmean(x)
-        return n_runs * horizon.max_iters * math.exp(anchor + slope * math.log(flops / horizon.max_iters)), "scaled"
+    if per_flop:
+        return n_runs * flops * statistics.geometric_mean(per_flop), "scaled"
     if study.seconds_per_step:
         return n_runs * horizon.max_iters * study.seconds_per_step, "given"
     return n_runs * flops / (study.peak_flops * study.mfu), "flops"
@@ -480,11 +155,6 @@ def tuning_saved(study, arm, horizon):
     return (f"    tuning {arm.value_from} ({n} runs, n_embd={source_cfg.n_embd}) takes about {gpu_hours(small):.1f} "
             f"GPU-hours; the same tuning at n_embd={cfg.n_embd} would take {gpu_hours(big):.1f}: {saved:.1f} "
             f"GPU-hours saved (FLOPs at the study's [cost] peak and MFU)"), saved
-
-
-def arms_at(study, horizon):
-    """The Arms run at `horizon`, in the study's order."""
-    return [a for a in study.arms if a.name in horizon.arms]
 
 
 def run_dirs_of(study):
@@ -611,9 +281,7 @@ def slot_environment(study, slots):
                   != "cpu" for h in study.horizons for a in arms_at(study, h))
     gpus = []
     if on_cuda:
-        from sweep import visible_gpus  # imports torch: only a study that may run on GPUs needs it
-
-        gpus = visible_gpus()
+        gpus = visible_gpus()  # imports torch: only a study that may run on GPUs needs it
     procs = max(int(study.launcher.get("gpus_per_run", 0)), 1) if gpus else int(study.launcher.get("procs_per_run", 1))
     if gpus:
         if len(gpus) < procs:
@@ -632,70 +300,111 @@ def slot_environment(study, slots):
 
 def run_pooled(study, slots):
     """Run the protocol on this machine with `slots` points at a time (slot_environment: on CUDA, as many as the
-    GPUs make) across arms and stages. Each slot runs one point, a sweep.py of that point alone in the slot's
-    environment, and when it ends it takes the next point waiting in any arm: a point of an arm's current stage
-    (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of its
-    stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
+    GPUs make) across arms and stages. Each slot runs one point's train.py in the slot's environment, as a sweep.py
+    of that point alone would (under its claim, sweeps.Point.claim; one that another process runs is passed over
+    until it lets it go), and when it ends it takes the next point waiting in any arm: a point of an arm's current
+    stage (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of
+    its stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
     turn (one to each arm with points waiting, then again), the arms with the fewest points finished or running
     first (points_had; ties in the study's order), so arms that reach their held-out seeds together run them in
     step, and an arm that an earlier, stopped command left a seed behind catches up first; an arm's next stage
-    begins when every point of its last one is done. Each sweep's output goes to its arm
-    directory's sweep.log. SIGINT/SIGTERM reach every running sweep (each point writes its checkpoint). Returns 0
-    when every arm is done, 1 if a point failed (its arm takes no new point; the other arms go on to their end) or
-    the GPUs are too few, 128 + the signal number if stopped."""
+    begins when every point of its last one is done. What a sweep of the point would print goes to its arm
+    directory's sweep.log, and the point to its sweep.json. SIGINT/SIGTERM reach every running point (each writes
+    its checkpoint). Returns 0 when every arm is done, 1 if a point failed (its arm takes no new point; the other
+    arms go on to their end) or the GPUs are too few, 128 + the signal number if stopped."""
     try:
         env = slot_environment(study, slots)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    free, running, failed, stop = list(range(len(env))), {}, [], []  # running: Popen -> (horizon, arm, point, slot)
+    # a slot's processes: its GPUs on CUDA, else the launcher's procs_per_run (as sweeps.run_local)
+    procs = (len(env[0]["CUDA_VISIBLE_DEVICES"].split(",")) if "CUDA_VISIBLE_DEVICES" in env[0]
+             else int(study.launcher.get("procs_per_run", 1)))
+    # running: Popen -> (horizon, arm, point's values, slot, Point, its claim, its sweep command);
+    # elsewhere: the out_dirs of the points that another process runs, each said once until a point ends
+    free, running, failed, stop, elsewhere = list(range(len(env))), {}, [], [], set()
 
     def forward(signum, frame):
         stop.append(signum)
         for child in running:
             child.send_signal(signum)
 
-    def launch(horizon, arm, point, slot):
-        cmd = sweep_command(study, arm, horizon, [point], jobs=1)
+    def launch(horizon, arm, values, slot):
+        """Start `values`' train.py in `slot` under its claim, as a sweep of that point alone would: 'started';
+        'elsewhere' where another process runs it; 'finished' where it is after all (recorded in the arm's
+        sweep.json)."""
+        cmd = sweep_command(study, arm, horizon, [values], jobs=1)
+        point = Point(point_name(values), list(values.items()), point_dir(study, arm, horizon, values),
+                      horizon.max_iters)
         log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+        claim, other = point.claim(f"study.py, host {socket.gethostname()}, PID {os.getpid()}")
+        if claim is None:
+            if point.out_dir not in elsewhere:
+                elsewhere.add(point.out_dir)
+                print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} is run by {other}; taken up when it "
+                      f"ends", flush=True)
+            return "elsewhere"
+        status = point.status()
+        write_record(arm_dir(study, arm, horizon), cmd[2:], {point.name: status}, [point])
+        if finished(status):
+            claim.close()
+            return "finished"
+        print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} in slot {slot} (log: {log})\n  "
+              f"{shlex.join(cmd)}", flush=True)
         os.makedirs(os.path.dirname(log), exist_ok=True)
-        name = os.path.basename(point_dir(study, arm, horizon, point))
-        print(f"{arm.name} @ {horizon.max_iters} steps: {name} in slot {slot} (log: {log})\n  {shlex.join(cmd)}",
-              flush=True)
         with open(log, "a") as f:
-            child = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env[slot]})
-        running[child] = (horizon, arm, point, slot)
+            child = start_point(point, train_args(study, arm, horizon), status == "resume", procs, env[slot],
+                                f"[1/1] {point.name}", out=f)
+        running[child] = (horizon, arm, values, slot, point, claim, cmd)
+        return "started"
 
     handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
             record(study, stages)
-            started = {point_dir(study, a, h, p) for h, a, p, _ in running.values()}
+            started = {point.out_dir for _, _, _, _, point, _, _ in running.values()}
             waiting = [(h, a, [p for p in stages[h.max_iters][a.name].todo if point_dir(study, a, h, p) not in started])
                        for h in study.horizons for a in arms_at(study, h) if (h.max_iters, a.name) not in failed]
             # the arms that have had the fewest points first (ties in the study's order): a slot that frees takes
             # the next arm's point, not the first arm's again, so a study stopped midway ends with whole seeds
             # (every arm's run on seed s) rather than one arm's seeds all done and another's none
             waiting.sort(key=lambda w: points_had(study, stages[w[0].max_iters][w[1].name])
-                         + sum((h.max_iters, a.name) == (w[0].max_iters, w[1].name) for h, a, _, _ in running.values()))
+                         + sum((h.max_iters, a.name) == (w[0].max_iters, w[1].name)
+                               for h, a, *_ in running.values()))
+            passed = set()  # what the points not started this round were: run elsewhere, or finished meanwhile
             while free and not stop and any(points for _, _, points in waiting):
                 for horizon, arm, points in waiting:
                     if points and free:
-                        launch(horizon, arm, points.pop(0), free.pop(0))
-            if not running:
+                        outcome = launch(horizon, arm, points.pop(0), free[0])
+                        if outcome == "started":
+                            free.pop(0)
+                        passed.add(outcome)
+            passed.discard("started")
+            if not running and (stop or not passed):
                 break
-            child = wait_any(running)
-            horizon, arm, point, slot = running.pop(child)
+            # where a point was passed over, look again soon: another process may have let it go
+            child = wait_any(running, timeout=0.5 if passed else None)
+            if child is None:
+                continue
+            horizon, arm, values, slot, point, claim, cmd = running.pop(child)
+            claim.close()
             free = sorted(free + [slot])
-            name = os.path.basename(point_dir(study, arm, horizon, point))
-            log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
-            # a sweep that ends well but leaves its point undone (stopped from outside) is not started again
-            undone = final_val_loss(point_dir(study, arm, horizon, point), horizon.max_iters) is None
-            if child.returncode != 0 or (not stop and undone):
+            elsewhere.clear()  # another process's point may have ended too: try them again
+            name, log = point.name, os.path.join(arm_dir(study, arm, horizon), "sweep.log")
+            code, status = end_point(child, point)
+            write_record(arm_dir(study, arm, horizon), cmd[2:], {name: status}, [point])
+            failed_point = code not in (0, 3)
+            with open(log, "a") as f:
+                print(f"error: {name} failed (exit status {code}); its log: {point.log()}" if failed_point else
+                      f"{name}: {status if finished(status) else 'stopped at its checkpoint'}", file=f)
+            # a point that ends well but undone (stopped from outside) is not started again
+            undone = final_val_loss(point.out_dir, horizon.max_iters) is None
+            if failed_point or (not stop and undone):
                 if (horizon.max_iters, arm.name) not in failed:
                     failed.append((horizon.max_iters, arm.name))
-                how = f"exited with status {child.returncode}" if child.returncode else "left its run unfinished"
+                # the status of a sweep of this point alone (sweep.py: 1 if its point failed)
+                how = "exited with status 1" if failed_point else "left its run unfinished"
                 print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (point {name}, its log: "
                       f"{log}); the other arms go on", file=sys.stderr, flush=True)
             elif not stop:
@@ -714,25 +423,24 @@ def run_pooled(study, slots):
     return 0
 
 
-def points_had(study, stage):
-    """How many of an arm's points at one horizon are finished, from its Stage (see `advance`): its tuning runs
-    (every one once a value is chosen; else the grid's less those still to run) and its finished held-out seeds."""
-    tuning = len(stage.values) * len(study.tuning_seeds) - (len(stage.todo) if stage.chosen is None else 0)
-    return tuning + sum(loss is not None for loss in stage.held_out.values())
-
-
-def wait_any(children):
-    """The first of `children` (Popen objects) to exit, waiting for it."""
+def wait_any(children, timeout=None):
+    """The first of `children` (Popen objects) to exit, waiting for it; None where none has after `timeout`
+    seconds (counted in time.sleep's steps)."""
+    waited = 0.0
     while True:
         for child in children:
             if child.poll() is not None:
                 return child
+        if timeout is not None and waited >= timeout:
+            return None
         time.sleep(0.5)
+        waited += 0.5
 
 
 def run_sequential(study):
-    """Run the protocol one sweep at a time (on SLURM the sweeps submit and return). Returns 0 when every arm is
-    done or the remaining runs are submitted and not finished, 1 if a sweep failed."""
+    """Run the protocol one sweep at a time, in this process (on SLURM the sweeps submit and return). Returns 0
+    when every arm is done or the remaining runs are submitted and not finished, 1 if a sweep failed (a point, or
+    its config), 128 + the signal number if SIGINT or SIGTERM stopped a sweep (each point writes its checkpoint)."""
     while True:
         stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
         pending = [(h, a, stages[h.max_iters][a.name]) for h in study.horizons for a in arms_at(study, h)
@@ -745,7 +453,12 @@ def run_sequential(study):
         for horizon, arm, stage in pending:
             cmd = sweep_command(study, arm, horizon, stage.todo)
             print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s)\n  {shlex.join(cmd)}", flush=True)
-            code = subprocess.run(cmd, cwd=REPO).returncode
+            args, rest = sweeps.parser().parse_known_args(cmd[2:])
+            code = sweeps.run(args, rest, cmd[2:])
+            if args.stopped_by:
+                print("study stopped; every running point wrote its checkpoint. Run the same command again to "
+                      "continue", file=sys.stderr)
+                return 128 + args.stopped_by
             if code != 0:
                 print(f"error: the sweep of {arm.name} exited with status {code}; fix the cause and run the same "
                       f"command again (finished runs are kept)", file=sys.stderr)

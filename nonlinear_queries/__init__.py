@@ -16,8 +16,11 @@ which imports nothing from here. One concern per module:
 - pretrained: other people's weights in (GPT-2, Hugging Face, the official code's) and out (Hugging Face
   GPT-2 format)
 - runlog: metrics.jsonl and wandb
-- runs, stats, plots: reading run and sweep directories; Welch, paired and Holm tests, tables; the figures
+- runs, stats, plots: reading run and sweep directories (runs.finished: whether a run is over); Welch, paired
+  and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer
+- sweeps, slurm: a sweep's points, their claims and their runs on this machine (sweeps) or as SLURM jobs (slurm)
+- protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps)
 - diagnostics: per-layer attention-logit, entropy and query statistics
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware

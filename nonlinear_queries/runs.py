@@ -118,6 +118,11 @@ def run_status(out_dir, max_iters):
     return "resume" if any(os.path.exists(os.path.join(out_dir, n)) for n in ("ckpt.pt", "ckpt.dcp")) else "new"
 
 
+def finished(status):
+    """Whether a run whose run_status is `status` is over: done, or diverged (a result too, never run again)."""
+    return status == "done" or status.startswith("diverged")
+
+
 def read_sweep(sweep_dir):
     """The record sweep.py keeps in SWEEP_DIR/sweep.json ({"command": ..., "points": {point: status}}), or None
     where there is none."""

@@ -352,7 +352,7 @@ def test_two_sweeps_updating_sweep_json_at_once_keep_each_others_points(tmp_path
     # sweep A reads sweep.json, and before it writes the merged record, sweep B (a thread here: flock locks of two
     # open() calls exclude each other within one process too) records its own point. Unlocked, B's write came and
     # went in that gap and A's stale merge dropped B's point; under the lock B waits for A, then merges A's point.
-    sweep = importlib.import_module("sweep")
+    sweep = importlib.import_module("nonlinear_queries.sweeps")
     point = types.SimpleNamespace
     read = sweep.read_json
     other = threading.Thread(target=sweep.write_record, args=(str(tmp_path), ["B"], {"b": "done"},

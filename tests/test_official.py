@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-import sweep
 from helpers import REPO, TINY, run_script
 from model import GPT, GPTConfig, model_config_keys
+from nonlinear_queries import sweeps
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.plots import Curve, figure2, relative_improvement
 from nonlinear_queries.runs import load_run
@@ -171,7 +171,7 @@ def test_parameter_counts_of_the_paper():
 
 
 def test_res_gelu_grid_points_are_the_official_files():
-    shared, points = sweep.read_points(os.path.join(OFFICIAL, "res_gelu_grid.toml"))
+    shared, points = sweeps.read_points(os.path.join(OFFICIAL, "res_gelu_grid.toml"))
     assert sorted(name for name, _ in points) == sorted(GRID) and len(points) == 28
     for name, settings in points:
         cfg = resolve("config/res_gelu.py", *(f"--{k}={v}" for k, v in shared if k != "out_dir"),
@@ -194,7 +194,7 @@ def test_res_gelu_grid_dry_run_lists_every_point_by_its_official_name(tmp_path):
 
 
 def test_figure2_controls_are_the_twins():
-    shared, points = sweep.read_points(os.path.join(OFFICIAL, "figure2_controls.toml"))
+    shared, points = sweeps.read_points(os.path.join(OFFICIAL, "figure2_controls.toml"))
     assert [name for name, _ in points] == FIGURE2_CONTROLS
     for name, settings in points:
         cfg = resolve("config/baseline.py", *(f"--{k}={v}" for k, v in shared if k != "out_dir"),

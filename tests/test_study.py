@@ -15,6 +15,7 @@ from test_results import TABLES, printed_table
 
 import study
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
+from nonlinear_queries import protocol, sweeps
 from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.train_config import TrainConfig
 
@@ -49,7 +50,7 @@ def write_study(tmp_path, text=TOML):
 def fake_run(path, val_loss, max_iters=10, diverged=False):
     """A run directory as train.py leaves it, with only what the protocol reads: its config and the
     val loss of the evaluation at max_iters (or a divergence)."""
-    os.makedirs(path)
+    os.makedirs(path, exist_ok=True)
     header = {"type": "config", "step": 0, "config": asdict(TrainConfig(max_iters=max_iters))}
     records = [header, {"type": "diverged", "step": 5, "reason": "loss is nan"} if diverged else
                {"type": "eval", "step": max_iters, "train_loss": val_loss, "val_loss": val_loss}]
@@ -58,7 +59,7 @@ def fake_run(path, val_loss, max_iters=10, diverged=False):
 
 
 def test_format_value_names_widened_values_as_the_committed_grids_do():
-    assert [study.format_value(v) for v in (0.012, 0.024, 0.00075, 0.000375, 6e-4, 1e-3)] == [
+    assert [protocol.format_value(v) for v in (0.012, 0.024, 0.00075, 0.000375, 6e-4, 1e-3)] == [
         "1.2e-2", "2.4e-2", "7.5e-4", "3.75e-4", "6e-4", "1e-3"]
 
 
@@ -84,7 +85,7 @@ def test_the_protocol_widens_at_an_edge_then_reports_the_inside_best_on_held_out
     assert study.sweep_command(s, arm, horizon, stage.todo)[-3:] == [
         "--grid", "seed,data_seed=1,2", f"--sweep_dir={study.arm_dir(s, arm, horizon)}"]
     for seed in (1, 2):
-        fake_run(study.point_dir(s, arm, horizon, study.held_out_point(s, "4e-3", seed)), 2.0 + seed / 100)
+        fake_run(study.point_dir(s, arm, horizon, protocol.held_out_point(s, "4e-3", seed)), 2.0 + seed / 100)
     stage = study.advance(s, arm, horizon)
     assert stage.todo == [] and stage.held_out == {1: 2.01, 2: 2.02}
 
@@ -139,29 +140,22 @@ def test_the_plan_piped_into_a_reader_that_has_gone_ends_quietly():
 
 
 class FakeSweep:
-    """A stand-in for the sweep.py process that study.run_pooled starts (subprocess.Popen's part that it uses), on
-    a clock the test owns: its points (from --grid, a zipped axis setting its keys together) run --jobs at a
-    time, each taking `duration`, and each is left as fake_run's finished run once the clock has passed its end,
-    its val loss 2 + |log2(learning_rate / 2e-3)| (best at 2e-3)."""
+    """A stand-in for the train.py process that study.run_pooled starts for a point (subprocess.Popen's part that
+    it uses), on a clock the test owns: its point (--out_dir) takes `duration`, and is left as fake_run's finished
+    run once the clock has passed its end, its val loss 2 + |log2(learning_rate / 2e-3)| (best at 2e-3)."""
 
     clock, duration, started = [0.0], 10.0, []
 
     def __init__(self, cmd, cwd=None, stdout=None, stderr=None, env=None):
-        value = lambda flag: next(a.split("=", 1)[1] for a in cmd if a.startswith(f"--{flag}="))  # noqa: E731
-        axes = [cmd[i + 1].split("=") for i, a in enumerate(cmd) if a == "--grid"]
-        points = [[]]
-        for keys, values in axes:
-            points = [p + [(k, v) for k in keys.split(",")] for p in points for v in values.split(",")]
-        self.jobs, self.env, self.returncode, self.start = int(value("jobs")), env, None, self.clock[0]
-        self.ends = {os.path.join(value("sweep_dir"), ",".join(f"{k}={v}" for k, v in p)):
-                     (self.start + (i // self.jobs + 1) * self.duration, float(dict(p)["learning_rate"]))
-                     for i, p in enumerate(points)}
+        value = lambda flag: [a.split("=", 1)[1] for a in cmd if a.startswith(f"--{flag}=")][-1]  # noqa: E731
+        self.jobs, self.env, self.returncode, self.start = 1, env, None, self.clock[0]
+        self.ends = {value("out_dir"): (self.start + self.duration, float(value("learning_rate")))}
         self.end = max(end for end, _ in self.ends.values())
         self.started.append(self)
 
     def poll(self):
         for path, (end, lr) in self.ends.items():
-            if self.clock[0] >= end and not os.path.exists(path):
+            if self.clock[0] >= end and not os.path.exists(os.path.join(path, "metrics.jsonl")):
                 fake_run(path, 2 + abs(math.log2(lr / 2e-3)))
         if self.returncode is None and all(self.clock[0] >= end for end, _ in self.ends.values()):
             self.returncode = 0
@@ -194,7 +188,7 @@ grid = ["5e-4", "1e-3", "2e-3", "4e-3"]
 
 
 def run_pooled_on_a_fake_clock(monkeypatch, s, slots):
-    """study.run_pooled(s, slots) with FakeSweep for sweep.py; returns (its status, the clock at its end)."""
+    """study.run_pooled(s, slots) with FakeSweep for train.py; returns (its status, the clock at its end)."""
     FakeSweep.clock[0], FakeSweep.started[:] = 0.0, []
     os.makedirs(s.results_dir, exist_ok=True)  # as study.run makes it
     monkeypatch.setattr(study.subprocess, "Popen", FakeSweep)
@@ -312,14 +306,12 @@ def test_the_ablations_study_writes_the_committed_tables(tmp_path):
 
 
 def test_a_zipped_grid_axis_sets_its_keys_together():
-    import sweep
-
-    axes = sweep.parse_grid(["learning_rate=1e-3,2e-3", "seed,data_seed=1,2"])
+    axes = sweeps.parse_grid(["learning_rate=1e-3,2e-3", "seed,data_seed=1,2"])
     assert axes == [(("learning_rate",), ["1e-3", "2e-3"]), (("seed", "data_seed"), ["1", "2"])]
     for bad, message in (["seed,seed=1"], "already an axis"), (["seed,nope=1"], "unknown config key 'nope'"), \
             (["seed,=1"], "write an axis"):
         with pytest.raises(ConfigError, match=message):
-            sweep.parse_grid(bad)
+            sweeps.parse_grid(bad)
     proc = run_script("sweep.py", "config/mini/baseline.py", "--grid", "learning_rate=3e-3", "--grid",
                       "seed,data_seed=1,2", "--sweep_dir=unused", "--dry_run")
     assert "learning_rate=3e-3,seed=2,data_seed=2: starting" in proc.stdout

@@ -201,7 +201,8 @@ def test_sigusr2_to_a_two_process_slurm_job_checkpoints_every_rank_and_the_resum
     # then requeues the job (scontrol, recorded here) and exits.
     from submitit.core.utils import DelayedSubmission, JobPaths
 
-    from sweep import Point, PointJob
+    from nonlinear_queries.slurm import PointJob
+    from nonlinear_queries.sweeps import Point
 
     run = ["--eval_interval=4", "--lr_decay_iters=12", "--dropout=0.1", "--batch_size=2",
            "--gradient_accumulation_steps=4", "--parallelism=fsdp"]
@@ -273,7 +274,7 @@ open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.saved"), "w").close()
 def test_a_point_s_torchrun_waits_for_a_checkpoint_longer_than_its_default_30_s(tmp_path):
     # two workers that take 35 s to save after SIGTERM; torchrun, signalled as a scheduler or sweep.py
     # does, must let them finish rather than SIGKILL them after its default 30 s
-    from sweep import launcher
+    from nonlinear_queries.sweeps import launcher
 
     (tmp_path / "worker.py").write_text(WORKER)
     with open(tmp_path / "torchrun.log", "w") as log:
@@ -406,7 +407,7 @@ def test_a_two_process_point_on_slurm_equals_its_one_process_run_through_a_preem
 
 
 def test_slurm_time_limits_are_read_as_slurm_writes_them():
-    from sweep import slurm_minutes
+    from nonlinear_queries.slurm import slurm_minutes
 
     assert [slurm_minutes(t) for t in ("10", "30:30", "4:00:00", "1-02", "1-00:00:00")] == [10, 31, 240, 1560, 1440]
     for bad in ("", "0", "4h", "1:2:3:4"):

@@ -1,0 +1,363 @@
+"""
+The held-out protocol of a study (study.py): its file (a TOML file; see study.py's docstring and
+studies/*.toml) read into a Study, and for each arm at each horizon how far its finished runs take the
+protocol (`advance`): the tuning grid, widened at an edge, the chosen value, the held-out seeds, and the
+points still to run. Runs are named as sweep.py names them (sweeps.point_name) and read with runs.py.
+"""
+
+import math
+import os
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.runs import finished, history, read_records, run_status
+from nonlinear_queries.sweeps import point_name
+from nonlinear_queries.train_config import TrainConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# assumed when no run of the study has finished yet: an H100's dense bf16 peak at a typical MFU
+DEFAULT_PEAK_FLOPS, DEFAULT_MFU = 989e12, 0.40
+
+
+class StudyError(Exception):
+    """A study file that cannot be run; the message names the file and the key."""
+
+
+@dataclass
+class Arm:
+    name: str
+    config: str  # a config file, relative to the repo root
+    overrides: dict = field(default_factory=dict)
+    grid: list = field(default_factory=list)  # this arm's starting tuning grid; [] = the study's
+    value: str = ""  # a value fixed in advance: no tuning, straight to the held-out seeds
+    value_from: str = ""  # the name of the arm whose chosen value this one runs (e.g. tuned at a smaller width)
+    runs: str = ""  # a directory of another study's runs of this arm, reused as they are: never run here
+    seeds: list | None = None  # this arm's held-out seeds; None = the horizon's
+
+
+@dataclass
+class Table:
+    """One compare.py table of TABLES.md at one horizon: `arms` in order (the first is the baseline
+    unless `args` say otherwise), `args` added to the protocol's flags, and compare.py's figure
+    written to `figure` where one is named. `kind`: 'compare' (Table 1 over the arms), 'width_transfer'
+    (each arm's val loss against the rate, per width, SP and μP) or 'width_ladder' (the gap to the
+    baseline per width and its slope against log width), compare.py's --width_transfer / --width_ladder."""
+
+    horizon: int  # max_iters of the horizon it compares
+    title: str
+    arms: list
+    args: list
+    figure: str
+    kind: str = "compare"
+
+
+@dataclass
+class Horizon:
+    """A training length (lr_decay_iters follows max_iters) and where its runs go. A horizon with
+    tune=false tunes nothing: its arms run the held-out seeds at the value chosen at the horizon
+    `chosen_from` (results/ablations' long runs were made so; a fair long-horizon answer tunes)."""
+
+    max_iters: int
+    subdir: str  # RUNS_DIR/<subdir>/<arm>; "" puts the arms in RUNS_DIR itself
+    arms: list  # the names of the arms run at this horizon
+    tune: bool
+    chosen_from: int  # with tune=false: the max_iters of the horizon whose chosen values are used
+    seeds: list  # the held-out seeds at this horizon
+
+
+@dataclass
+class Study:
+    """A parsed study file; see the module docstring and studies/*.toml."""
+
+    path: str
+    name: str
+    runs_dir: str
+    results_dir: str
+    arms: list
+    key: str  # the tuning axis, a TrainConfig key
+    grid: list  # its starting values, as written (they name the run directories)
+    max_widen: int
+    tuning_seeds: list  # the tuning seeds; a value's tuning loss is the mean over them
+    vary_data_order: bool
+    horizons: list
+    launcher: dict
+    tables: list  # Table
+    peak_flops: float
+    mfu: float
+    seconds_per_step: float  # the cost of a step where no run of the study has finished yet; 0 = from FLOPs
+
+    @property
+    def tuning_seed(self):
+        """The first tuning seed: the one a point is checked with, and compare.py's --select_on."""
+        return self.tuning_seeds[0]
+
+
+def _take(table, key, kind, where, default=None):
+    """table[key] checked to be of `kind`; `default` when absent (None: required). Raises StudyError."""
+    if key not in table:
+        if default is None:
+            raise StudyError(f"{where}: '{key}' is missing")
+        return default
+    value = table.pop(key)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise StudyError(f"{where}: '{key}' must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _no_more(table, where):
+    if table:
+        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(table))}")
+
+
+def load_study(path):
+    """Parse and check the study file at `path`. Returns a Study. Raises StudyError naming the file and key
+    (a missing or unknown key, a wrong type, an unknown config key, a config file that does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise StudyError(f"{path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise StudyError(f"{path} is not valid TOML: {e}") from None
+    name = _take(raw, "name", str, path, os.path.splitext(os.path.basename(path))[0])
+    results_dir = _take(raw, "results_dir", str, path, os.path.join("results", name))
+    runs_dir = _take(raw, "runs_dir", str, path, results_dir)
+    tuning = _take(raw, "tuning", dict, path)
+    where = f"{path} [tuning]"
+    key = _take(tuning, "key", str, where)
+    grid = [str(v) for v in _take(tuning, "grid", list, where)]
+    max_widen = _take(tuning, "max_widen", int, where, 3)
+    if ("seed" in tuning) == ("seeds" in tuning):
+        raise StudyError(f"{where}: give the tuning seed as 'seed' or several as 'seeds', one of the two")
+    tuning_seeds = [_take(tuning, "seed", int, where)] if "seed" in tuning else _take(tuning, "seeds", list, where)
+    if not tuning_seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in tuning_seeds):
+        raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers, got {tuning_seeds!r}")
+    _no_more(tuning, where)
+    held_out = _take(raw, "held_out", dict, path)
+    where = f"{path} [held_out]"
+    seeds = _take(held_out, "seeds", list, where)
+    vary = _take(held_out, "vary_data_order", bool, where, True)
+    _no_more(held_out, where)
+    if set(tuning_seeds) & set(seeds):
+        raise StudyError(f"{path}: the tuning seed {sorted(set(tuning_seeds) & set(seeds))[0]} is also a held-out "
+                         f"seed; a value chosen on a seed must not be reported on it")
+    raw_horizons = _take(raw, "horizon", list, path)
+    arms = []
+    for i, a in enumerate(_take(raw, "arm", list, path)):
+        where = f"{path} [[arm]] {i + 1}"
+        arm = Arm(_take(a, "name", str, where), _take(a, "config", str, where), _take(a, "overrides", dict, where, {}),
+                  [str(v) for v in _take(a, "grid", list, where, [])], _take(a, "value", str, where, ""),
+                  _take(a, "value_from", str, where, ""), _take(a, "runs", str, where, ""),
+                  _take(a, "seeds", list, where, None) if "seeds" in a else None)
+        _no_more(a, where)
+        if arm.value and arm.value_from:
+            raise StudyError(f"{where}: 'value' fixes the arm's {key} and 'value_from' takes another arm's; give one")
+        if arm.seeds is not None and set(arm.seeds) & set(tuning_seeds):
+            raise StudyError(f"{where}: its held-out seeds include a tuning seed")
+        for value in [*(arm.grid or grid), *([arm.value] if arm.value else [])]:
+            try:
+                float(value)
+            except ValueError:
+                raise StudyError(f"{where}: the tuning grid holds {value!r}; the tuning axis must be numeric") from None
+        if not os.path.isfile(os.path.join(REPO, arm.config)):
+            raise StudyError(f"{where}: config {arm.config} does not exist")
+        arms.append(arm)
+    if len({a.name for a in arms}) != len(arms):
+        raise StudyError(f"{path}: two arms share a name")
+    names = [a.name for a in arms]
+    for i, arm in enumerate(arms):
+        source = next((a for a in arms if a.name == arm.value_from), None) if arm.value_from else None
+        if arm.value_from and (source is None or source.value_from):
+            raise StudyError(f"{path} [[arm]] {i + 1}: value_from = {arm.value_from!r} must name an arm that is "
+                             f"tuned or has a fixed value")
+    horizons = []
+    for i, h in enumerate(raw_horizons):
+        where = f"{path} [[horizon]] {i + 1}"
+        horizon = Horizon(_take(h, "max_iters", int, where), _take(h, "subdir", str, where, ""),
+                          _take(h, "arms", list, where, names), _take(h, "tune", bool, where, True),
+                          _take(h, "chosen_from", int, where, 0), _take(h, "seeds", list, where, seeds))
+        _no_more(h, where)
+        if set(tuning_seeds) & set(horizon.seeds):
+            raise StudyError(f"{where}: a tuning seed is also a held-out seed")
+        if set(horizon.arms) - set(names):
+            raise StudyError(f"{where}: no arm is named {', '.join(sorted(set(horizon.arms) - set(names)))}")
+        tuned = {x.max_iters: x for x in horizons if x.tune}
+        if not horizon.tune and (horizon.chosen_from not in tuned or set(horizon.arms) - set(
+                tuned.get(horizon.chosen_from, horizon).arms)):
+            raise StudyError(f"{where}: tune = false needs chosen_from = the max_iters of an earlier tuned horizon "
+                             f"that runs the same arms")
+        horizons.append(horizon)
+    launcher = _take(raw, "launcher", dict, path, {})
+    tables = []
+    default_tables = [{"horizon": h.max_iters, "arms": h.arms,
+                       "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]
+    for i, tb in enumerate(_take(raw, "table", list, path, default_tables)):
+        where = f"{path} [[table]] {i + 1}"
+        table = Table(_take(tb, "horizon", int, where, horizons[0].max_iters), _take(tb, "title", str, where, ""),
+                      _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
+                      _take(tb, "figure", str, where, ""), _take(tb, "kind", str, where, "compare"))
+        _no_more(tb, where)
+        if table.kind not in ("compare", "width_transfer", "width_ladder"):
+            raise StudyError(f"{where}: kind must be 'compare', 'width_transfer' or 'width_ladder', got {table.kind!r}")
+        horizon = next((h for h in horizons if h.max_iters == table.horizon), None)
+        if horizon is None or set(table.arms) - set(horizon.arms):
+            raise StudyError(f"{where}: its horizon {table.horizon} is not one of the study's, or does not run every "
+                             f"arm it names")
+        tables.append(table)
+    cost = _take(raw, "cost", dict, path, {})
+    peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
+    mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
+    per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
+    _no_more(cost, f"{path} [cost]")
+    _no_more(raw, path)
+    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
+                  launcher, tables, peak, mfu, per_step)
+    for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
+        for horizon in (h for h in horizons if arm.name in h.arms):
+            try:
+                arm_config(study, arm, horizon, {key: arm.value or (arm.grid or grid)[0], "seed": tuning_seeds[0]})
+            except Exception as e:
+                raise StudyError(f"{path}: arm {arm.name}: {e}") from None
+            if arm.runs:  # reused runs are read, never run: every one the protocol asks for must be there
+                missing = advance(study, arm, horizon).todo
+                if missing or not os.path.isdir(arm.runs):
+                    raise StudyError(f"{path}: arm {arm.name} reuses the runs in {arm.runs}, which lack "
+                                     f"{len(missing) or 'all'} the protocol asks for (e.g. "
+                                     f"{point_dir(study, arm, horizon, missing[0]) if missing else arm.runs}); "
+                                     f"finish them in their own study first")
+    return study
+
+
+def format_value(value):
+    """A widened grid value as a run directory names it: the shortest mantissa and a power of ten
+    (0.012 -> '1.2e-2', 0.00075 -> '7.5e-4'), as the committed grids are written."""
+    exponent = math.floor(math.log10(value))
+    mantissa = round(value / 10**exponent, 10)
+    return f"{mantissa:g}e{exponent}"
+
+
+def train_args(study, arm, horizon):
+    """The train.py arguments every run of `arm` at `horizon` shares: its config file, its overrides, and the
+    horizon (max_iters, with lr_decay_iters following it)."""
+    overrides = {**arm.overrides, "max_iters": horizon.max_iters, "lr_decay_iters": horizon.max_iters}
+    return [os.path.join(REPO, arm.config), *(f"--{k}={v}" for k, v in overrides.items())]
+
+
+def arm_config(study, arm, horizon, point):
+    """The TrainConfig of one run (raises ConfigError for a setting train.py would refuse)."""
+    args = [*train_args(study, arm, horizon), *(f"--{k}={v}" for k, v in point.items())]
+    return parse_config(TrainConfig, args)[0]
+
+
+def arm_dir(study, arm, horizon):
+    """The directory of the arm's runs at `horizon`: RUNS_DIR/<subdir>/<arm>, or the reused runs' directory."""
+    return arm.runs or os.path.join(study.runs_dir, horizon.subdir, arm.name)
+
+
+def held_out_point(study, value, seed):
+    """The point (an ordered dict of axis values, as sweep.py names its directory) of a held-out run."""
+    point = {study.key: value, "seed": seed}
+    if study.vary_data_order:
+        point["data_seed"] = seed
+    return point
+
+
+def point_dir(study, arm, horizon, point):
+    """The run directory of `point` ({key: raw value}, in order) of `arm` at `horizon`, named as sweep.py names it."""
+    return os.path.join(arm_dir(study, arm, horizon), point_name(point))
+
+
+def final_val_loss(path, max_iters):
+    """A run's val loss at max_iters; inf for a run that diverged; None while it is missing or unfinished
+    (runs.run_status)."""
+    status = run_status(path, max_iters)
+    if not finished(status):
+        return None
+    return math.inf if status != "done" else history(read_records(os.path.join(path, "metrics.jsonl")))[0][max_iters][1]
+
+
+@dataclass
+class Stage:
+    """What the protocol has reached for one arm at one horizon (see `advance`)."""
+
+    values: list  # the tuning grid so far, sorted by value
+    # value -> val loss at max_iters, the mean over the tuning seeds (None: not finished, inf: one diverged)
+    tuning: dict
+    widening: list  # the widening steps taken: {"edge", "added", "best", "because": {value: val loss}}
+    chosen: str | None  # the chosen value, once the tuning runs are done and the best is inside the grid
+    held_out: dict  # seed -> val loss (None: not finished)
+    todo: list  # the points to run next: tuning points, then held-out points; empty once the arm is done
+
+
+def advance(study, arm, horizon):
+    """Follow the protocol as far as the finished runs of `arm` allow, widening where the best tuning value is at
+    an edge. Returns a Stage whose `todo` lists the points to run next: tuning points while the tuning is open,
+    held-out points once a value is chosen, none when the arm is done (or while the arm or horizon it takes its
+    value from has not chosen one). A value's tuning loss is the mean over the tuning seeds."""
+    source = None
+    if not horizon.tune:
+        source = advance(study, arm, next(h for h in study.horizons if h.max_iters == horizon.chosen_from))
+    elif arm.value_from:
+        source = advance(study, next(a for a in study.arms if a.name == arm.value_from), horizon)
+    if source is not None or arm.value:
+        chosen = source.chosen if source is not None else arm.value
+        if chosen is None:
+            return Stage([], {}, [], None, {s: None for s in held_out_seeds(arm, horizon)}, [])
+        return held_out_stage(study, arm, horizon, [], {}, [], chosen)
+    values = sorted(set(arm.grid or study.grid), key=float)
+    widening = []
+    while True:
+        tuning = {v: tuning_loss(study, arm, horizon, v) for v in values}
+        missing = [{study.key: v, "seed": s} for v in values for s in study.tuning_seeds
+                   if final_val_loss(point_dir(study, arm, horizon, {study.key: v, "seed": s}), horizon.max_iters)
+                   is None]
+        if missing:
+            return Stage(values, tuning, widening, None, {}, missing)
+        best = min(values, key=lambda v: (tuning[v], float(v)))
+        edge = 0 if best == values[0] else len(values) - 1 if best == values[-1] else None
+        widened_here = sum(1 for w in widening if w["edge"] == ("low" if edge == 0 else "high"))
+        if edge is None or widened_here >= study.max_widen:
+            break
+        added = format_value(float(best) / 2 if edge == 0 else float(best) * 2)
+        widening.append({"edge": "low" if edge == 0 else "high", "added": added, "best": best,
+                         "because": {v: tuning[v] for v in values}})
+        values = sorted({*values, added}, key=float)
+    return held_out_stage(study, arm, horizon, values, tuning, widening, best)
+
+
+def tuning_loss(study, arm, horizon, value):
+    """The mean val loss at max_iters of `value`'s runs on the tuning seeds: None while one is missing, inf if
+    one diverged."""
+    losses = [final_val_loss(point_dir(study, arm, horizon, {study.key: value, "seed": s}), horizon.max_iters)
+              for s in study.tuning_seeds]
+    return None if None in losses else statistics.fmean(losses) if all(map(math.isfinite, losses)) else math.inf
+
+
+def held_out_seeds(arm, horizon):
+    """The arm's held-out seeds at `horizon`: its own `seeds` where given, else the horizon's."""
+    return horizon.seeds if arm.seeds is None else arm.seeds
+
+
+def held_out_stage(study, arm, horizon, values, tuning, widening, chosen):
+    """The Stage of an arm whose value is chosen: its held-out runs, done or to do."""
+    seeds = held_out_seeds(arm, horizon)
+    held_out = {s: final_val_loss(point_dir(study, arm, horizon, held_out_point(study, chosen, s)),
+                                  horizon.max_iters) for s in seeds}
+    return Stage(values, tuning, widening, chosen, held_out,
+                 [held_out_point(study, chosen, s) for s in seeds if held_out[s] is None])
+
+
+def arms_at(study, horizon):
+    """The Arms run at `horizon`, in the study's order."""
+    return [a for a in study.arms if a.name in horizon.arms]
+
+
+def points_had(study, stage):
+    """How many of an arm's points at one horizon are finished, from its Stage (see `advance`): its tuning runs
+    (every one once a value is chosen; else the grid's less those still to run) and its finished held-out seeds."""
+    tuning = len(stage.values) * len(study.tuning_seeds) - (len(stage.todo) if stage.chosen is None else 0)
+    return tuning + sum(loss is not None for loss in stage.held_out.values())
