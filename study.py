@@ -45,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 from nonlinear_queries import sweeps
 from nonlinear_queries.atomic import atomic_write, write_json
@@ -64,6 +65,7 @@ from nonlinear_queries.protocol import (
 )
 from nonlinear_queries.runs import finished, read_records
 from nonlinear_queries.sweeps import Point, end_point, point_name, start_point, visible_gpus, write_record
+from nonlinear_queries.width import run_flops
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -96,18 +98,11 @@ def sweep_command(study, arm, horizon, points, jobs=None):
             f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
 
 
-def run_flops(study, arm, horizon):
-    """(training FLOPs of one run of `arm` at `horizon`, model.GPT.flops_per_token times its tokens; its config)."""
+def arm_flops(study, arm, horizon):
+    """(training FLOPs of one run of `arm` at `horizon`: width.run_flops of its config; the config)."""
     cfg = arm_config(study, arm, horizon, {study.key: arm.value or (arm.grid or study.grid)[0],
                                            "seed": study.tuning_seed})
-    # imported here: only a cost estimate needs the model
-    import torch
-
-    from model import GPT, GPTConfig, model_config_keys
-    with torch.device("meta"):
-        model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
-    return model.flops_per_token() * cfg.batch_size * cfg.gradient_accumulation_steps * cfg.block_size \
-        * horizon.max_iters, cfg
+    return run_flops({**asdict(cfg), "max_iters": horizon.max_iters}), cfg
 
 
 def arm_run_dirs(study, arm, horizon):
@@ -130,8 +125,8 @@ def estimated_seconds(study, arm, horizon, n_runs):
         for a in arms_at(study, h):
             per_step = seconds_per_step(arm_run_dirs(study, a, h))
             if per_step is not None:
-                per_flop.append(per_step / (run_flops(study, a, h)[0] / h.max_iters))
-    flops = run_flops(study, arm, horizon)[0]
+                per_flop.append(per_step / (arm_flops(study, a, h)[0] / h.max_iters))
+    flops = arm_flops(study, arm, horizon)[0]
     if per_flop:
         return n_runs * flops * statistics.geometric_mean(per_flop), "scaled"
     if study.seconds_per_step:
@@ -146,7 +141,7 @@ def tuning_saved(study, arm, horizon):
     if not arm.value_from:
         return None, 0.0
     source = next(a for a in study.arms if a.name == arm.value_from)
-    (big, cfg), (small, source_cfg) = run_flops(study, arm, horizon), run_flops(study, source, horizon)
+    (big, cfg), (small, source_cfg) = arm_flops(study, arm, horizon), arm_flops(study, source, horizon)
     if cfg.device == "cpu" or big <= small:
         return None, 0.0
     n = len(advance(study, source, horizon).values or set(source.grid or study.grid)) * len(study.tuning_seeds)

@@ -505,7 +505,7 @@ def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_
                 f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "ms_per_step": 200.0}) + "\n")
     # one size measured: the wide arm's steps cost its FLOPs over the small arm's times 0.2 s
     seconds, how = study.estimated_seconds(s, wide, s.horizons[0], 1)
-    ratio = study.run_flops(s, wide, s.horizons[0])[0] / study.run_flops(s, small, s.horizons[0])[0]
+    ratio = study.arm_flops(s, wide, s.horizons[0])[0] / study.arm_flops(s, small, s.horizons[0])[0]
     assert how == "scaled" and seconds == pytest.approx(1000 * 0.2 * ratio) and 3 < ratio < 4
     assert study.estimated_seconds(s, small, s.horizons[0], 2) == (pytest.approx(400.0), "measured")
     # on a GPU, the plan says what tuning the wide arm at its own size would have cost
@@ -515,7 +515,7 @@ def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_
     s = write_study(tmp_path, cuda)
     line, saved = study.tuning_saved(s, s.arms[1], s.horizons[0])
     n = 2 * len(study.advance(s, s.arms[0], s.horizons[0]).values)  # the grid, widened, times the 2 tuning seeds
-    small_h, wide_h = (n * study.run_flops(s, a, s.horizons[0])[0] / (s.peak_flops * s.mfu) / 3600
+    small_h, wide_h = (n * study.arm_flops(s, a, s.horizons[0])[0] / (s.peak_flops * s.mfu) / 3600
                        for a in s.arms[:2])
     assert n == 6 and saved == pytest.approx(wide_h - small_h)
     assert line == (f"    tuning small ({n} runs, n_embd=128) takes about {small_h:.1f} GPU-hours; the same tuning at "
