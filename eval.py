@@ -98,7 +98,7 @@ def write_results(results, lm, cfg):
     from lm_eval.utils import handle_non_serializable
 
     from nonlinear_queries.downstream import MODEL_NAME
-    from nonlinear_queries.runlog import git_state
+    from nonlinear_queries.runs import git_state
 
     results["config"] = {"model": MODEL_NAME, "model_args": {"pretrained": cfg.init_from}, **lm.get_model_info(),
                          "batch_size": cfg.batch_size, "device": str(lm.device), "limit": cfg.limit or None,

@@ -12,7 +12,7 @@ Every variant trains on the same pre-generated batches (batches.py), evaluates t
 val loss on the same fixed sequences every eval_interval steps (training.py) with, by
 default, per-layer attention and query diagnostics on the first val batches
 (diagnostics.py), appends every metric to out_dir/metrics.jsonl and to wandb when
-wandb_log (runlog.py), and writes a checkpoint atomically after each evaluation
+wandb_log (runs.py), and writes a checkpoint atomically after each evaluation
 (checkpoint.py). With eval_tasks it also runs lm-evaluation-harness tasks on rank 0
 every eval_tasks_interval steps (downstream.py).
 
@@ -61,7 +61,7 @@ from nonlinear_queries.diagnostics import diagnose
 from nonlinear_queries.lock import hold_out_dir, release_new_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError
-from nonlinear_queries.runlog import open_run_log, run_header
+from nonlinear_queries.runs import open_run_log, run_header
 from nonlinear_queries.runtime import (
     SetupError,
     StopFlag,
@@ -143,7 +143,7 @@ def prepare_out_dir(cfg, rt):
 
 def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
     """metrics.jsonl (and wandb, continuing state.wandb_id) with the run's header record, and
-    out_dir/config.json; prints the resolved config. Returns the runlog.RunLog."""
+    out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
     out = open_run_log(cfg.out_dir, rt.master, cfg.wandb_log, state.wandb_id or None, project=cfg.wandb_project,
                        group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
     state.wandb_id = out.wandb.id or ""

@@ -15,9 +15,8 @@ which imports nothing from here. One concern per module:
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
 - pretrained: other people's weights in (GPT-2, Hugging Face, the official code's) and out (Hugging Face
   GPT-2 format)
-- runlog: metrics.jsonl and wandb
-- runs, stats, plots: reading run and sweep directories (runs.finished: whether a run is over); Welch, paired
-  and Holm tests, tables; the figures
+- runs, stats, plots: a run's metrics.jsonl written (and wandb) and read, sweep directories (runs.finished:
+  whether a run is over); Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer
 - sweeps, slurm: a sweep's points, their claims and their runs on this machine (sweeps) or as SLURM jobs (slurm)
 - protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps)

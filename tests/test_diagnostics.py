@@ -24,8 +24,7 @@ from nonlinear_queries.checkpoint import load_checkpoint_file
 from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
-from nonlinear_queries.runlog import RunLog
-from nonlinear_queries.runs import load_run, make_arms
+from nonlinear_queries.runs import RunLog, load_run, make_arms
 from nonlinear_queries.runtime import parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
 

@@ -1,4 +1,4 @@
-"""runtime.py (device, dtype, process layout, peak FLOP/s, the stop flag) and runlog.py (metrics.jsonl,
+"""runtime.py (device, dtype, process layout, peak FLOP/s, the stop flag) and runs.py's writing (metrics.jsonl,
 the no-op wandb, rank 0 only, the header's git state) without a training run."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nonlinear_queries import runtime
-from nonlinear_queries.runlog import NullWandb, RunLog, git_state, run_header
+from nonlinear_queries.runs import NullWandb, RunLog, git_state, run_header
 from nonlinear_queries.runtime import SetupError, StopFlag, mfu, peak_flops, setup
 
 
