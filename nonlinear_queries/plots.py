@@ -20,6 +20,12 @@ from nonlinear_queries.stats import step_list
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
 
 
+def short(rate):
+    """A rate as the study files write it: 3e-3, 7.5e-4, 1.2e-2."""
+    mantissa, exponent = f"{rate:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
 def styles(keys):
     """[(color, marker)] for items whose family is keys[i]: each family one hue of matplotlib's tab10 cycle
     (C0-C9, in order of first appearance; they repeat after 10 families), its members from a darker (mixed 40%
@@ -223,7 +229,6 @@ def rate_transfer(curves, verdicts, step=None, base_width=None):
     base width's curve (μP is SP there) is marked as the same runs in both panels. curves: [width.TransferCurve]."""
     from matplotlib.figure import Figure
 
-    from nonlinear_queries.width import short
 
     arms = list(dict.fromkeys(c.arm for c in curves))
     widths = sorted({c.width for c in curves})

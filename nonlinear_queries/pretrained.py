@@ -194,7 +194,7 @@ def hub_snapshot(name):
         f"HF_HUB_CACHE to a cache holding it), or pass the directory holding config.json and model.safetensors")
 
 
-def read_json(path):
+def _read_json(path):
     """The object in the JSON file `path`; PretrainedError if it is not valid JSON."""
     try:
         with open(path) as f:
@@ -228,14 +228,14 @@ def read_weights(directory):
         if os.path.isfile(path):
             return reader(path)
         if os.path.isfile(path + ".index.json"):
-            shards = sorted(set(read_json(path + ".index.json")["weight_map"].values()))
+            shards = sorted(set(_read_json(path + ".index.json")["weight_map"].values()))
             return {k: v for shard in shards for k, v in reader(os.path.join(directory, shard)).items()}
     raise PretrainedError(f"{directory} has no model.safetensors or pytorch_model.bin (nor a sharded index of either)")
 
 
 def read_directory(path, kind="hf"):
     """A Hugging Face GPT-2 directory, or export.py's output in this repo's format."""
-    config = read_json(os.path.join(path, "config.json"))
+    config = _read_json(os.path.join(path, "config.json"))
     if config.get("format") == REPO_FORMAT:
         state_dict, args = read_weights(path), config["model_args"]
         if args.get("tie_weights", True):  # the tied LM head is stored once, as wte

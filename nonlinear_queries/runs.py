@@ -154,6 +154,17 @@ def cut_torn_line(path):
     return data[keep:].decode("utf-8", errors="replace")
 
 
+def read_json(path):
+    """The object in the JSON file `path` of a run or sweep directory (launch.json, attempt.json, sweep.json,
+    config.json), or {} where it is missing or not (yet) whole JSON: a file another process is writing reads as
+    not there."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def read_metrics(path, warn=True):
     """The records of a metrics.jsonl, in order. A line that is not a JSON record (torn by a crash,
     or damaged) is skipped, with one warning on stderr naming the file and the line, not fatal:

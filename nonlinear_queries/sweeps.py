@@ -9,7 +9,6 @@ docstring for the behaviour); study.py runs its protocol's points through it, in
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import shlex
 import signal
@@ -23,7 +22,9 @@ from dataclasses import dataclass, fields
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.lock import exclusive, lock_holder, out_dir_holder, try_lock
-from nonlinear_queries.runs import finished, history, read_records, run_status
+from nonlinear_queries.runs import finished, history, read_json, read_records, run_status
+from nonlinear_queries.runtime import launcher
+from nonlinear_queries.slurm import parse_sbatch_options, run_slurm, slurm_minutes, slurm_queue
 from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,34 +162,6 @@ class Point:
         --init_from=resume where it has a checkpoint (else --overwrite=True: a new run)."""
         return [TRAIN, *train_args, *(f"--{k}={v}" for k, v in self.values), f"--out_dir={self.out_dir}",
                 "--init_from=resume" if resume else "--overwrite=True"]
-
-
-# torchrun forwards these signals to its workers (each in a session of its own, which a signal to torchrun's
-# process group misses): its defaults, and the warnings a scheduler sends before a time limit or a preemption
-# (SIGUSR2 is submitit's and SLURM's here; any other kills torchrun at once and orphans the workers). It then
-# waits this long for them to checkpoint and exit before it SIGKILLs them (torchrun's default is 30 s, less than
-# a large model's checkpoint takes to write).
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-TORCHRUN_SHUTDOWN_TIMEOUT_S = 600
-
-
-def launcher(procs, rendezvous=()):
-    """The command that starts train.py's `procs` processes on this node: python, or torchrun, which forwards
-    TORCHRUN_SIGNALS to the workers and waits TORCHRUN_SHUTDOWN_TIMEOUT_S seconds for them to exit
-    (torch.distributed.run's --signals_to_handle and --shutdown_timeout)."""
-    if procs == 1 and not rendezvous:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}",
-            f"--signals_to_handle={TORCHRUN_SIGNALS}", f"--shutdown_timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}",
-            *(rendezvous or ["--standalone"])]
-
-
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
 
 
 def write_record(sweep_dir, argv, statuses, points):
@@ -364,7 +337,6 @@ def plan(args, train_args):
     train.py arguments of every run, a --points file's shared settings added; the config they share). Sets
     args.sweep_dir (by default the config's out_dir) and args.sbatch_options. Raises ConfigError for a bad
     option, axis, points file or config."""
-    from nonlinear_queries.slurm import parse_sbatch_options, slurm_minutes, slurm_queue  # slurm.py builds on Point
 
     if args.launcher not in ("local", "slurm"):
         raise ConfigError(f"--launcher={args.launcher!r}: choose local or slurm (a point's torchrun is "
@@ -408,7 +380,6 @@ def run(args, train_args, argv):
     and record them in SWEEP_DIR/sweep.json with the command `python sweep.py argv`. Returns the exit status:
     0, 1 if a point failed, 2 for a config error (said on stderr); args.stopped_by is the signal's number where
     SIGINT or SIGTERM stopped it (run_local)."""
-    from nonlinear_queries.slurm import run_slurm  # slurm.py builds on Point
 
     try:
         points, train_args, base = plan(args, train_args)

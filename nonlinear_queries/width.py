@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nonlinear_queries import stats
-from nonlinear_queries.plots import rate_transfer, width_ladder
+from nonlinear_queries.plots import rate_transfer, short, width_ladder
 from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key
 
 SEED_KEYS = {"seed", "data_seed"}
@@ -161,12 +161,6 @@ def transfer_tables(curves, base_width):
               "not judged" if v.shift is None else "yes" if v.holds else "no"]
              for v in verdicts]
     return (header, rows), (vheader, vrows)
-
-
-def short(rate):
-    """A rate as the study files write it: 3e-3, 7.5e-4, 1.2e-2."""
-    mantissa, exponent = f"{rate:e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def label_of(parametrization):
