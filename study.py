@@ -449,7 +449,7 @@ def run_sequential(study):
             cmd = sweep_command(study, arm, horizon, stage.todo)
             print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s)\n  {shlex.join(cmd)}", flush=True)
             args, rest = sweeps.parser().parse_known_args(cmd[2:])
-            code = sweeps.run(args, rest, cmd[2:])
+            code = sweeps.run_sweep(args, rest, cmd[2:])
             if args.stopped_by:
                 print("study stopped; every running point wrote its checkpoint. Run the same command again to "
                       "continue", file=sys.stderr)

@@ -247,7 +247,7 @@ def make_parser(description, out_dir, test_size, accept_input=True):
     return parser
 
 
-def run(load, description, out_dir, test_size, accept_input=True, argv=None):
+def run_prepare(load, description, out_dir, test_size, accept_input=True, argv=None):
     """
     Entry point of a prepare script: parse argv, call load(args) -> (documents, source),
     run prepare() and print the token counts. A DataError is printed to stderr and

@@ -26,7 +26,7 @@ class StudyError(Exception):
 
 
 @dataclass
-class Arm:
+class StudyArm:
     name: str
     config: str  # a config file, relative to the repo root
     overrides: dict = field(default_factory=dict)
@@ -149,10 +149,10 @@ def load_study(path):
     arms = []
     for i, a in enumerate(_take(raw, "arm", list, path)):
         where = f"{path} [[arm]] {i + 1}"
-        arm = Arm(_take(a, "name", str, where), _take(a, "config", str, where), _take(a, "overrides", dict, where, {}),
-                  [str(v) for v in _take(a, "grid", list, where, [])], _take(a, "value", str, where, ""),
-                  _take(a, "value_from", str, where, ""), _take(a, "runs", str, where, ""),
-                  _take(a, "seeds", list, where, None) if "seeds" in a else None)
+        arm = StudyArm(_take(a, "name", str, where), _take(a, "config", str, where),
+                       _take(a, "overrides", dict, where, {}), [str(v) for v in _take(a, "grid", list, where, [])],
+                       _take(a, "value", str, where, ""), _take(a, "value_from", str, where, ""),
+                       _take(a, "runs", str, where, ""), _take(a, "seeds", list, where, None) if "seeds" in a else None)
         _no_more(a, where)
         if arm.value and arm.value_from:
             raise StudyError(f"{where}: 'value' fixes the arm's {key} and 'value_from' takes another arm's; give one")

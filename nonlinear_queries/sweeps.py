@@ -374,7 +374,7 @@ def plan(args, train_args):
     return points, train_args, base
 
 
-def run(args, train_args, argv):
+def run_sweep(args, train_args, argv):
     """Run the sweep of `args` (parser()'s) over `train_args` (config files and --key=value overrides for every
     run) to its end: check every point's config, skip the finished points, launch the others (args.launcher),
     and record them in SWEEP_DIR/sweep.json with the command `python sweep.py argv`. Returns the exit status:

@@ -118,3 +118,14 @@ def test_every_module_of_the_package_is_on_both_maps():
     assert set(PACKAGE) - listed_init == set(), "modules missing from nonlinear_queries/__init__.py's list"
     assert set(PACKAGE) - listed_readme == set(), "modules missing from the README's layout"
     assert listed_init - set(PACKAGE) == set() and listed_readme - set(PACKAGE) == set(), "modules that do not exist"
+
+
+def test_no_two_modules_of_the_package_define_one_public_name():
+    # a reader who meets `read_checkpoint` or `run` knows which one it is
+    defined = {}
+    for module in PACKAGE:
+        with open(os.path.join(REPO, "nonlinear_queries", f"{module}.py")) as f:
+            for node in ast.parse(f.read()).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                    defined.setdefault(node.name, []).append(module)
+    assert {name: modules for name, modules in defined.items() if len(modules) > 1} == {}

@@ -12,7 +12,7 @@ Where the hub is unreachable, pass local copies (e.g. its parquet files) with --
 
 import os
 
-from nonlinear_queries.corpus import load_hub_documents, load_local_documents, run
+from nonlinear_queries.corpus import load_hub_documents, load_local_documents, run_prepare
 
 HUB_NAME = "Skylion007/openwebtext"
 TEST_SIZE = 0.0005
@@ -26,4 +26,4 @@ def load(args):
 
 
 if __name__ == "__main__":
-    run(load, __doc__, out_dir=os.path.dirname(os.path.abspath(__file__)), test_size=TEST_SIZE)
+    run_prepare(load, __doc__, out_dir=os.path.dirname(os.path.abspath(__file__)), test_size=TEST_SIZE)
