@@ -28,6 +28,8 @@ for folder in ("", "modern/", "gpt3/", "official/"):
     if folder == "gpt3/":  # by size, as the GPT-3 paper's table
         paths.sort(key=lambda p: ["medium", "large", "xl", "2p7b"].index(os.path.basename(p).split("_")[0]))
     for path in paths:
+        if os.path.basename(path) == "recipe.py":  # config/modern/recipe.py: a base of the modern configs, not a run
+            continue
         values = read_config_file(path)
         with torch.device("meta"):
             model = GPT(GPTConfig(**{k: v for k, v in values.items() if k in model_config_keys()}))
