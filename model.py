@@ -20,7 +20,7 @@ Adding a query module: subclass QueryModule, write `forward(x) -> q` (both (B, T
 set `scale_mult` if the softmax scale 1/sqrt(head_dim) needs a factor, and add one entry
 to QUERY_MODULES; nothing else is needed. Joining the fused input projection is optional
 (`fused_weight` and `from_fused`; a module without them computes its query from x after K and V's
-matmul, and loses about 1% of an H200 step, measured for res_gelu). A module of the form
+matmul, and loses about 1% of an H200 step: issue 44's measurement for res_gelu). A module of the form
 q = anchor + f overrides `decompose` to return both (the diagnostics' query_cos and query_f_ratio).
 """
 
