@@ -31,7 +31,9 @@ with those seeds (e.g. the held-out ones).
 Across widths (nonlinear_queries/width.py, docs/width.md): --width_transfer tables each arm's mean val loss
 at every learning rate per width and parametrization, where the best rate sits and whether it transfers;
 --width_ladder each arm's relative improvement over the baseline at each width (runs paired by seed, 95% CI)
-and its slope against log2(width); with --plot, their figures instead of Figure 1. Exit status: 0 ok; 1 bad
+and its slope against log2(width), and with --effect_difference PLUS MINUS CONTROL the difference of
+three arms' gaps per seed (what dropping res_gelu's 1/2 gains minus what doubling the baseline's softmax
+scale gains) per width and pooled; with --plot, their figures instead of Figure 1. Exit status: 0 ok; 1 bad
 input; 2 bad command line.
 """
 
@@ -157,6 +159,10 @@ def parser():
     p.add_argument("--claim", action="append", default=[], metavar="WIDTH:PERCENT:LABEL",
                    help="with --width_ladder --plot: a value claimed elsewhere (e.g. the paper's), noted under "
                         "the figure as a claim, not drawn as data")
+    p.add_argument("--effect_difference", nargs=3, metavar=("PLUS", "MINUS", "CONTROL"),
+                   help="with --width_ladder: per seed and width D = g(PLUS) - g(MINUS) - g(CONTROL), the three "
+                        "arms' gaps to the baseline (labels as the ladder prints them), and its test per width "
+                        "and pooled, e.g. res_gelu_no_half res_gelu 'baseline attn_scale=0.35355339059327373'")
     p.add_argument("--metric", default="", metavar="TASK/METRIC",
                    help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                         "column each, at the same step, mean ± std over each row's runs")
@@ -202,6 +208,8 @@ def main(argv=None):
     if args.select_on and not args.best_over:
         cli.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
                   "e.g. --best_over=learning_rate")
+    if args.effect_difference and not args.width_ladder:
+        cli.error("--effect_difference compares three arms' gaps on the width ladder; give --width_ladder too")
     for option, path in (("--plot", args.plot), ("--figure2", args.figure2)):
         if path:
             check_writable(option, path)
@@ -313,7 +321,7 @@ def width_report(runs, args):
     if args.width_transfer:
         width.transfer_report(runs, step, args.format, args.plot)
     else:
-        width.ladder_report(runs, step, args.format, args.baseline, args.claim, args.plot)
+        width.ladder_report(runs, step, args.format, args.baseline, args.claim, args.plot, args.effect_difference)
 
 
 if __name__ == "__main__":

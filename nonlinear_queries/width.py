@@ -412,6 +412,42 @@ def pooled_table(tests):
     return header, rows
 
 
+DIFFERENCE_CAPTION = ("D = g({plus}) - g({minus}) - g({control}) per seed that the three share at a width, each g "
+                      "the paired rel. improvement over {baseline} (%): what the first change gains "
+                      "minus what the control's gains. Per width: mean D, its 95% t interval, the one-sample "
+                      "t-test's p and MDE at 80% power; last row (two widths or more): the pooled model above over "
+                      "the widths, a family of its own (uncorrected)")
+
+
+def difference_table(rungs, plus, minus, control):
+    """(header, rows) of the temperature comparison (effect_difference's D of the labels `plus`, `minus`,
+    `control`): per width and pooled over the widths (pooled_test). Raises RunsError where a label is not an arm
+    of `rungs` or no width has a seed all three share."""
+    arms = set(r.arm for r in rungs)
+    missing = [label for label in (plus, minus, control) if label not in arms]
+    if missing:
+        raise RunsError(f"--effect_difference: no arm {missing[0]!r} against the baseline; the arms are "
+                        f"{', '.join(map(repr, dict.fromkeys(r.arm for r in rungs)))}")
+    d = effect_difference(rungs, plus, minus, control)
+    if not d:
+        raise RunsError(f"--effect_difference: {plus}, {minus} and {control} share no seed at any width")
+    header = ["width", "seeds", "D (points)", "95% CI", "p", "MDE (points)"]
+    rows = []
+    for w, values in d.items():
+        one = len(values) < 2
+        ci = None if one else t_interval(values)
+        mde = None if one else stats.paired_detectable_effect(len(values), values.std(ddof=1))
+        rows.append([str(w), str(len(values)), f"{values.mean():+.2f}",
+                     "-" if one else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]", stats.p_cell(None if one else
+                                                                       one_sample_p(values)),
+                     "-" if mde is None else f"{mde:.2f}"])
+    test = pooled_test("D", d) if len(d) > 1 else None
+    if test is not None:
+        rows.append([", ".join(map(str, test.widths)) + " (pooled)", str(test.n), f"{test.estimate:+.2f}",
+                     f"[{test.ci[0]:+.2f}, {test.ci[1]:+.2f}]", stats.p_cell(test.p), f"{test.mde:.2f}"])
+    return header, rows
+
+
 def ladder_tables(rungs, slopes, baseline):
     """(the per-width table, the slope table), each (header, rows) for stats.print_table; a width with one pair
     has no interval, p or MDE ('-'). The MDE columns: the paired test's (the p the table gives) and Welch's on
@@ -450,11 +486,12 @@ def transfer_report(runs, step, fmt, plot=None):
         save(rate_transfer(curves, verdicts, step, base_width), plot, fmt)
 
 
-def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None):
+def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None, difference=None):
     """compare.py --width_ladder: print the per-width, slope and pooled tables of `runs` at `step` against the
-    arm labelled `baseline` (ladder's default: the first run's) in `fmt`, and with `plot` (a path) save their
-    figure there, noting `claims` (--claim's WIDTH:PERCENT:LABEL specs) under it. Raises RunsError for an
-    unknown baseline, an arm without pairs or a malformed claim."""
+    arm labelled `baseline` (ladder's default: the first run's) in `fmt`, with `difference` (the labels plus,
+    minus, control) the table of their effect difference D (difference_table), and with `plot` (a path) save
+    the figure there, noting `claims` (--claim's WIDTH:PERCENT:LABEL specs) under it. Raises RunsError for an
+    unknown baseline or label, an arm without pairs or a malformed claim."""
     rungs, slopes, baseline = ladder(runs, step, baseline)
     (header, rows), (vheader, vrows) = ladder_tables(rungs, slopes, baseline)
     caption = (f"val loss at step {step}; rel. improvement = 100 (L_base - L) / L_base over the runs paired by "
@@ -469,7 +506,10 @@ def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None):
     claimed = [claim(spec) for spec in claims]
     # the pooled test declared for the ladder's fresh seeds (results/width_ladder/README.md)
     print_tables([(header, rows, caption), (vheader, vrows, vcaption),
-                  (*pooled_table(pooled_tests(rungs)), POOLED_CAPTION)], fmt)
+                  (*pooled_table(pooled_tests(rungs)), POOLED_CAPTION),
+                  *([(*difference_table(rungs, *difference),
+                      DIFFERENCE_CAPTION.format(plus=difference[0], minus=difference[1], control=difference[2],
+                                                baseline=baseline))] if difference else [])], fmt)
     if plot:
         save(width_ladder(rungs, slopes, baseline, claimed, setting(runs, step)), plot, fmt)
 

@@ -21,6 +21,7 @@ from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
 from nonlinear_queries.coord_check import coord_check
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import hf_incompatibility
+from nonlinear_queries.runs import RunsError
 from nonlinear_queries.runtime import parallelize, setup
 from nonlinear_queries.stats import p_cell
 from nonlinear_queries.train_config import TrainConfig
@@ -355,7 +356,7 @@ def test_mup_is_for_training_from_scratch_not_for_fine_tuning_sp_weights():
 
 def test_the_declared_temperature_difference_pairs_seeds_and_pools_over_widths():
     # D = g(no_half) - g(res_gelu) - g(temp2) per seed the three share, then the pooled test of width.py
-    from nonlinear_queries.width import Rung, effect_difference, pooled_test
+    from nonlinear_queries.width import Rung, difference_table, effect_difference, pooled_test
 
     def rung(arm, width, gaps, seeds):
         gaps = np.array(gaps, dtype=float)
@@ -371,3 +372,11 @@ def test_the_declared_temperature_difference_pairs_seeds_and_pools_over_widths()
     se = np.sqrt(within) * np.sqrt(1 / 2 + 1 / 2) / 2
     assert test.estimate == pytest.approx((2.5 + 0.0) / 2) and test.df == 2
     assert test.p == pytest.approx(2 * stats.t.sf(1.25 / se, 2))
+    # compare.py --effect_difference's table: each width's mean D and one-sample test, then the pooled row
+    header, rows = difference_table(rungs, "no_half", "res_gelu", "temp2")
+    assert [row[:3] for row in rows] == [["128", "2", "+2.50"], ["256", "2", "+0.00"], ["128, 256 (pooled)", "4",
+                                                                                      "+1.25"]]
+    assert rows[0][4] == p_cell(2 * stats.t.sf(2.5 / (2.0 * np.sqrt(2) / np.sqrt(2)), 1))
+    assert rows[2][4] == p_cell(test.p)
+    with pytest.raises(RunsError, match="no arm 'temp4' against the baseline; the arms are 'no_half', 'res_gelu'"):
+        difference_table(rungs, "no_half", "res_gelu", "temp4")
