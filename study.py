@@ -210,14 +210,16 @@ def plan(study):
 def table_command(study, table, arms):
     """compare.py's command line for `table`: where every arm is tuned in this table's runs, the held-out
     protocol's flags (choose on the tuning seed, report the others, Holm, paired); arms at a value fixed or
-    chosen by another arm, Holm and paired; at an untuned horizon, the paired column; a width table (Table.kind)
-    over the held-out seeds, or over the tuning runs where there are none."""
+    chosen by another arm, Holm and paired; at an untuned horizon, the paired column; a width-transfer table over
+    the tuning seeds (where rates are chosen; an arm's reused runs may hold its held-out seeds too), a
+    width-ladder table over the held-out seeds, or over every run where there are none."""
     horizon = next(h for h in study.horizons if h.max_iters == table.horizon)
     tuned = horizon.tune and not any(arms[a].value or arms[a].value_from for a in table.arms)
     protocol = ([f"--best_over={study.key}", f"--select_on=seed={study.tuning_seed}", "--holm", "--paired"]
                 if tuned else ["--holm", "--paired"] if horizon.tune else ["--paired"])
     if table.kind != "compare":
-        seeds = sorted({s for a in table.arms for s in held_out_seeds(arms[a], horizon)})
+        seeds = (study.tuning_seeds if table.kind == "width_transfer"
+                 else sorted({s for a in table.arms for s in held_out_seeds(arms[a], horizon)}))
         protocol = [f"--{table.kind}", *([f"--seeds={','.join(map(str, seeds))}"] if seeds else [])]
     return ["compare.py", *(arm_dir(study, arms[a], horizon) for a in table.arms), *protocol, *table.args,
             *(["--group_over=seed,data_seed"] if study.vary_data_order else []), "--format=markdown",

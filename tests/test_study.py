@@ -473,6 +473,10 @@ def test_tuning_on_several_seeds_chooses_on_their_mean_and_other_arms_take_the_v
     cmd = study.table_command(s, s.tables[0], {a.name: a for a in s.arms})
     assert cmd[:3] == ["compare.py", study.arm_dir(s, small, horizon), study.arm_dir(s, wide, horizon)]
     assert {"--width_ladder", "--seeds=1,2", "--format=markdown"} <= set(cmd) and "--best_over" not in " ".join(cmd)
+    # a transfer table over the same arms reads the tuning runs only, though the arms' directories hold held-out runs
+    transfer = protocol.Table(horizon.max_iters, "", ["small", "wide"], [], "", "width_transfer")
+    cmd = study.table_command(s, transfer, {a.name: a for a in s.arms})
+    assert {"--width_transfer", "--seeds=0,6"} <= set(cmd) and "--seeds=1,2" not in cmd
 
 
 def test_reused_runs_must_be_complete_and_are_never_run(tmp_path):
