@@ -209,14 +209,17 @@ def plan(study):
 
 def table_command(study, table, arms):
     """compare.py's command line for `table`: where every arm is tuned in this table's runs, the held-out
-    protocol's flags (choose on the tuning seed, report the others, Holm, paired); arms at a value fixed or
+    protocol's flags (choose on the tuning seed, report the others, Holm, paired), or with no held-out seeds
+    (a study that only tunes) each arm at its best value on the tuning runs; arms at a value fixed or
     chosen by another arm, Holm and paired; at an untuned horizon, the paired column; a width-transfer table over
     the tuning seeds (where rates are chosen; an arm's reused runs may hold its held-out seeds too), a
     width-ladder table over the held-out seeds, or over every run where there are none."""
     horizon = next(h for h in study.horizons if h.max_iters == table.horizon)
     tuned = horizon.tune and not any(arms[a].value or arms[a].value_from for a in table.arms)
+    held_out = any(held_out_seeds(arms[a], horizon) for a in table.arms)
     protocol = ([f"--best_over={study.key}", f"--select_on=seed={study.tuning_seed}", "--holm", "--paired"]
-                if tuned else ["--holm", "--paired"] if horizon.tune else ["--paired"])
+                if tuned and held_out else [f"--best_over={study.key}"] if tuned
+                else ["--holm", "--paired"] if horizon.tune else ["--paired"])
     if table.kind != "compare":
         seeds = (study.tuning_seeds if table.kind == "width_transfer"
                  else sorted({s for a in table.arms for s in held_out_seeds(arms[a], horizon)}))
@@ -501,7 +504,11 @@ def main(argv):
     if args.dry_run:
         plan(study)
         return 0
-    return run(study)
+    try:
+        return run(study)
+    except StudyError as e:
+        print(f"study error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -479,6 +479,27 @@ def test_tuning_on_several_seeds_chooses_on_their_mean_and_other_arms_take_the_v
     assert {"--width_transfer", "--seeds=0,6"} <= set(cmd) and "--seeds=1,2" not in cmd
 
 
+def test_a_study_that_only_tunes_tables_each_arm_at_its_best_and_says_a_failed_table_in_one_line(
+        tmp_path, monkeypatch, capsys):
+    s = write_study(tmp_path, TOML.replace("seeds = [1, 2]", "seeds = []"))
+    a, b = s.arms
+    horizon = s.horizons[0]
+    for arm, losses in ((a, {"1e-3": 3.0, "2e-3": 2.0, "4e-3": 2.5}), (b, {"1e-3": 2.5, "2e-3": 2.2, "4e-3": 2.4})):
+        for v, loss in losses.items():
+            fake_run(study.point_dir(s, arm, horizon, {"learning_rate": v, "seed": 0}), loss)
+    assert [study.advance(s, arm, horizon).chosen for arm in s.arms] == ["2e-3", "2e-3"]
+    # no held-out run to report: --select_on would find none, so the table is each arm at its best tuning value
+    cmd = study.table_command(s, s.tables[0], {arm.name: arm for arm in s.arms})
+    assert "--best_over=learning_rate" in cmd and not any(c.startswith(("--select_on", "--holm")) for c in cmd)
+
+    def failing(_):
+        raise study.StudyError("python compare.py ... failed: error: no runs")
+
+    monkeypatch.setattr(study, "write_tables", failing)
+    assert study.main([s.path]) == 1
+    assert capsys.readouterr().err == "study error: python compare.py ... failed: error: no runs\n"
+
+
 def test_reused_runs_must_be_complete_and_are_never_run(tmp_path):
     reused = tmp_path / "other"
     text = WIDTHS.replace('name = "small"\nconfig = "config/mini/baseline.py"',
