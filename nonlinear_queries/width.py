@@ -149,7 +149,7 @@ def transfer_tables(curves, base_width):
         cells = [f"**{c.mean(r):.4f}**" if r == c.best else f"{c.mean(r):.4f}" if r in c.losses else ""
                  for r in rates]
         rows.append([c.arm, label_of(c.parametrization), str(c.width), *cells, short(c.best)])
-    header[3] += f" (mean of {'/'.join(map(str, seeds))} seeds)"
+    header[3] += " (1 seed)" if seeds == [1] else f" (mean of {'/'.join(map(str, seeds))} seeds)"
     verdicts = transfer_verdicts(curves, base_width)
     widths = sorted({c.width for c in curves})
     vheader = ["arm", "param.", *(f"best at {w}" for w in widths), f"shift {widths[0]}→{widths[-1]} (x2 steps)",

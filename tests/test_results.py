@@ -626,7 +626,36 @@ def width_ladder_prose():
     for a in ("baseline", "res_gelu", "res_gelu_no_half"):
         losses = {lr: seeds[0] for lr, seeds in final_losses(f"results/long_horizon/{a}", 3000).items() if 0 in seeds}
         off += [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
-    return [("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {with_sign(g.ci[0])} to "
+    # section "Each arm's own rate at the ladder's ends": width 64's tuning runs on seed 0 (studies/width_ladder_rates)
+    rates = "results/width_ladder/rates"
+    at64 = {a: {lr: seeds[0] for lr, seeds in final_losses(f"{rates}/{a}_w64", 3000).items()}
+            for a in ("baseline", "res_gelu", "res_gelu_no_half")}
+    step_cost = {a: [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
+                 for a, losses in at64.items()}
+    costs = lambda a: f"{pct(step_cost[a][0])} and {pct(step_cost[a][1])}"  # noqa: E731
+    at128 = {a: {lr: seeds[0] for lr, seeds in final_losses(f"results/long_horizon/{a}", 3000).items() if 0 in seeds}
+             for a in at64}
+    less_at_64 = all(step_cost[a][i] < 100 * (at128[a][lr] - at128[a][3e-3]) / at128[a][3e-3]
+                     for a in at64 for i, lr in enumerate((1.5e-3, 6e-3)))
+    rate_runs = glob.glob(os.path.join(REPO, rates, "*", "*", "metrics.jsonl"))
+    rate_headers = [read_metrics(path) for path in rate_runs]
+    ms_384 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
+              for path in glob.glob(os.path.join(REPO, "results/width_ladder/*_w384/*/metrics.jsonl"))]
+    return [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
+             if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
+             else "(an arm's best rate at 64 is not 3e-3)"),
+            ("width 64's cost of a step off", f"1.5e-3 and 6e-3 cost the baseline {costs('baseline')} of val loss at "
+             f"64, res_gelu {costs('res_gelu')}, res_gelu_no_half {costs('res_gelu_no_half')}"),
+            ("64 against 128", "one ×2 step off 3e-3 costs less at 64 than at 128, in all six cases" if less_at_64
+             else "(not in all six cases)"),
+            ("res_gelu's narrowest margin", f"res_gelu's narrowest margin here ({pct(min(step_cost['res_gelu']))})"),
+            ("the rates' runs", f"Width 64 is done ({len(rate_runs)} runs)"
+             if all({r.get("git_commit", "")[:7] for r in h if r["type"] == "config"} == {"675661b"} and
+                    sum(r["type"] == "config" for r in h) == 1 for h in rate_headers) else "(a rate run differs)"),
+            ("width 384's time", f"a median {np.median(ms_384) / 1000:.2f} s a step with two side by side on 2 cores, "
+             f"about {np.median(ms_384) * 3000 / 60000:.0f} minutes a run, so about "
+             f"{9 * np.median(ms_384) * 3000 / 1000 / 3600 / 2:.1f} hours of wall time for the 9"),
+            ("width 64, res_gelu", f"{-g.gap:.2f}% above the baseline's (95% CI {with_sign(g.ci[0])} to "
              f"{with_sign(g.ci[1])}, paired p = {g.p:.2g})"),
             ("width 64, res_gelu_no_half", f"{n.gap:.2f}% below ({with_sign(n.ci[0])} to {with_sign(n.ci[1])}, "
              f"p = {n.p:.2g})"),
