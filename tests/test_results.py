@@ -572,8 +572,8 @@ def width_ladder_prose():
         r = rung[a, w]
         return float(np.corrcoef(r.losses, r.base_losses)[0, 1])
 
-    sessions = {w: [sum(r["type"] == "config" for r in read_metrics(path)) for path in
-                    glob.glob(os.path.join(REPO, f"results/width_ladder/*_w{w}/*/metrics.jsonl"))]
+    sessions = {w: [sum(r["type"] == "config" for r in read_metrics(path)) for a in arms + ("baseline",) for path in
+                    glob.glob(os.path.join(REPO, f"results/width_ladder/{a}_w{w}/*/metrics.jsonl"))]
                 for w in (64, 256, 384)}
     g, n = rung["res_gelu", 64], rung["res_gelu_no_half", 64]
     g2, n2 = rung["res_gelu", 128], rung["res_gelu_no_half", 128]
@@ -640,7 +640,8 @@ def width_ladder_prose():
     rate_runs = glob.glob(os.path.join(REPO, rates, "*", "*", "metrics.jsonl"))
     rate_headers = [read_metrics(path) for path in rate_runs]
     ms_384 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
-              for path in glob.glob(os.path.join(REPO, "results/width_ladder/*_w384/*/metrics.jsonl"))]
+              for a in arms + ("baseline",)
+              for path in glob.glob(os.path.join(REPO, f"results/width_ladder/{a}_w384/*/metrics.jsonl"))]
     return [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
              if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
              else "(an arm's best rate at 64 is not 3e-3)"),
