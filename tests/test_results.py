@@ -276,10 +276,10 @@ def width_transfer_restarts():
 
 
 def width_ladder_restarts():
-    """results/width_ladder: every run of the ladder (held-out seeds 1-5 at every width, width 128's being
-    results/long_horizon's) that was stopped and resumed, as restarts() gives them."""
+    """results/width_ladder: every run of the ladder and of its temperature control (held-out seeds 1-5 at every
+    width, width 128's being results/long_horizon's) that was stopped and resumed, as restarts() gives them."""
     rows = [["arm", "run", "sessions start at step", "commit of each session", "steps logged by two sessions"]]
-    for directory in LADDER_RUNS:
+    for directory in LADDER_RUNS + TEMP2_RUNS:
         for path in sorted(glob.glob(os.path.join(REPO, directory, "*", "metrics.jsonl"))):
             run = os.path.basename(os.path.dirname(path))
             seed = dict(kv.split("=") for kv in run.split(",")).get("seed")
@@ -519,6 +519,9 @@ LADDER_RUNS = ["results/width_ladder/baseline_w64", "results/width_ladder/res_ge
                "results/width_ladder/baseline_w256", "results/width_ladder/res_gelu_w256",
                "results/width_ladder/res_gelu_no_half_w256", "results/width_ladder/baseline_w384",
                "results/width_ladder/res_gelu_w384", "results/width_ladder/res_gelu_no_half_w384"]
+# the ladder's temperature control, baseline_temp2, at every width (width 128's: results/long_horizon's)
+TEMP2_RUNS = ["results/width_ladder/baseline_temp2_w64", "results/long_horizon/baseline_temp2",
+              "results/width_ladder/baseline_temp2_w256", "results/width_ladder/baseline_temp2_w384"]
 
 
 def with_sign(x):
@@ -642,7 +645,44 @@ def width_ladder_prose():
     ms_384 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for a in arms + ("baseline",)
               for path in glob.glob(os.path.join(REPO, f"results/width_ladder/{a}_w384/*/metrics.jsonl"))]
-    return [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
+    # section "The temperature control at every width": baseline_temp2's gap, and D per width and pooled
+    temp2_dirs = [d for d in TEMP2_RUNS if os.path.isdir(os.path.join(REPO, d))]
+    runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS + temp2_dirs], "seed")
+    trungs = width.ladder([r for r in runs if r.config["seed"] in range(1, 6)], 3000)[0]
+    temp2 = "baseline attn_scale=0.35355339059327373"
+    tr = {(r.arm.split()[0] if r.arm != temp2 else "temp2", r.width): r for r in trungs}
+    d = width.effect_difference(trungs, "res_gelu_no_half", "res_gelu", temp2)
+    d_test = width.pooled_test("D", d)
+
+    def t2(w, source=""):
+        r = tr["temp2", w]
+        return f"{with_sign(r.gap)}% at {w} ({source}{with_sign(r.ci[0])} to {with_sign(r.ci[1])}"
+
+    def d_at(w):
+        ci = width.t_interval(d[w])
+        return (f"{with_sign(d[w].mean())} {'points at' if w == 64 else 'at'} {w} ({'95% CI ' if w == 64 else ''}"
+                f"{with_sign(ci[0])} to {with_sign(ci[1])}, p = {width.one_sample_p(d[w]):.2g}")
+
+    def parts(w):  # D's two parts: no_half's gap minus temp2's, and res_gelu's deficit (means over shared seeds)
+        return f"{tr['res_gelu_no_half', w].gap - tr['temp2', w].gap:.2f} and {-tr['res_gelu', w].gap:.2f}"
+
+    temp2_done = [path for d in temp2_dirs if d.startswith("results/width_ladder/")
+                  for path in glob.glob(os.path.join(REPO, d, "*", "")) if 3000 in load_run(path).evals]
+    ms_256 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
+              for path in glob.glob(os.path.join(REPO, "results/width_ladder/baseline_temp2_w256/*/metrics.jsonl"))]
+    temperature = [
+        ("temp2's own gaps", f"{t2(64)}, n = {len(tr['temp2', 64].gaps)}) and {t2(256)}, n = "
+         f"{len(tr['temp2', 256].gaps)}), against {t2(128, source='results/long_horizon' + chr(39) + 's runs, ')})"),
+        ("D per width", f"{d_at(64)}, n = {len(d[64])}), {d_at(128)}) and {d_at(256)}, n = {len(d[256])})"),
+        ("D's sign", "D is positive at each of the three widths" if all(d[w].mean() > 0 for w in d) and len(d) == 3
+         else "(D is not positive at every width)"),
+        ("D's parts", f"At 64 these are {parts(64)} points, at 128 {parts(128)}"),
+        ("D pooled", f"D is {with_sign(d_test.estimate)} points ({with_sign(d_test.ci[0])} to "
+         f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
+        ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done"),
+        ("a width-256 run's time", f"a width-256 run took about {np.median(ms_256) * 3000 / 60000:.0f} minutes here"),
+    ]
+    return temperature + [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
              if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
              else "(an arm's best rate at 64 is not 3e-3)"),
             ("width 64's cost of a step off", f"1.5e-3 and 6e-3 cost the baseline {costs('baseline')} of val loss at "
