@@ -676,6 +676,9 @@ def width_ladder_prose():
         ("D per width", f"{d_at(64)}, n = {len(d[64])}), {d_at(128)}) and {d_at(256)}, n = {len(d[256])})"),
         ("D's sign", "D is positive at each of the three widths" if all(d[w].mean() > 0 for w in d) and len(d) == 3
          else "(D is not positive at every width)"),
+        ("D after Holm", "Holm's correction over the three widths raises all three to "
+         + and_list(sorted({f"{q:.2f}" for q in stats.holm([width.one_sample_p(d[w]) for w in d])}))
+         if all(q > 0.05 for q in stats.holm([width.one_sample_p(d[w]) for w in d])) else "(a width survives Holm)"),
         ("D's parts", f"At 64 these are {parts(64)} points, at 128 {parts(128)}"),
         ("D pooled", f"D is {with_sign(d_test.estimate)} points ({with_sign(d_test.ci[0])} to "
          f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
