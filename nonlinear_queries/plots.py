@@ -14,16 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nonlinear_queries.runs import layer_mean, pooled
+from nonlinear_queries.runs import format_value, layer_mean, pooled
 from nonlinear_queries.stats import step_list
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
-
-
-def short(rate):
-    """A rate as the study files write it: 3e-3, 7.5e-4, 1.2e-2."""
-    mantissa, exponent = f"{rate:e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def styles(keys):
@@ -255,7 +249,7 @@ def rate_transfer(curves, verdicts, step=None, base_width=None):
                 f"criterion (≤ 1 step) {'is met' if v.holds else 'is not met'}")
             ax.set_title(f"{arm}, {'SP' if p == 'sp' else 'μP'}{verdict}", fontsize="medium")
             rates = sorted({r for c in curves for r in c.losses})
-            ax.set_xticks(np.log2(rates), [short(r) for r in rates], fontsize="small")
+            ax.set_xticks(np.log2(rates), [format_value(r) for r in rates], fontsize="small")
             ax.set_xlabel("learning rate (log2 scale)")
             ax.grid(alpha=0.3)
         row[0].set_ylabel("val loss (nats per token)")

@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.runs import finished, history, read_records, run_status
+from nonlinear_queries.runs import finished, format_value, history, read_records, run_status
 from nonlinear_queries.sweeps import point_name
 from nonlinear_queries.train_config import TrainConfig
 
@@ -230,14 +230,6 @@ def load_study(path):
                                      f"{point_dir(study, arm, horizon, missing[0]) if missing else arm.runs}); "
                                      f"finish them in their own study first")
     return study
-
-
-def format_value(value):
-    """A widened grid value as a run directory names it: the shortest mantissa and a power of ten
-    (0.012 -> '1.2e-2', 0.00075 -> '7.5e-4'), as the committed grids are written."""
-    exponent = math.floor(math.log10(value))
-    mantissa = round(value / 10**exponent, 10)
-    return f"{mantissa:g}e{exponent}"
 
 
 def train_args(study, arm, horizon):

@@ -396,6 +396,13 @@ def check_keys(runs, option, keys):
                         + f"; the runs' config keys: {', '.join(known)}")
 
 
+def format_value(value):
+    """A float as run directories, study files and tables write it: the shortest mantissa and a power of ten
+    (0.003 -> '3e-3', 0.012 -> '1.2e-2', 0.00075 -> '7.5e-4')."""
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
 def arm_key(config, skip):
     """The arm of a run's config: its settings apart from the keys in `skip` (the pooled ones, and for a tuned or
     width comparison the tuned key and the width too), as a string equal for the runs of one arm."""

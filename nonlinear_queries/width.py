@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from nonlinear_queries import stats
-from nonlinear_queries.plots import rate_transfer, short, width_ladder
-from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key
+from nonlinear_queries.plots import rate_transfer, width_ladder
+from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key, format_value
 
 SEED_KEYS = {"seed", "data_seed"}
 WIDTH_KEYS = {"n_embd", "n_head", "parametrization", "mup_base_width", "mup_base_head_dim"}
@@ -143,18 +143,18 @@ def transfer_tables(curves, base_width):
     parametrization the best rate at each width, its shift, the base rate's cost and whether transfer holds."""
     rates = sorted({r for c in curves for r in c.losses})
     seeds = sorted({len(v) for c in curves for v in c.losses.values()})
-    header = ["arm", "param.", "width", *(f"{short(r)}" for r in rates), "best"]
+    header = ["arm", "param.", "width", *(f"{format_value(r)}" for r in rates), "best"]
     rows = []
     for c in curves:
         cells = [f"**{c.mean(r):.4f}**" if r == c.best else f"{c.mean(r):.4f}" if r in c.losses else ""
                  for r in rates]
-        rows.append([c.arm, label_of(c.parametrization), str(c.width), *cells, short(c.best)])
+        rows.append([c.arm, label_of(c.parametrization), str(c.width), *cells, format_value(c.best)])
     header[3] += " (1 seed)" if seeds == [1] else f" (mean of {'/'.join(map(str, seeds))} seeds)"
     verdicts = transfer_verdicts(curves, base_width)
     widths = sorted({c.width for c in curves})
     vheader = ["arm", "param.", *(f"best at {w}" for w in widths), f"shift {widths[0]}→{widths[-1]} (x2 steps)",
                f"cost at {widths[-1]} of {base_width}'s best (%)", "transfer holds"]
-    vrows = [[v.arm, label_of(v.parametrization), *(short(v.best[w]) if w in v.best else "" for w in widths),
+    vrows = [[v.arm, label_of(v.parametrization), *(format_value(v.best[w]) if w in v.best else "" for w in widths),
               f"{v.unfinished} run(s) unfinished" if v.unfinished else
               "not at every width" if v.shift is None else f"{v.shift:+.0f}",
               "-" if v.shift is None else "not run" if v.cost is None else f"{v.cost:.2f}",
@@ -248,7 +248,7 @@ def setting(runs, step):
     is μP, the base width's SP runs included), the learning rates and the horizons, and the step read."""
     every = set.intersection(*(parametrizations(r.config) for r in runs)) if runs else set()
     kind = "μP" if "mup" in every else "SP" if every == {"sp"} else "SP and μP"
-    rates = "/".join(short(x) for x in sorted({r.config["learning_rate"] for r in runs}))
+    rates = "/".join(format_value(x) for x in sorted({r.config["learning_rate"] for r in runs}))
     horizons = "/".join(str(x) for x in sorted({r.config["max_iters"] for r in runs}))
     return f"{kind}, learning rate {rates}, {horizons} steps, val loss at step {step}"
 

@@ -37,7 +37,16 @@ import pytest
 import analyze
 import compare
 from helpers import REPO
-from nonlinear_queries.runs import Arm, diag_value, load_run, make_arms, paired_losses, read_metrics, read_runs
+from nonlinear_queries.runs import (
+    Arm,
+    diag_value,
+    format_value,
+    load_run,
+    make_arms,
+    paired_losses,
+    read_metrics,
+    read_runs,
+)
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
@@ -113,12 +122,6 @@ def printed_table(program, argv, which=1):
     return tables[which - 1] if len(tables) >= which else []
 
 
-def short_lr(lr):
-    """A rate as the READMEs write it: 3e-3, 7.5e-4, 1.2e-2."""
-    mantissa, exponent = f"{lr:e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
 def signed(x):
     """x with two decimals and a typographic minus, as the READMEs write percentages in prose tables."""
     return f"{x:.2f}".replace("-", "−")
@@ -158,7 +161,7 @@ def held_out_table(results, arms, step, seeds):
     for arm in arms:
         losses = final_losses(f"{results}/{arm}", step)
         lr = chosen_rate(losses)
-        rows.append([arm, short_lr(lr), *(f"{losses[lr][s]:.4f}" for s in seeds)])
+        rows.append([arm, format_value(lr), *(f"{losses[lr][s]:.4f}" for s in seeds)])
     return rows
 
 
@@ -307,9 +310,9 @@ def width_transfer_margins():
     for c in width.transfer_curves(runs, 1000):
         best, (second, *_) = c.best, sorted((r for r in c.losses if r != c.best), key=c.mean)
         losses = c.losses[best]
-        rows.append([c.arm, width.label_of(c.parametrization), str(c.width), width.short(best),
+        rows.append([c.arm, width.label_of(c.parametrization), str(c.width), format_value(best),
                      ", ".join(f"{v:.4f}" for v in losses), f"{100 * abs(losses[0] - losses[1]) / c.mean(best):.1f}",
-                     width.short(second), f"{100 * (c.mean(second) - c.mean(best)) / c.mean(best):.1f}"])
+                     format_value(second), f"{100 * (c.mean(second) - c.mean(best)) / c.mean(best):.1f}"])
     return rows
 
 
@@ -361,7 +364,7 @@ def grid(results, arms, header):
 
 def mini_grid():
     """results/mini: every run's val loss at step 1000."""
-    return grid("results/mini", ["baseline", "mlp475", "res_gelu"], lambda lr: f"lr {short_lr(lr)}")
+    return grid("results/mini", ["baseline", "mlp475", "res_gelu"], lambda lr: f"lr {format_value(lr)}")
 
 
 def mini_modern_grid():
@@ -385,7 +388,7 @@ def diagnostics_steps():
             logit = [compare.summarize(g, step, diag_value("attn_logit_max")).mean for g in (base, res, qk)]
             entropy = [compare.summarize(g, step, diag_value("attn_entropy")).mean for g in (base, res, qk)]
             pair = paired_t(paired_losses(res, step, group_over), paired_losses(base, step, group_over))
-            rows.append([short_lr(lr), str(step), f"{loss[0].mean:.4f}", f"{loss[1].mean:.4f}",
+            rows.append([format_value(lr), str(step), f"{loss[0].mean:.4f}", f"{loss[1].mean:.4f}",
                          f"{rel_improvement(loss[1], loss[0]):.2f}", f"{welch_p(loss[1], loss[0]):.2g} / {pair.p:.2g}",
                          f"{loss[2].mean:.4f}", *(f"{x:.1f}" for x in logit), *(f"{x:.2f}" for x in entropy)])
     return rows
@@ -495,7 +498,7 @@ def width_transfer_prose():
         if run.header["run_name"] == "res_gelu" and run.config["n_embd"] == 64:
             key = (run.config.get("parametrization", "sp"), run.config["seed"])
             per_seed.setdefault(key, {})[run.config["learning_rate"]] = run.evals[1000][1]
-    own = {k: width.short(min(v, key=v.get)) for k, v in per_seed.items()}
+    own = {k: format_value(min(v, key=v.get)) for k, v in per_seed.items()}
     return [("SP's margin at 128", f"the margin equals the spread ({margin:.2f}% against {spread:.2f}%)"
              if f"{margin:.2f}" == f"{spread:.2f}" else f"(the margin {margin:.2f}% and the spread {spread:.2f}%)"),
             ("res_gelu's seeds at 64 under μP", f"the two seeds pick different rates there (seed 0 {own['mup', 0]}, "

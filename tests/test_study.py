@@ -15,7 +15,7 @@ from test_results import TABLES, printed_table
 
 import study
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
-from nonlinear_queries import protocol, sweeps
+from nonlinear_queries import protocol, runs, sweeps
 from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.train_config import TrainConfig
 
@@ -59,8 +59,9 @@ def fake_run(path, val_loss, max_iters=10, diverged=False):
 
 
 def test_format_value_names_widened_values_as_the_committed_grids_do():
-    assert [protocol.format_value(v) for v in (0.012, 0.024, 0.00075, 0.000375, 6e-4, 1e-3)] == [
-        "1.2e-2", "2.4e-2", "7.5e-4", "3.75e-4", "6e-4", "1e-3"]
+    # one formatter for run directories, study files, tables and plot ticks
+    assert [runs.format_value(v) for v in (0.012, 0.024, 0.00075, 0.000375, 6e-4, 1e-3, 3e-3, 1.5e-3)] == [
+        "1.2e-2", "2.4e-2", "7.5e-4", "3.75e-4", "6e-4", "1e-3", "3e-3", "1.5e-3"]
 
 
 def test_the_protocol_widens_at_an_edge_then_reports_the_inside_best_on_held_out_seeds(tmp_path):
