@@ -280,13 +280,14 @@ def width_transfer_restarts():
 
 def width_ladder_restarts():
     """results/width_ladder: every run of the ladder and of its temperature control (held-out seeds 1-5 at every
-    width, width 128's being results/long_horizon's) that was stopped and resumed, as restarts() gives them."""
+    width, width 128's being results/long_horizon's) and of the fresh seeds 6-10 that was stopped and resumed, as
+    restarts() gives them."""
     rows = [["arm", "run", "sessions start at step", "commit of each session", "steps logged by two sessions"]]
-    for directory in LADDER_RUNS + TEMP2_RUNS:
+    for directory in LADDER_RUNS + TEMP2_RUNS + FRESH_RUNS:
         for path in sorted(glob.glob(os.path.join(REPO, directory, "*", "metrics.jsonl"))):
             run = os.path.basename(os.path.dirname(path))
             seed = dict(kv.split("=") for kv in run.split(",")).get("seed")
-            if "data_seed" not in run or int(seed) not in range(1, 6):
+            if "data_seed" not in run or int(seed) not in range(1, 11):
                 continue
             records = read_metrics(path)
             starts = [r for r in records if r["type"] == "config"]
@@ -525,6 +526,9 @@ LADDER_RUNS = ["results/width_ladder/baseline_w64", "results/width_ladder/res_ge
 # the ladder's temperature control, baseline_temp2, at every width (width 128's: results/long_horizon's)
 TEMP2_RUNS = ["results/width_ladder/baseline_temp2_w64", "results/long_horizon/baseline_temp2",
               "results/width_ladder/baseline_temp2_w256", "results/width_ladder/baseline_temp2_w384"]
+# the declared pooled test's fresh held-out seeds 6-10 (studies/width_ladder_fresh.toml)
+FRESH_RUNS = [f"results/width_ladder/fresh/{a}_w{w}" for w in (128, 256)
+              for a in ("baseline", "res_gelu", "res_gelu_no_half", "baseline_temp2")]
 
 
 def with_sign(x):
@@ -671,6 +675,8 @@ def width_ladder_prose():
 
     temp2_done = [path for d in temp2_dirs if d.startswith("results/width_ladder/")
                   for path in glob.glob(os.path.join(REPO, d, "*", "")) if 3000 in load_run(path).evals]
+    fresh_done = [path for d in FRESH_RUNS for path in glob.glob(os.path.join(REPO, d, "*", ""))
+                  if 3000 in load_run(path).evals]
     ms_256 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for path in glob.glob(os.path.join(REPO, "results/width_ladder/baseline_temp2_w256/*/metrics.jsonl"))]
     temperature = [
@@ -679,13 +685,15 @@ def width_ladder_prose():
         ("D per width", f"{d_at(64)}, n = {len(d[64])}), {d_at(128)}) and {d_at(256)}, n = {len(d[256])})"),
         ("D's sign", "D is positive at each of the three widths" if all(d[w].mean() > 0 for w in d) and len(d) == 3
          else "(D is not positive at every width)"),
-        ("D after Holm", "Holm's correction over the three widths raises all three to "
-         + and_list(sorted({f"{q:.2f}" for q in stats.holm([width.one_sample_p(d[w]) for w in d])}))
-         if all(q > 0.05 for q in stats.holm([width.one_sample_p(d[w]) for w in d])) else "(a width survives Holm)"),
+        ("D after Holm", "Holm's correction over the three widths gives " + and_list(
+            [f"{q:.2g} at {w}" for w, q in zip(d, stats.holm([width.one_sample_p(d[w]) for w in d]))])),
+        ("D's width under 0.05 after Holm", " and ".join(
+            str(w) for w, q in zip(d, stats.holm([width.one_sample_p(d[w]) for w in d])) if q < 0.05) + " alone"),
         ("D's parts", f"At 64 these are {parts(64)} points, at 128 {parts(128)}"),
         ("D pooled", f"D is {with_sign(d_test.estimate)} points ({with_sign(d_test.ci[0])} to "
          f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
         ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done"),
+        ("fresh runs done", f"{len(fresh_done)} of its 40 runs are done"),
         ("a width-256 run's time", f"a width-256 run took about {np.median(ms_256) * 3000 / 60000:.0f} minutes here"),
     ]
     return temperature + [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
