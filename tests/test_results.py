@@ -687,8 +687,9 @@ def width_ladder_prose():
          else "(D is not positive at every width)"),
         ("D after Holm", "Holm's correction over the three widths gives " + and_list(
             [f"{q:.2g} at {w}" for w, q in zip(d, stats.holm([width.one_sample_p(d[w]) for w in d]))])),
-        ("D's width under 0.05 after Holm", " and ".join(
-            str(w) for w, q in zip(d, stats.holm([width.one_sample_p(d[w]) for w in d])) if q < 0.05) + " alone"),
+        ("D's width under 0.05 after Holm", "after correction it is established at " + (" and ".join(
+            str(w) for w, q in zip(d, stats.holm([width.one_sample_p(d[w]) for w in d])) if q < 0.05) or "no width")
+         + " alone"),
         ("D's parts", f"At 64 these are {parts(64)} points, at 128 {parts(128)}"),
         ("D pooled", f"D is {with_sign(d_test.estimate)} points ({with_sign(d_test.ci[0])} to "
          f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
