@@ -23,7 +23,7 @@ protocol, for each horizon and each arm:
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
 based on in RESULTS_DIR/study.json. The runs go through sweep.py's library
 (nonlinear_queries/sweeps.py), in this process, in RUNS_DIR/<horizon>/<arm>/<point>: finished points
-are skipped, interrupted ones resume. On this machine with [launcher] jobs = N > 1, the arms share N
+are skipped, interrupted ones resume. On this machine with [launcher] jobs = N (1 by default), the arms share N
 slots (on CUDA each a set of GPUs of its own), each running one point at a time: a slot that frees
 takes the next point waiting in any arm's current stage, so no slot idles while a point waits (each
 point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which
@@ -289,7 +289,7 @@ def slot_environment(study, slots):
         if len(gpus) // procs < slots:
             print(f"note: {len(gpus)} visible GPU(s) make {len(gpus) // procs} slot(s) of {procs}; the study runs "
                   f"{len(gpus) // procs} point(s) at a time, not [launcher] jobs = {slots}", flush=True)
-        slots = len(gpus) // procs
+        slots = min(slots, len(gpus) // procs)
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
     env = [{"OMP_NUM_THREADS": threads} for _ in range(slots)]
     if gpus:
@@ -438,7 +438,7 @@ def wait_any(children, timeout=None):
 
 
 def run_sequential(study):
-    """Run the protocol one sweep at a time, in this process (on SLURM the sweeps submit and return). Returns 0
+    """Run the protocol one sweep at a time, in this process: on SLURM, where the sweeps submit and return. Returns 0
     when every arm is done or the remaining runs are submitted and not finished, 1 if a sweep failed (a point, or
     its config), 128 + the signal number if SIGINT or SIGTERM stopped a sweep (each point writes its checkpoint)."""
     while True:
@@ -473,10 +473,11 @@ def run_sequential(study):
 
 def run(study):
     """Run the protocol to its end (or until submitted jobs must finish first); then write the tables. On this
-    machine with [launcher] jobs > 1 the arms share the slots (run_pooled), else one sweep at a time."""
+    machine the arms share [launcher] jobs slots (run_pooled; with one slot too, so that a stopped study leaves
+    whole seeds), on SLURM one sweep at a time submits its points."""
     os.makedirs(study.results_dir, exist_ok=True)
     slots = local_slots(study)
-    code = run_pooled(study, slots) if slots > 1 else run_sequential(study)
+    code = run_pooled(study, slots) if slots else run_sequential(study)
     if code:
         return code
     stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}

@@ -189,12 +189,14 @@ grid = ["5e-4", "1e-3", "2e-3", "4e-3"]
 
 
 def run_pooled_on_a_fake_clock(monkeypatch, s, slots):
-    """study.run_pooled(s, slots) with FakeSweep for train.py; returns (its status, the clock at its end)."""
+    """study.run_pooled(s, slots) with FakeSweep for train.py (slots None: study.run(s), the launcher's slots, its
+    tables not written); returns (its status, the clock at its end)."""
     FakeSweep.clock[0], FakeSweep.started[:] = 0.0, []
     os.makedirs(s.results_dir, exist_ok=True)  # as study.run makes it
     monkeypatch.setattr(study.subprocess, "Popen", FakeSweep)
     monkeypatch.setattr(study.time, "sleep", lambda dt: FakeSweep.clock.__setitem__(0, FakeSweep.clock[0] + dt))
-    code = study.run_pooled(s, slots)
+    monkeypatch.setattr(study, "write_tables", lambda s: None)
+    code = study.run(s) if slots is None else study.run_pooled(s, slots)
     return code, FakeSweep.clock[0]
 
 
@@ -224,6 +226,20 @@ def test_a_freed_slot_goes_to_the_arm_that_has_had_the_fewest_points(tmp_path, m
     s = write_study(tmp_path, three + '[[arm]]\nname = "c"\nconfig = "config/mini/res_gelu_no_half.py"\n')
     code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 2)
     assert code == 0 and end == 50
+    starts = {(os.path.basename(os.path.dirname(path)), os.path.basename(path)): sweep.start
+              for sweep in FakeSweep.started for path in sweep.ends}
+    seed = {k: [t for (arm, name), t in starts.items() if name.endswith(f"seed={k},data_seed={k}")] for k in (1, 2)}
+    assert len(seed[1]) == len(seed[2]) == 3 and max(seed[1]) < min(seed[2]), starts
+
+
+def test_one_slot_on_this_machine_deals_whole_seeds_too(tmp_path, monkeypatch):
+    # [launcher] jobs = 1 (the default): one point at a time, still dealt round the arms, so a study stopped
+    # midway has whole seeds; one sweep per arm ran a's seeds 1 and 2 before b's seed 1
+    three = POOLED.replace('grid = ["5e-4", "1e-3", "2e-3", "4e-3"]\n', "").replace("seeds = [1]", "seeds = [1, 2]")
+    s = write_study(tmp_path, three + '[[arm]]\nname = "c"\nconfig = "config/mini/res_gelu_no_half.py"\n')
+    assert study.local_slots(s) == 1
+    code, end = run_pooled_on_a_fake_clock(monkeypatch, s, None)
+    assert code == 0 and end == 90  # 9 runs of 10 s, one at a time
     starts = {(os.path.basename(os.path.dirname(path)), os.path.basename(path)): sweep.start
               for sweep in FakeSweep.started for path in sweep.ends}
     seed = {k: [t for (arm, name), t in starts.items() if name.endswith(f"seed={k},data_seed={k}")] for k in (1, 2)}
@@ -262,6 +278,7 @@ def test_each_slot_is_a_set_of_gpus_of_its_own_and_there_are_no_more_slots_than_
     assert [env[slot].get("CUDA_VISIBLE_DEVICES") for slot in range(len(env))] == ["0,1", "2,3"]
     assert {slot["OMP_NUM_THREADS"] for slot in env} == {str(max(1, len(os.sched_getaffinity(0)) // 4))}  # 2 x 2
     assert "4 visible GPU(s) make 2 slot(s) of 2; the study runs 2 point(s) at a time" in capsys.readouterr().out
+    assert [slot.get("CUDA_VISIBLE_DEVICES") for slot in study.slot_environment(s, 1)] == ["0,1"]  # jobs caps them
     code, end = run_pooled_on_a_fake_clock(monkeypatch, s, 3)
     for sweep in FakeSweep.started:  # each point on 2 GPUs of its own, that no point running beside it has
         gpus = sweep.env.get("CUDA_VISIBLE_DEVICES", "").split(",")
