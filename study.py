@@ -115,19 +115,23 @@ def arm_run_dirs(study, arm, horizon):
 def estimated_seconds(study, arm, horizon, n_runs):
     """(seconds for n_runs more runs of `arm`, how it was estimated): the median measured time per step of the
     arm's own finished runs (metrics.jsonl's ms_per_step); else its FLOPs per step at the measured seconds per
-    FLOP of the arms with finished runs (their geometric mean); else the study's [cost] seconds_per_step; else
-    its FLOPs at the study's assumed peak and MFU."""
+    FLOP of the arms with finished runs nearest it in FLOPs per step (those within 5% of the nearest; their
+    geometric mean): a small model is slower per FLOP than a wide one, so the same width's arms say most;
+    else the study's [cost] seconds_per_step; else its FLOPs at the study's assumed peak and MFU."""
     own = seconds_per_step(arm_run_dirs(study, arm, horizon))
     if own is not None:
         return n_runs * horizon.max_iters * own, "measured"
-    per_flop = []  # the measured seconds per step over the FLOPs per step, one per arm with finished runs
+    flops = arm_flops(study, arm, horizon)[0]
+    measured = []  # (distance in log FLOPs per step, seconds per FLOP), one per arm with finished runs
     for h in study.horizons:
         for a in arms_at(study, h):
             per_step = seconds_per_step(arm_run_dirs(study, a, h))
             if per_step is not None:
-                per_flop.append(per_step / (arm_flops(study, a, h)[0] / h.max_iters))
-    flops = arm_flops(study, arm, horizon)[0]
-    if per_flop:
+                step_flops = arm_flops(study, a, h)[0] / h.max_iters
+                measured.append((abs(math.log(step_flops * horizon.max_iters / flops)), per_step / step_flops))
+    if measured:
+        nearest = min(d for d, _ in measured)
+        per_flop = [r for d, r in measured if d <= nearest + math.log(1.05)]
         return n_runs * flops * statistics.geometric_mean(per_flop), "scaled"
     if study.seconds_per_step:
         return n_runs * horizon.max_iters * study.seconds_per_step, "given"

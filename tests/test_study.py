@@ -551,6 +551,17 @@ def test_a_wider_arm_is_costed_by_its_flops_and_a_proxy_tuning_by_the_gpu_hours_
     ratio = study.arm_flops(s, wide, s.horizons[0])[0] / study.arm_flops(s, small, s.horizons[0])[0]
     assert how == "scaled" and seconds == pytest.approx(1000 * 0.2 * ratio) and 3 < ratio < 4
     assert study.estimated_seconds(s, small, s.horizons[0], 2) == (pytest.approx(400.0), "measured")
+    # two sizes measured, the wide one faster per FLOP: an arm of the small one's size (res_gelu at width 128,
+    # within 1% of its FLOPs) is scaled from the small arm's times alone, not from the mean over both sizes
+    for seed in (1,):
+        run = study.point_dir(s, wide, s.horizons[0], {"learning_rate": "1e-3", "seed": seed, "data_seed": seed})
+        fake_run(run, 2.0, max_iters=1000)
+        with open(os.path.join(run, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"type": "train", "step": 1, "loss": 3.0, "ms_per_step": 400.0}) + "\n")
+    fixed = s.arms[2]
+    near = study.arm_flops(s, fixed, s.horizons[0])[0] / study.arm_flops(s, small, s.horizons[0])[0]
+    assert 1 < near < 1.01
+    assert study.estimated_seconds(s, fixed, s.horizons[0], 1) == (pytest.approx(1000 * 0.2 * near), "scaled")
     # on a GPU, the plan says what tuning the wide arm at its own size would have cost
     cuda = toml.replace('value_from = "small"', 'value_from = "small"\noverrides = { n_embd = 256, n_head = 8, '
                         'parametrization = "mup", device = "cuda" }').replace(
