@@ -18,7 +18,6 @@ and the tuning key. A run at the μP base width (m = 1) is both an SP and a μP 
 bit, tests/test_width.py), so it joins both curves.
 """
 
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import numpy as np
 
 from nonlinear_queries import stats
 from nonlinear_queries.plots import rate_transfer, width_ladder
-from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key, format_value
+from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key, format_value, make_arms
 
 SEED_KEYS = {"seed", "data_seed"}
 WIDTH_KEYS = {"n_embd", "n_head", "parametrization", "mup_base_width", "mup_base_head_dim"}
@@ -43,17 +42,10 @@ def parametrizations(config):
 
 
 def arm_labels(runs, skip):
-    """{arm key: label}: each arm's run_name, plus key=value of the settings in which arms of one name differ."""
-    arms = {}
-    for run in runs:
-        arms.setdefault(arm_key(run.config, skip), run)
-    names = {key: run.header["run_name"] for key, run in arms.items()}
-    labels = {}
-    for key, run in arms.items():
-        same = [arms[k].config for k in arms if names[k] == names[key]]
-        differ = [k for k in run.config if k not in skip and len({json.dumps(c.get(k)) for c in same}) > 1]
-        labels[key] = " ".join([names[key], *(f"{k}={run.config.get(k)}" for k in differ)])
-    return labels
+    """{arm key: label}: the label runs.make_arms gives each arm of `runs` when the keys in `skip` are pooled (its
+    run_name, plus key=value of the settings in which arms of one name differ), so a width table names an arm as
+    compare.py's other tables do."""
+    return {arm_key(arm.runs[0].config, skip): arm.label for arm in make_arms(runs, skip)}
 
 
 @dataclass
