@@ -653,8 +653,13 @@ def width_ladder_prose():
               for a in arms + ("baseline",)
               for path in glob.glob(os.path.join(REPO, f"results/width_ladder/{a}_w384/*/metrics.jsonl"))]
     # section "The temperature control at every width": baseline_temp2's gap, and D per width and pooled
+    def done(d):  # the run directories of `d` with an eval at step 3000
+        return [path for path in glob.glob(os.path.join(REPO, d, "*", "")) if 3000 in load_run(path).evals]
+
+    # width 384's temperature control is analysed once its three seeds are all run (the others are complete)
     temp2_dirs = [d for d in TEMP2_RUNS if os.path.isdir(os.path.join(REPO, d))]
-    runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS + temp2_dirs], "seed")
+    analysed = [d for d in temp2_dirs if not d.endswith("_w384") or len(done(d)) == 3]
+    runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS + analysed], "seed")
     trungs = width.ladder([r for r in runs if r.config["seed"] in range(1, 6)], 3000)[0]
     temp2 = "baseline attn_scale=0.35355339059327373"
     tr = {(r.arm.split()[0] if r.arm != temp2 else "temp2", r.width): r for r in trungs}
@@ -673,10 +678,8 @@ def width_ladder_prose():
     def parts(w):  # D's two parts: no_half's gap minus temp2's, and res_gelu's deficit (means over shared seeds)
         return f"{tr['res_gelu_no_half', w].gap - tr['temp2', w].gap:.2f} and {-tr['res_gelu', w].gap:.2f}"
 
-    temp2_done = [path for d in temp2_dirs if d.startswith("results/width_ladder/")
-                  for path in glob.glob(os.path.join(REPO, d, "*", "")) if 3000 in load_run(path).evals]
-    fresh_done = [path for d in FRESH_RUNS for path in glob.glob(os.path.join(REPO, d, "*", ""))
-                  if 3000 in load_run(path).evals]
+    temp2_done = [path for d in temp2_dirs if d.startswith("results/width_ladder/") for path in done(d)]
+    fresh_done = [path for d in FRESH_RUNS for path in done(d)]
     ms_256 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for path in glob.glob(os.path.join(REPO, "results/width_ladder/baseline_temp2_w256/*/metrics.jsonl"))]
     temperature = [
