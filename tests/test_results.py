@@ -682,6 +682,9 @@ def width_ladder_prose():
     fresh_done = [path for d in FRESH_RUNS for path in done(d)]
     ms_256 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for path in glob.glob(os.path.join(REPO, "results/width_ladder/baseline_temp2_w256/*/metrics.jsonl"))]
+    ms_t384 = [float(np.median([r["ms_per_step"] for r in read_metrics(os.path.join(path, "metrics.jsonl"))
+                                if "ms_per_step" in r]))
+               for path in done("results/width_ladder/baseline_temp2_w384")]
     temperature = [
         ("temp2's own gaps", f"{t2(64)}, n = {len(tr['temp2', 64].gaps)}) and {t2(256)}, n = "
          f"{len(tr['temp2', 256].gaps)}), against {t2(128, source='results/long_horizon' + chr(39) + 's runs, ')})"),
@@ -699,6 +702,7 @@ def width_ladder_prose():
         ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done"),
         ("fresh runs done", f"{len(fresh_done)} of its 40 runs are done"),
         ("a width-256 run's time", f"a width-256 run took about {np.median(ms_256) * 3000 / 60000:.0f} minutes here"),
+        ("a width-384 temp2 run's time", f"a width-384 run about {np.median(ms_t384) * 3000 / 60000:.0f})"),
     ]
     return temperature + [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
              if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
