@@ -702,7 +702,8 @@ def width_ladder_prose():
         ("D's parts", f"At 64 these are {parts(64)} points, at 128 {parts(128)}"),
         ("D pooled", f"D is {with_sign(d_test.estimate)} points ({with_sign(d_test.ci[0])} to "
          f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
-        ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done"),
+        ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done" if len(temp2_done) < 13
+         else "all 13 of its new runs are done"),
         ("fresh runs done", f"{len(fresh_done)} of its 40 runs are done"),
         ("a width-256 run's time", f"a width-256 run took about {np.median(ms_256) * 3000 / 60000:.0f} minutes here"),
         ("a width-384 temp2 run's time", f"a width-384 run about {np.median(ms_t384) * 3000 / 60000:.0f})"),
