@@ -702,7 +702,10 @@ def width_ladder_prose():
         ("D's width under 0.05 after Holm", "after correction it is established at " + " and ".join(
             str(w) for w, q in holm.items() if q < 0.05) + " alone" if any(q < 0.05 for q in holm.values())
          else "after correction no single width establishes it"),
-        ("D's parts", f"At 64 these are {parts(64)} points, at 128 {parts(128)}"),
+        ("D's parts", f"At 64 these are {parts(64)} points, " + ", ".join(f"at {w} {parts(w)}" for w in t_widths[1:])),
+        ("D's larger part", "at every width the larger of the two is res_gelu's deficit" if all(
+            -tr["res_gelu", w].gap > tr["res_gelu_no_half", w].gap - tr["temp2", w].gap for w in t_widths)
+         else "(res_gelu's deficit is not the larger part at every width)"),
         ("D pooled", f"D is {with_sign(d_test.estimate)} points ({with_sign(d_test.ci[0])} to "
          f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
         ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done" if len(temp2_done) < 13
