@@ -454,8 +454,8 @@ def long_horizon_prose():
 
 def readme_prose():
     """[(what, the words that say it)]: README.md's headline numbers: results/long_horizon's, from the committed
-    table of its 7 arms (which test_committed_table_equals_what_its_command_prints holds to the runs), and the
-    width ladder's gaps and slope."""
+    table of its 7 arms (which test_committed_table_equals_what_its_command_prints holds to the runs), the
+    width ladder's gaps and slope, and its declared pooled test on the fresh seeds."""
     table = next(committed for readme, _, _, _, argv, committed, _ in TABLES
                  if readme == "results/long_horizon/README.md"
                  and sum(a.startswith("results/long_horizon/") for a in argv) == 7)
@@ -469,7 +469,11 @@ def readme_prose():
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
             ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]}, {gaps[2]} and {gaps[3]})"),
             ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
-             f"{with_sign(s.ci[1])})")]
+             f"{with_sign(s.ci[1])})")] + [
+            (f"the declared test, {arm}", f"({with_sign(t.estimate)}%, Holm p = {t.p_holm:.2g}")
+            for arm, t in declared_tests(FRESH_RUNS, range(6, 11))[0].items()] + [
+            ("the declared test's MDE for res_gelu", "minimum detectable effect "
+             f"{declared_tests(FRESH_RUNS, range(6, 11))[0]['res_gelu'].mde:.2f}%) ([results/width_ladder]")]
 
 
 def width_transfer_prose():
@@ -710,13 +714,15 @@ def width_ladder_prose():
          f"{with_sign(d_test.ci[1])}, p = {d_test.p:.2g}, {d_test.n} seed triples)"),
         ("temp2's runs done", f"{len(temp2_done)} of its 13 new runs are done" if len(temp2_done) < 13
          else "all 13 of its new runs are done"),
-        ("fresh runs done", f"{len(fresh_done)} of its 40 runs are done"),
+        ("fresh runs done", f"{len(fresh_done)} of its 40 runs are done" if len(fresh_done) < 40
+         else "all 40 of its runs are done"),
         ("a width-256 run's time", f"a width-256 run took about {np.median(ms_256) * 3000 / 60000:.0f} minutes here"),
         ("a width-384 temp2 run's time", f"a width-384 run about {np.median(ms_t384) * 3000 / 60000:.0f})"),
         ("width 384's seed 3's time", f"its seed 3, on a later machine of the same kind, took about "
          f"{ms_t384_seed3 * 3000 / 60000:.0f}" if ms_t384_seed3 else "(width 384's seed 3 is not run)"),
     ]
-    return temperature + [("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
+    return temperature + declared_test_prose() + [
+            ("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
              if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
              else "(an arm's best rate at 64 is not 3e-3)"),
             ("width 64's cost of a step off", f"1.5e-3 and 6e-3 cost the baseline {costs('baseline')} of val loss at "
@@ -776,6 +782,67 @@ def width_ladder_prose():
              f"Width 64's {len(sessions[64])} runs, width 256's {len(sessions[256])} and width 384's "
              f"{len(sessions[384])} are complete" if all(set(s) == {1} for s in sessions.values())
              else "a run of width 64, 256 or 384 was resumed")]
+
+
+def declared_tests(dirs, seeds):
+    """The ladder's declared pooled tests on the runs under `dirs` at step 3000 with a seed in `seeds`: ({arm:
+    Pooled}, Holm over res_gelu and res_gelu_no_half against the baseline; the Pooled test of D, the temperature
+    comparison, None where `dirs` hold no baseline_temp2; {(arm, width): Rung}, baseline_temp2's arm "temp2")."""
+    from nonlinear_queries import width
+
+    runs, _ = read_runs([os.path.join(REPO, d) for d in dirs], "seed")
+    rungs = width.ladder([r for r in runs if r.config["seed"] in seeds], 3000)[0]
+    arms = ("res_gelu", "res_gelu_no_half")
+    tests = {t.arm: t for t in width.pooled_tests([r for r in rungs if r.arm in arms])}
+    temp2 = "baseline attn_scale=0.35355339059327373"
+    d = (width.pooled_test("D", width.effect_difference(rungs, "res_gelu_no_half", "res_gelu", temp2))
+         if any(r.arm == temp2 for r in rungs) else None)
+    return tests, d, {("temp2" if r.arm == temp2 else r.arm, r.width): r for r in rungs}
+
+
+def declared_test_prose():
+    """results/width_ladder/README.md's report of the declared pooled test: on the fresh seeds 6-10 alone (all 40
+    runs), seeds 1-5's estimate at the same widths beside it, and the same model over every seed (1-10 at 128 and
+    256, 1-5 at 64, 1-3 at 384), labelled exploratory."""
+    assert sum(len(glob.glob(os.path.join(REPO, d, "*", "metrics.jsonl"))) for d in FRESH_RUNS) == 40
+    no_temp2 = [d for d in FRESH_RUNS if "temp2" not in d]
+    on_fresh, d_fresh, rung = declared_tests(FRESH_RUNS, range(6, 11))
+    middle = [d for d in LADDER_RUNS if d.startswith("results/long_horizon/") or d.endswith("_w256")]
+    on_15, _, _ = declared_tests(middle, range(1, 6))
+    on_all, _, _ = declared_tests(LADDER_RUNS + no_temp2, range(1, 11))
+    _, d_all, _ = declared_tests(LADDER_RUNS + TEMP2_RUNS + FRESH_RUNS, range(1, 11))
+
+    def words(t, unit="%", holm=True):
+        return (f"{with_sign(t.estimate)}{unit} ({with_sign(t.ci[0])} to {with_sign(t.ci[1])}, p = {t.p:.2g}"
+                + (f", Holm p = {t.p_holm:.2g}" if holm else "") + f", {t.n} "
+                + ("pairs" if holm else "seed triples") + f"; minimum detectable effect {t.mde:.2f}{unit})")
+
+    def verdict(arm, t):
+        return (f"**{arm}'s {'lead' if t.estimate > 0 else 'deficit'} "
+                + ("is detected" if t.p_holm < 0.05 else "is not detected at this n"))
+
+    def parts(w):  # D's two parts on the fresh seeds: no_half's gap minus temp2's, and res_gelu's deficit
+        return f"{rung['res_gelu_no_half', w].gap - rung['temp2', w].gap:.2f} and {-rung['res_gelu', w].gap:.2f}"
+
+    def t2(w):
+        r = rung["temp2", w]
+        return f"{with_sign(r.gap)}% at {w}, {with_sign(r.ci[0])} to {with_sign(r.ci[1])}"
+
+    g, g15 = on_fresh["res_gelu"], on_15["res_gelu"]
+    return [(f"declared, {arm}", f"{arm}'s pooled gap is {words(t)}") for arm, t in on_fresh.items()] + [
+        (f"declared verdict, {arm}", verdict(arm, t)) for arm, t in on_fresh.items()] + [
+        ("res_gelu's interval", f"its 95% interval leaves out a deficit larger than {-g.ci[0]:.2f}% and a lead "
+         f"larger than {g.ci[1]:.2f}%" if g.ci[0] < 0 < g.ci[1] else "(res_gelu's interval excludes 0)"),
+        ("res_gelu on seeds 1-5", f"estimate was {with_sign(g15.estimate)}%, {g15.estimate / g.estimate:.1f} times "
+         "the fresh one"),
+        ("declared, D", f"D is {words(d_fresh, ' points', holm=False)}"),
+        ("declared verdict, D", "**D is detected, and positive" if d_fresh.p < 0.05 and d_fresh.estimate > 0
+         else "(D is not detected)"),
+        ("D's parts on the fresh seeds", f"are {parts(128)} points at 128 and {parts(256)} at 256"),
+        ("temp2's gap on the fresh seeds", f"({t2(128)}, and {t2(256)})" if all(
+            rung["temp2", w].ci[0] < 0 < rung["temp2", w].ci[1] for w in (128, 256)) else "(temp2's gap detected)")] + [
+        (f"all seeds, {arm}", f"{arm}'s pooled gap is {words(t)}") for arm, t in on_all.items()] + [
+        ("all seeds, D", f"D is {words(d_all, ' points', holm=False)}")]
 
 
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
