@@ -651,8 +651,10 @@ def width_ladder_prose():
              for a in at64}
     less_at_64 = all(step_cost[a][i] < 100 * (at128[a][lr] - at128[a][3e-3]) / at128[a][3e-3]
                      for a in at64 for i, lr in enumerate((1.5e-3, 6e-3)))
-    rate_runs = glob.glob(os.path.join(REPO, rates, "*", "*", "metrics.jsonl"))
-    rate_headers = [read_metrics(path) for path in rate_runs]
+    rate_runs = glob.glob(os.path.join(REPO, rates, "*_w64", "*", "metrics.jsonl"))
+    rate_384 = [path for path in glob.glob(os.path.join(REPO, rates, "*_w384", "*", ""))
+                if 3000 in load_run(path).evals]
+    rate_headers = [read_metrics(path) for path in glob.glob(os.path.join(REPO, rates, "*", "*", "metrics.jsonl"))]
     ms_384 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for a in arms + ("baseline",)
               for path in glob.glob(os.path.join(REPO, f"results/width_ladder/{a}_w384/*/metrics.jsonl"))]
@@ -730,6 +732,7 @@ def width_ladder_prose():
             ("64 against 128", "one ×2 step off 3e-3 costs less at 64 than at 128, in all six cases" if less_at_64
              else "(not in all six cases)"),
             ("res_gelu's narrowest margin", f"res_gelu's narrowest margin here ({pct(min(step_cost['res_gelu']))})"),
+            ("width 384's rate runs", f"{len(rate_384)} of width 384's 9 runs are done, not yet reported"),
             ("the rates' runs", f"Width 64 is done ({len(rate_runs)} runs)"
              if all({r.get("git_commit", "")[:7] for r in h if r["type"] == "config"} == {"675661b"} and
                     sum(r["type"] == "config" for r in h) == 1 for h in rate_headers) else "(a rate run differs)"),
