@@ -466,14 +466,15 @@ def readme_prose():
     rung, slope = ladder()
     gaps = [f"{rung['res_gelu', w].gap:+.2f}%".replace("-", "−") for w in (64, 128, 256, 384)]
     s = slope["res_gelu"]
+    declared = declared_tests(FRESH_RUNS, range(6, 11))[0]
     return [("the smallest Holm p against the baseline", f"the smallest Holm p is {whose}, {smallest:g}"),
             ("the width ladder's res_gelu gaps", f"({gaps[0]}, {gaps[1]}, {gaps[2]} and {gaps[3]})"),
             ("the width ladder's res_gelu slope", f"({with_sign(s.slope)} points per doubling, {with_sign(s.ci[0])} to "
              f"{with_sign(s.ci[1])})")] + [
             (f"the declared test, {arm}", f"({with_sign(t.estimate)}%, Holm p = {t.p_holm:.2g}")
-            for arm, t in declared_tests(FRESH_RUNS, range(6, 11))[0].items()] + [
+            for arm, t in declared.items()] + [
             ("the declared test's MDE for res_gelu", "minimum detectable effect "
-             f"{declared_tests(FRESH_RUNS, range(6, 11))[0]['res_gelu'].mde:.2f}%) ([results/width_ladder]")]
+             f"{declared['res_gelu'].mde:.2f}%) ([results/width_ladder]")]
 
 
 def width_transfer_prose():
