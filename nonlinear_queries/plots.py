@@ -267,7 +267,8 @@ def width_ladder(rungs, slopes, baseline, claims=(), setting=""):
     """results/width_ladder's figure: each arm's relative improvement over the baseline (%) against the width
     (log2 axis) with its 95% confidence interval and each seed's value as a small open dot beside it, the arms
     dodged left and right of each width so no interval or dot hides another; the number of pairs under each width;
-    the fitted slope as a dashed line, its value in percentage points per doubling in the legend; `setting` (the
+    the fitted slope as a dashed line, its value in percentage points per doubling in the legend, and no line
+    joining the means (at two widths the fit passes through both means, and such a line would hide it); `setting` (the
     parametrization, rate and horizon) in the title. `claims` [(width, percent, label)] made elsewhere are not
     drawn as points: a note under the axes says what they are and that they are not data of this ladder."""
     from matplotlib.figure import Figure
@@ -283,7 +284,8 @@ def width_ladder(rungs, slopes, baseline, claims=(), setting=""):
         mine = [r for r in rungs if r.arm == arm]
         x = np.array([r.width for r in mine], dtype=float) * 2 ** offsets[arm]
         ax.errorbar(x, [r.gap for r in mine], yerr=np.array([[r.gap - r.ci[0], r.ci[1] - r.gap] for r in mine]).T,
-                    marker=marker, markersize=7, color=color, capsize=4, label=f"{arm}: mean and 95% CI", zorder=3)
+                    marker=marker, markersize=7, color=color, capsize=4, linestyle="none", zorder=3,
+                    label=f"{arm}: mean and 95% CI")
         for xi, r in zip(x, mine):
             ax.plot(np.full(len(r.gaps), xi * 2 ** (0.035 if offsets[arm] >= 0 else -0.035)), r.gaps, "o",
                     markersize=4, markerfacecolor="none", markeredgecolor=color, alpha=0.7, zorder=2)

@@ -316,6 +316,21 @@ def test_the_ladder_pairs_seeds_per_width_and_fits_the_slope_against_log_width(t
     assert pooled[5] == p_cell(2 * stats.t.sf(abs(np.mean(means)) / se, 6))
 
 
+def test_the_ladder_figure_draws_the_fitted_slope_and_joins_no_means():
+    # at two widths the least-squares line passes through both means, so a line joining the means would hide it
+    from nonlinear_queries.plots import width_ladder
+    from nonlinear_queries.width import Rung, Slope
+
+    gaps = {128: np.array([0.5, 1.0, 2.5]), 256: np.array([-0.5, 0.5, 0.0])}
+    rungs = [Rung("res_gelu", w, g, g, g, (g.mean() - 1, g.mean() + 1), 0.5, 1.0, 1.0, 1, 1.0) for w, g in gaps.items()]
+    fit = stats.linregress(np.repeat(np.log2(list(gaps)), 3), np.concatenate(list(gaps.values())))
+    ax = width_ladder(rungs, [Slope("res_gelu", fit.slope, (-1.0, 1.0), 6)], "baseline").axes[0]
+    # every line drawn between two points but the zero line (the seed dots and the means are markers only)
+    drawn = [line for line in ax.lines if line.get_linestyle() != "None" and any(line.get_ydata())]
+    assert [line.get_linestyle() for line in drawn] == ["--"]
+    assert drawn[0].get_ydata() == pytest.approx([gaps[128].mean(), gaps[256].mean()])
+
+
 def test_the_transfer_table_finds_each_widths_best_rate_and_judges_transfer(tmp_path):
     # val loss = 2 + (log2(lr / best))^2 / 10: SP's best doubles with every halving of the width, μP's stays;
     # the width-128 runs (m = 1) count for both
