@@ -565,6 +565,66 @@ def and_list(items):
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
 
 
+RATE_ARMS = ("baseline", "res_gelu", "res_gelu_no_half")
+
+
+def rates_at_384():
+    """{arm: {learning rate: seed 0's val loss at step 3000}} of studies/width_ladder_rates.toml's width-384 runs
+    that reached step 3000 (an arm with none is left out)."""
+    out = {}
+    for arm in RATE_ARMS:
+        for path in glob.glob(os.path.join(REPO, "results/width_ladder/rates", f"{arm}_w384", "*", "")):
+            run = load_run(path)
+            if 3000 in run.evals:
+                out.setdefault(arm, {})[run.config["learning_rate"]] = run.evals[3000][1]
+    return out
+
+
+def tuned(losses):
+    """Whether an arm's {rate: loss} is its whole tuning: the grid 1.5e-3, 3e-3, 6e-3 run and its best rate inside
+    the rates run (an edge winner's next ×2 rate run too), the rule of studies/width_ladder_rates.toml."""
+    return {1.5e-3, 3e-3, 6e-3} <= set(losses) and min(losses, key=losses.get) not in (min(losses), max(losses))
+
+
+def width_384_rates_prose():
+    """[(what, words)]: how many of width 384's tuning runs are done, which arms are tuned, and for each tuned arm
+    its best rate and what a ×2 step off it costs, against the same steps at widths 64 and 128 (seed 0)."""
+    at384 = rates_at_384()
+    done = sum(len(losses) for losses in at384.values())
+    parts = [f"{who(arm)}'s {len(losses)}, reported below" if tuned(losses) else
+             f"{len(losses)} of {who(arm)}'s, not yet reported" for arm, losses in at384.items()]
+    out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}")]
+    for arm, losses in at384.items():
+        if not tuned(losses):
+            continue
+        best = min(losses, key=losses.get)
+        cost = {64: step_off(rate_losses(arm, 64)), 128: step_off(rate_losses(arm, 128)), 384: step_off(losses)}
+        steps = lambda w: f"{pct(cost[w][0])} and {pct(cost[w][1])}"  # noqa: E731
+        out.append((f"{arm}'s best rate at 384", f"At width 384 {who(arm)}'s best rate on the tuning seed is {best:g}"
+                    + (", inside the grid, as at 64 and 128: the rule adds no held-out runs for it" if best == 3e-3
+                       else "")))
+        out.append((f"{arm}'s cost of a step off at 384", f"1.5e-3 and 6e-3 cost it {steps(384)} of val loss at 384, "
+                    f"against {steps(64)} at 64 and {steps(128)} at 128"))
+    return out
+
+
+def step_off(losses):
+    """[what 1.5e-3 costs, what 6e-3 costs] in % of val loss against 3e-3, of {rate: loss} on one seed."""
+    return [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
+
+
+def who(arm):
+    """An arm as the prose names it: 'the baseline', 'res_gelu'."""
+    return "the baseline" if arm == "baseline" else arm
+
+
+def rate_losses(arm, width):
+    """{rate: seed 0's val loss at step 3000} of an arm's tuning runs at width 64 (results/width_ladder/rates) or
+    128 (results/long_horizon's)."""
+    where = f"results/width_ladder/rates/{arm}_w64" if width == 64 else f"results/long_horizon/{arm}"
+    return {lr: seeds[0] for lr, seeds in final_losses(where, 3000).items() if 0 in seeds}
+
+
 def width_ladder_prose():
     """results/width_ladder/README.md's numbers, from the runs at step 3000 (held-out seeds 1-5): each arm's gap
     to the baseline per width with its interval, p and minimum detectable effects (the paired test's, and Welch's
@@ -637,24 +697,15 @@ def width_ladder_prose():
             f"{pct(planned[1][2])} at level 0.05, {pct(planned[0][3])} and {pct(planned[1][3])} at Holm's first "
             f"level, 0.025")
     # one x2 step off 3e-3 on results/long_horizon's tuning seed, for the three arms the ladder runs
-    off = []
-    for a in ("baseline", "res_gelu", "res_gelu_no_half"):
-        losses = {lr: seeds[0] for lr, seeds in final_losses(f"results/long_horizon/{a}", 3000).items() if 0 in seeds}
-        off += [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
+    off = [cost for a in RATE_ARMS for cost in step_off(rate_losses(a, 128))]
     # section "Each arm's own rate at the ladder's ends": width 64's tuning runs on seed 0 (studies/width_ladder_rates)
     rates = "results/width_ladder/rates"
-    at64 = {a: {lr: seeds[0] for lr, seeds in final_losses(f"{rates}/{a}_w64", 3000).items()}
-            for a in ("baseline", "res_gelu", "res_gelu_no_half")}
-    step_cost = {a: [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
-                 for a, losses in at64.items()}
+    at64 = {a: rate_losses(a, 64) for a in RATE_ARMS}
+    step_cost = {a: step_off(losses) for a, losses in at64.items()}
     costs = lambda a: f"{pct(step_cost[a][0])} and {pct(step_cost[a][1])}"  # noqa: E731
-    at128 = {a: {lr: seeds[0] for lr, seeds in final_losses(f"results/long_horizon/{a}", 3000).items() if 0 in seeds}
-             for a in at64}
-    less_at_64 = all(step_cost[a][i] < 100 * (at128[a][lr] - at128[a][3e-3]) / at128[a][3e-3]
-                     for a in at64 for i, lr in enumerate((1.5e-3, 6e-3)))
+    at128 = {a: rate_losses(a, 128) for a in RATE_ARMS}
+    less_at_64 = all(mine < there for a in at64 for mine, there in zip(step_cost[a], step_off(at128[a])))
     rate_runs = glob.glob(os.path.join(REPO, rates, "*_w64", "*", "metrics.jsonl"))
-    rate_384 = [path for path in glob.glob(os.path.join(REPO, rates, "*_w384", "*", ""))
-                if 3000 in load_run(path).evals]
     rate_headers = [read_metrics(path) for path in glob.glob(os.path.join(REPO, rates, "*", "*", "metrics.jsonl"))]
     ms_384 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for a in arms + ("baseline",)
@@ -733,7 +784,7 @@ def width_ladder_prose():
             ("64 against 128", "one ×2 step off 3e-3 costs less at 64 than at 128, in all six cases" if less_at_64
              else "(not in all six cases)"),
             ("res_gelu's narrowest margin", f"res_gelu's narrowest margin here ({pct(min(step_cost['res_gelu']))})"),
-            ("width 384's rate runs", f"{len(rate_384)} of width 384's 9 runs are done, not yet reported"),
+            *width_384_rates_prose(),
             ("the rates' runs", f"Width 64 is done ({len(rate_runs)} runs)"
              if all({r.get("git_commit", "")[:7] for r in h if r["type"] == "config"} == {"675661b"} and
                     sum(r["type"] == "config" for r in h) == 1 for h in rate_headers) else "(a rate run differs)"),
@@ -849,8 +900,20 @@ def declared_test_prose():
         ("all seeds, D", f"D is {words(d_all, ' points', holm=False)}")]
 
 
+def width_doc_prose():
+    """docs/width.md's account of studies/width_ladder_rates.toml at width 384: the runs done, each tuned arm's best
+    rate."""
+    at384 = rates_at_384()
+    done = sum(len(losses) for losses in at384.values())
+    best = [f"{who(arm)}'s best is {min(losses, key=losses.get):g}" for arm, losses in at384.items() if tuned(losses)]
+    return [("width 384's rate runs", f"{done} of 384's 9 runs are done"),
+            ("width 384's tuned arms", f"Width 384 is not yet tuned ({done} of its 9 runs done"
+             + (f"; {and_list(best)} there)" if best else ")"))]
+
+
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
-         "results/width_transfer/README.md": width_transfer_prose, "results/width_ladder/README.md": width_ladder_prose}
+         "results/width_transfer/README.md": width_transfer_prose, "results/width_ladder/README.md": width_ladder_prose,
+         "docs/width.md": width_doc_prose}
 
 
 @pytest.mark.parametrize("readme", sorted(PROSE))
