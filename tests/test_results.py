@@ -593,7 +593,8 @@ def width_384_rates_prose():
     done = sum(len(losses) for losses in at384.values())
     parts = [f"{who(arm)}'s {len(losses)}, reported below" if tuned(losses) else
              f"{len(losses)} of {who(arm)}'s, not yet reported" for arm, losses in at384.items()]
-    out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}")]
+    out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}"),
+           ("width 384's rate runs, in the opening", f"width 64 is done, and {done} of width 384's 9 runs")]
     for arm, losses in at384.items():
         if not tuned(losses):
             continue
