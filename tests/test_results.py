@@ -591,27 +591,37 @@ def width_384_rates_prose():
     its best rate and what a ×2 step off it costs, against the same steps at widths 64 and 128 (seed 0)."""
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
-    parts = [f"{who(arm)}'s {len(losses)}, reported below" if tuned(losses) else
-             f"{len(losses)} of {who(arm)}'s, not yet reported" for arm, losses in at384.items()]
+    parts = [f"{who(arm)}'s {len(losses)} (reported below)" if tuned(losses) else
+             f"{len(losses)} of {who(arm)}'s (not yet reported)" for arm, losses in at384.items()]
     out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}"),
            ("width 384's rate runs, in the opening", f"width 64 is done, and {done} of width 384's 9 runs")]
+    ms = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r])) for path in
+          glob.glob(os.path.join(REPO, "results/width_ladder/rates/*_w384/*/metrics.jsonl"))]
+    out.append(("width 384's rate runs' time", f"Width 384's rate runs took a median {min(ms) / 1000:.2f} to "
+                f"{max(ms) / 1000:.2f} s a step"))
     for arm, losses in at384.items():
         if not tuned(losses):
             continue
         best = min(losses, key=losses.get)
         cost = {64: step_off(rate_losses(arm, 64)), 128: step_off(rate_losses(arm, 128)), 384: step_off(losses)}
         steps = lambda w: f"{pct(cost[w][0])} and {pct(cost[w][1])}"  # noqa: E731
-        out.append((f"{arm}'s best rate at 384", f"At width 384 {who(arm)}'s best rate on the tuning seed is {best:g}"
+        out.append((f"{arm}'s best rate at 384",
+                    f"At width 384 {who(arm)}'s best rate on the tuning seed is {rate(best)}"
                     + (", inside the grid, as at 64 and 128: the rule adds no held-out runs for it" if best == 3e-3
                        else "")))
-        out.append((f"{arm}'s cost of a step off at 384", f"1.5e-3 and 6e-3 cost it {steps(384)} of val loss at 384, "
-                    f"against {steps(64)} at 64 and {steps(128)} at 128"))
+        out.append((f"{arm}'s cost of a step off at 384", f"On this seed 1.5e-3 and 6e-3 cost it {steps(384)} of val "
+                    f"loss at 384, against {steps(64)} at 64 and {steps(128)} at 128"))
     return out
 
 
 def step_off(losses):
     """[what 1.5e-3 costs, what 6e-3 costs] in % of val loss against 3e-3, of {rate: loss} on one seed."""
     return [100 * (losses[lr] - losses[3e-3]) / losses[3e-3] for lr in (1.5e-3, 6e-3)]
+
+
+def rate(lr):
+    """A learning rate as the prose writes it: 3e-3, 1.5e-3."""
+    return np.format_float_scientific(lr, trim="-", exp_digits=1)
 
 
 def who(arm):
@@ -906,7 +916,8 @@ def width_doc_prose():
     rate."""
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
-    best = [f"{who(arm)}'s best is {min(losses, key=losses.get):g}" for arm, losses in at384.items() if tuned(losses)]
+    best = [f"{who(arm)}'s best is {rate(min(losses, key=losses.get))}"
+            for arm, losses in at384.items() if tuned(losses)]
     return [("width 384's rate runs", f"{done} of 384's 9 runs are done"),
             ("width 384's tuned arms", f"Width 384 is not yet tuned ({done} of its 9 runs done"
              + (f"; {and_list(best)} there)" if best else ")"))]
