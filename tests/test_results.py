@@ -939,8 +939,11 @@ def width_doc_prose():
          f"{every['res_gelu_no_half'].p:.2g}), exploratory")]
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
-    best = [f"{who(arm)}'s best is {rate(min(losses, key=losses.get))}"
-            for arm, losses in at384.items() if tuned(losses)]
+    by_rate = {}  # each tuned arm's best rate: {rate: ["the baseline's", "res_gelu's"]}
+    for arm, losses in at384.items():
+        if tuned(losses):
+            by_rate.setdefault(rate(min(losses, key=losses.get)), []).append(f"{who(arm)}'s")
+    best = [f"{and_list(names)} best is {lr}" for lr, names in by_rate.items()]
     return declared + [("width 384's rate runs", f"{done} of 384's 9 runs are done"),
             ("width 384's tuned arms", f"Width 384 is not yet tuned ({done} of its 9 runs done"
              + (f"; {and_list(best)} there)" if best else ")"))]
