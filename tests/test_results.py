@@ -594,7 +594,8 @@ def width_384_rates_prose():
     parts = [f"{who(arm)}'s {len(losses)} (reported below)" if tuned(losses) else
              f"{len(losses)} of {who(arm)}'s (not yet reported)" for arm, losses in at384.items()]
     out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}"),
-           ("width 384's rate runs, in the opening", f"width 64 is done, and {done} of width 384's 9 runs")]
+           ("width 384's rate runs, in the opening", f"width 64 is done, and {done} of width 384's 9 runs"
+            + (f" ({best_at_384(at384)} there" if best_at_384(at384) else ""))]
     ms = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r])) for path in
           glob.glob(os.path.join(REPO, "results/width_ladder/rates/*_w384/*/metrics.jsonl"))]
     out.append(("width 384's rate runs' time", f"Width 384's rate runs took a median {min(ms) / 1000:.2f} to "
@@ -622,6 +623,16 @@ def width_384_rates_prose():
         out.append((f"{arm}'s cost of a step off at 384", f"On this seed 1.5e-3 and 6e-3 cost it {steps(384)} of val "
                     f"loss at 384, against {steps(64)} at 64 and {steps(128)} at 128"))
     return out
+
+
+def best_at_384(at384):
+    """Each tuned arm's best rate at 384, arms grouped by rate: "the baseline's and res_gelu's best is 3e-3" ('' if
+    no arm is tuned yet)."""
+    by_rate = {}
+    for arm, losses in at384.items():
+        if tuned(losses):
+            by_rate.setdefault(rate(min(losses, key=losses.get)), []).append(f"{who(arm)}'s")
+    return and_list([f"{and_list(names)} best is {lr}" for lr, names in by_rate.items()]) if by_rate else ""
 
 
 def step_off(losses):
@@ -939,14 +950,10 @@ def width_doc_prose():
          f"{every['res_gelu_no_half'].p:.2g}), exploratory")]
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
-    by_rate = {}  # each tuned arm's best rate: {rate: ["the baseline's", "res_gelu's"]}
-    for arm, losses in at384.items():
-        if tuned(losses):
-            by_rate.setdefault(rate(min(losses, key=losses.get)), []).append(f"{who(arm)}'s")
-    best = [f"{and_list(names)} best is {lr}" for lr, names in by_rate.items()]
+    best = best_at_384(at384)
     return declared + [("width 384's rate runs", f"{done} of 384's 9 runs are done"),
             ("width 384's tuned arms", f"Width 384 is not yet tuned ({done} of its 9 runs done"
-             + (f"; {and_list(best)} there)" if best else ")"))]
+             + (f"; {best} there)" if best else ")"))]
 
 
 PROSE = {"results/long_horizon/README.md": long_horizon_prose, "README.md": readme_prose,
