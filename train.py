@@ -191,7 +191,7 @@ def train(cfg, config_files, rt):
     # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
     # the optimizers are built on what the processes hold (under FSDP, the shards)
     model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
-                                     mode=cfg.compile_mode)
+                                     mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat)
     params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")

@@ -20,10 +20,11 @@ a minimal loop does (nanoGPT's: backward of each loss / accumulation, clip_grad_
 optimizers' steps; no divergence guard, no float64 norm), the reference train.py's path is held
 to (within 1%, issue 44).
 --compile_mode is torch.compile's mode (TrainConfig's compile_mode); every variant compiles in
-it, with static shapes. --profile prints, under the table, each row's top kernels over one
-step (torch.profiler: self device time per kernel on a GPU, self CPU time per operator on the
-CPU). --recipe picks the model options and the
-optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
+it, with static shapes. --cat_copies adds linear and res_gelu compiled with inductor's cats
+lowered as copies (TrainConfig's compile_pointwise_cat=False), the lever measured against the
+default. --profile prints, under the table, each row's top kernels over one step (torch.profiler:
+self device time per kernel on a GPU, self CPU time per operator on the CPU). --recipe picks the
+model options and the optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
 config/modern/baseline.py (docs/modern.md: Muon for the blocks' matrices); the
 size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
 machine's drift falls on all of them alike. With --compile every variant keeps its own
@@ -69,7 +70,7 @@ from common import (
 from model import GPT, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
-from nonlinear_queries.runtime import mfu, peak_flops
+from nonlinear_queries.runtime import compile_kwargs, mfu, peak_flops
 from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
 from nonlinear_queries.training import DivergenceGuard, apply_updates, train_step
 
@@ -95,7 +96,8 @@ def variants(args):
     """{name: GPTConfig overrides}: the --modes (linear first: the ratios refer to it),
     the MLP4.75 control, with --unfused the unfused projection of linear and res_gelu, and with
     --mup linear and res_gelu under μP (parametrization='mup' at mup_base_width 128: m = 6 at
-    GPT-2 small; its own AdamW groups, logits x 1/m)."""
+    GPT-2 small; its own AdamW groups, logits x 1/m), and with --cat_copies linear and res_gelu compiled
+    with TrainConfig's compile_pointwise_cat=False (a key build() takes out of the GPTConfig overrides)."""
     modes = args.modes.split(",")
     out = {mode: {"query_mode": mode} for mode in modes}
     if not args.no_mlp475:
@@ -106,12 +108,18 @@ def variants(args):
     if args.mup:
         for mode in [m for m in ("linear", "res_gelu") if m in modes]:
             out[f"{mode} mup"] = {"query_mode": mode, "parametrization": "mup"}
+    if args.cat_copies:
+        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
+            out[f"{mode} cat copies"] = {"query_mode": mode, "compile_pointwise_cat": False}
     return out
 
 
 def build(args, overrides, device):
     """(model, compiled model, optimizers) of one variant under args.recipe; every variant
-    starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes."""
+    starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes, and
+    with inductor's cats as copies where overrides has compile_pointwise_cat=False (runtime.compile_kwargs)."""
+    overrides = dict(overrides)
+    pointwise_cat = overrides.pop("compile_pointwise_cat", True)
     options, cfg = recipe(args.recipe)
     n_layer, n_head, n_embd, block_size, _, _ = SIZES[args.size]
     config = GPTConfig(**{**options, **overrides}, n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head,
@@ -120,7 +128,9 @@ def build(args, overrides, device):
     torch.manual_seed(0)
     model = GPT(config).to(device)
     optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
-    compiled = torch.compile(model, mode=args.compile_mode, dynamic=False) if args.compile else model
+    compiled = model
+    if args.compile:
+        compiled = torch.compile(model, dynamic=False, **compile_kwargs(args.compile_mode, pointwise_cat=pointwise_cat))
     return model, compiled, optimizers
 
 
@@ -248,6 +258,8 @@ def main():
     p.add_argument("--no_mlp475", action="store_true", help="leave out the MLP4.75 control (linear, mlp_ratio 4.75)")
     p.add_argument("--unfused", action="store_true", help="also time linear and res_gelu with fused_qkv=False")
     p.add_argument("--mup", action="store_true", help="also time linear and res_gelu under μP (parametrization=mup)")
+    p.add_argument("--cat_copies", action="store_true", help="also time linear and res_gelu compiled with "
+                   "compile_pointwise_cat=False (inductor's cats as copies; needs --compile)")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
     p.add_argument("--compile_mode", choices=COMPILE_MODES, default="default", help="torch.compile's mode")
     p.add_argument("--splits", default="", help="micro-batch x accumulation splits of one global batch, a row "
@@ -258,6 +270,8 @@ def main():
     args = p.parse_args()
     if not args.modes.startswith("linear"):
         p.error("--modes must start with linear: every ratio is taken against it")
+    if args.cat_copies and not args.compile:
+        p.error("--cat_copies changes how inductor compiles: add --compile")
     query_modes(p, args)
     device, dtype, autocast = resolve_device(args)
     cuda = device.startswith("cuda")

@@ -155,8 +155,32 @@ def checkpointed(forward):
     return forward_checkpointed
 
 
+def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True):
+    """torch.compile's keyword arguments for `mode` (TrainConfig's compile_mode) and `pointwise_cat`
+    (TrainConfig's compile_pointwise_cat): {'mode': mode}, or with pointwise_cat=False under inductor,
+    {'options': the mode's inductor options (torch._inductor.list_mode_options) with cat lowered as
+    copies}, since torch.compile takes a mode or options, not both.
+
+    Why the option: inductor lowers a cat of computed tensors to one kernel that loads every input
+    under a mask, so each input's math runs over every element of the output. In res_gelu's fused
+    backward (the gradient of the [K | V | W1] output is a cat) that put GELU's backward over all
+    2.5 C columns instead of its r, which made the kernel compute-bound: 0.56 ms per call against
+    0.21 ms for linear's cat of about as many bytes (H200, bench/RESULTS.md). max_pointwise_cat_inputs=0
+    (and max_complex_pointwise_cat_inputs=0 where the release has it) makes each input write its own
+    slice of the output instead (inductor's ConcatKernel), which is exact: the numbers do not change.
+    Raises nothing: a backend other than inductor gets {'mode': mode} (as before) either way."""
+    if pointwise_cat or backend != "inductor":
+        return {"mode": mode}
+    from torch._inductor import config as inductor_config
+    from torch._inductor import list_mode_options
+
+    cat = {key: 0 for key in ("max_pointwise_cat_inputs", "max_complex_pointwise_cat_inputs")
+           if hasattr(inductor_config, key)}
+    return {"options": {**list_mode_options(mode), **cat}}
+
+
 def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor",
-                mode="default"):
+                mode="default", pointwise_cat=True):
     """Spread `model` (a GPT, on rt.device) over the processes of rt. Returns (model, train_model):
     the module that evaluates, and the module the training step calls.
 
@@ -170,11 +194,12 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
 
     compile=True: torch.compile with `backend` (tests pass a counting one) in `mode` (TrainConfig's
     compile_mode: 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune'; a backend
-    other than inductor gets a mode other than 'default' as its `mode` keyword). Under ddp the whole
-    model is compiled, one graph. Under fsdp each Block is compiled on its own (one graph that
-    every block reuses) and so is the root, in two graphs: the embeddings, and the LM head with
-    the cross-entropy. FSDP's hooks around each block are not traced (dynamo breaks the root's
-    graph there), and the final norm, called after the loop over the blocks, runs eager.
+    other than inductor gets a mode other than 'default' as its `mode` keyword); pointwise_cat=False
+    lowers inductor's cats as copies (compile_kwargs). Under ddp the whole model is compiled, one
+    graph. Under fsdp each Block is compiled on its own (one graph that every block reuses) and so
+    is the root, in two graphs: the embeddings, and the LM head with the cross-entropy. FSDP's hooks
+    around each block are not traced (dynamo breaks the root's graph there), and the final norm,
+    called after the loop over the blocks, runs eager.
 
     parallelism='ddp': train_model is PyTorch's DistributedDataParallel around the (compiled)
     model under torchrun, which averages the gradients over the processes once per step; in one
@@ -194,11 +219,12 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     if activation_checkpointing:
         for block in model.transformer.h:
             block.forward = checkpointed(block.forward)
+    kwargs = compile_kwargs(mode, backend, pointwise_cat)
     if parallelism == "fsdp":
         if compile:
             for block in model.transformer.h:
-                block.compile(backend=backend, mode=mode)
-            model.compile(backend=backend, mode=mode)
+                block.compile(backend=backend, **kwargs)
+            model.compile(backend=backend, **kwargs)
         mesh = init_device_mesh(rt.device_type, (rt.world_size,))
         units = [*model.transformer.h, model]
         for unit in units:
@@ -211,7 +237,7 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
                 unit.set_force_sum_reduction_for_comms(True)
         return model, model
     if compile:
-        model = torch.compile(model, backend=backend, mode=mode)
+        model = torch.compile(model, backend=backend, **kwargs)
     if not rt.distributed:
         return model, model
     return model, DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)

@@ -97,6 +97,9 @@ class TrainConfig(GPTConfig):
     # torch.compile's mode: 'default', 'reduce-overhead' (CUDA graphs), 'max-autotune-no-cudagraphs' (inductor tries
     # matmul and fusion choices), 'max-autotune' (both); it changes the speed and the compile time, not the model
     compile_mode: str = "default"
+    # inductor's lowering of a cat: True (its default) one kernel that runs every input's math under a mask; False
+    # each input writes its own slice (runtime.compile_kwargs: why res_gelu's backward may want it); exact either way
+    compile_pointwise_cat: bool = True
     seed: int = 1337  # model init and dropout
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
     # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'

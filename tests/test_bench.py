@@ -68,6 +68,25 @@ def test_train_speed_steps_as_train_py_between_log_steps(monkeypatch):
     assert calls == [0.0] and all(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
+def test_cat_copies_rows_compile_with_inductors_cats_as_copies_and_the_same_model(monkeypatch):
+    # --cat_copies: linear and res_gelu again, compiled with compile_pointwise_cat=False (runtime.compile_kwargs),
+    # the model itself unchanged; the key is a compile option, so the bench refuses it without --compile
+    args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
+                                 vocab_size=64, compile=True, compile_mode="default", modes="linear,res_gelu",
+                                 no_mlp475=True, unfused=False, mup=False, cat_copies=True))
+    specs = train_speed.variants(args)
+    assert list(specs) == ["linear", "res_gelu", "linear cat copies", "res_gelu cat copies"]
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
+    built = {name: train_speed.build(args, specs[name], "cpu")[0] for name in ("res_gelu", "res_gelu cat copies")}
+    copies = {"max_pointwise_cat_inputs": 0, "max_complex_pointwise_cat_inputs": 0}
+    assert calls == [{"dynamic": False, "mode": "default"}, {"dynamic": False, "options": copies}]
+    assert built["res_gelu"].config == built["res_gelu cat copies"].config
+    assert all(torch.equal(a, b) for a, b in zip(*(m.state_dict().values() for m in built.values())))
+    bad = run_script("bench/train_speed.py", *TINY_MODEL, "--cat_copies", check=False)
+    assert bad.returncode == 2 and "--cat_copies changes how inductor compiles: add --compile" in bad.stderr
+
+
 def test_the_plain_step_makes_the_update_train_py_makes():
     # --plain's reference loop and train.py's step: two computations of one update (the norm in float32 against
     # float64 is the only difference)

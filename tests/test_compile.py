@@ -22,7 +22,7 @@ from helpers import read_metrics, train_in_process
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
-from nonlinear_queries.runtime import parallelize, setup
+from nonlinear_queries.runtime import compile_kwargs, parallelize, setup
 from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,3 +209,22 @@ def test_compile_mode_is_checked_and_reaches_torch_compile(shakespeare_dir, tmp_
     assert record["step"] == 2 and record["compile_mode"] == "max-autotune-no-cudagraphs"
     assert record["first_step_s"] > 0 and record["later_step_s"] > 0
     assert [r["step"] for r in read_metrics(out, "train")] == [2, 4]
+
+
+def test_compile_pointwise_cat_reaches_inductor_as_its_cat_options_in_every_mode(shakespeare_dir, tmp_path,
+                                                                                  monkeypatch):
+    from torch._inductor import list_mode_options
+
+    copies = {"max_pointwise_cat_inputs": 0, "max_complex_pointwise_cat_inputs": 0}
+    assert compile_kwargs() == {"mode": "default"} == compile_kwargs("default", "aot_eager", pointwise_cat=False)
+    for mode in COMPILE_MODES:  # torch.compile takes a mode or options: the mode's own options come along
+        kwargs = compile_kwargs(mode, pointwise_cat=False)
+        assert kwargs == {"options": {**list_mode_options(mode), **copies}}
+        torch.compile(torch.nn.Linear(2, 2), **kwargs)  # checks every option's name against inductor's config
+    # train.py hands the key to torch.compile (recorded here, then compiled by dynamo alone)
+    calls, compile_ = [], torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda model, **kwargs: calls.append(kwargs) or compile_(model, backend="eager"))
+    assert train_in_process(shakespeare_dir, tmp_path / "out", "--compile=True", "--compile_pointwise_cat=False",
+                            "--max_iters=2", "--log_interval=1", "--eval_interval=2") == 0
+    assert calls == [{"backend": "inductor", "options": copies}]

@@ -313,6 +313,48 @@ def test_compiled_activation_checkpointing_gives_the_same_gradients_from_less_me
         assert peak_ac < 0.75 * peak, (peak_ac, peak)  # both hold the gradients, the logits and the weight copies
 
 
+def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_of_the_cat():
+    # compile_pointwise_cat=False (runtime.compile_kwargs): the backward of res_gelu's fused projection concatenates
+    # the gradients of K, V and W1's output (2C + r columns); inductor's default runs GELU's backward inside that
+    # cat's kernel, over all of them (H200 profile, bench/RESULTS.md), the option over W1's r columns alone. The
+    # cat is exact, so the step is the same. On the CPU inductor lowers every cat as copies: only a GPU has both.
+    from torch._inductor.utils import run_and_get_code
+
+    config = GPTConfig(**SMALL, query_mode="res_gelu")
+    rt = setup(DEVICE, "bfloat16", join_process_group=False)
+    idx = tokens(4, 128, 50257, seed=5)
+    cat_elements = idx.numel() * (2 * config.n_embd + config.query_bottleneck)
+
+    def step(pointwise_cat):
+        """The loss, the gradients and the element counts (xnumel) of the Triton kernels inductor wrote for GELU's
+        backward in one compiled bf16 step."""
+        torch._dynamo.reset()
+        model = spread(GPT(config), seed=4).to(DEVICE)
+        train_model = parallelize(model, rt, compile=True, pointwise_cat=pointwise_cat)[1]
+
+        def forward_backward():
+            with rt.autocast:
+                loss = train_model(idx, idx)[1]
+            loss.backward()
+            return loss
+
+        loss, code = run_and_get_code(forward_backward)
+        kernels = re.findall(r"def (triton_\w+)\([^\n]*\n\s*xnumel = (\d+)", "\n".join(code))
+        gelu_backward = {int(numel) for name, numel in kernels if "gelu_backward" in name}
+        return loss, {name: p.grad for name, p in model.named_parameters()}, gelu_backward
+
+    (loss, grads, numels), (loss_c, grads_c, numels_c) = step(True), step(False)
+    errs = {name: rel_err(grads_c[name], grads[name]) for name in grads}
+    worst = max(errs, key=errs.get)
+    print(f"cats as copies: loss {loss_c.item():.6f} against {loss.item():.6f}, worst gradient {worst} "
+          f"{errs[worst]:.2e}; GELU's backward kernels over {sorted(numels_c)} elements against {sorted(numels)} "
+          f"(the cat: {cat_elements})")
+    assert abs(loss_c.item() - loss.item()) <= BF16_RTOL * loss.item()
+    assert errs[worst] <= BF16_GRAD_RTOL, (worst, errs[worst])
+    if DEVICE_TYPE == "cuda":
+        assert cat_elements in numels and numels_c and cat_elements not in numels_c, (numels, numels_c)
+
+
 def test_fsdp_on_one_gpu_computes_what_autocast_computes():
     # the one-GPU FSDP path (a process group of one on DEVICE, runtime.setup) against the plain model, both under
     # bf16 autocast: the residual stream between the blocks and RoPE's cos/sin stay float32 under FSDP as under
