@@ -591,18 +591,33 @@ def width_384_rates_prose():
     its best rate and what a ×2 step off it costs, against the same steps at widths 64 and 128 (seed 0)."""
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
-    parts = [f"{who(arm)}'s {len(losses)} (reported below)" if tuned(losses) else
-             f"{len(losses)} of {who(arm)}'s (not yet reported)" for arm, losses in at384.items()]
-    out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}"),
-           ("width 384's rate runs, in the opening", f"width 64 is done, and {done} of width 384's 9 runs"
-            + (f" ({best_at_384(at384)} there" if best_at_384(at384) else ""))]
+    whole = [arm for arm, losses in at384.items() if tuned(losses)]
+    if len(whole) == len(RATE_ARMS):
+        counts = and_list([f"{who(arm)}'s {len(losses)}" for arm, losses in at384.items()])
+        out = [("width 384's rate runs", f"All {done} of width 384's runs are done and reported below: {counts}"),
+               ("width 384's rate runs, in the opening", f"widths 64 and 384 are done, all "
+                f"{done + sum(len(rate_losses(arm, 64)) for arm in RATE_ARMS)} runs ({best_at_384(at384)} at 384")]
+    else:
+        parts = [f"{who(arm)}'s {len(losses)} (reported below)" if tuned(losses) else
+                 f"{len(losses)} of {who(arm)}'s (not yet reported)" for arm, losses in at384.items()]
+        out = [("width 384's rate runs", f"{done} of width 384's 9 runs are done: {and_list(parts)}"),
+               ("width 384's rate runs, in the opening", f"width 64 is done, and {done} of width 384's 9 runs"
+                + (f" ({best_at_384(at384)} there" if best_at_384(at384) else ""))]
     ms = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r])) for path in
           glob.glob(os.path.join(REPO, "results/width_ladder/rates/*_w384/*/metrics.jsonl"))]
     out.append(("width 384's rate runs' time", f"Width 384's rate runs took a median {min(ms) / 1000:.2f} to "
                 f"{max(ms) / 1000:.2f} s a step"))
-    whole = [arm for arm, losses in at384.items() if tuned(losses)]
     at_3e3 = all(min(at384[arm], key=at384[arm].get) == 3e-3 for arm in whole)
-    if whole and len(whole) < len(RATE_ARMS):
+    if len(whole) == len(RATE_ARMS):
+        at64 = {arm: rate_losses(arm, 64) for arm in RATE_ARMS}
+        both = at_3e3 and all(min(losses, key=losses.get) == 3e-3 for losses in at64.values())
+        out += [("384's tuning in the declared test's limits",
+                 "3e-3 is each arm's best rate at 384 on the tuning seed, one run per rate" if at_3e3
+                 else "(an arm's best rate at 384 is not 3e-3)"),
+                ("384's tuning in the Limits", "was tested on the tuning seed at widths 64 and 384 (it is, for "
+                 f"{and_list([who(arm) for arm in RATE_ARMS])} at both" if both
+                 else "(an arm's best rate at 64 or 384 is not 3e-3)")]
+    elif whole:
         names = and_list([who(arm) for arm in whole])
         out += [("384's tuning in the declared test's limits",
                  f"best rate at 384 is tested for {names} alone so far (it is, on the tuning seed"
@@ -622,6 +637,13 @@ def width_384_rates_prose():
                        else "")))
         out.append((f"{arm}'s cost of a step off at 384", f"On this seed 1.5e-3 and 6e-3 cost it {steps(384)} of val "
                     f"loss at 384, against {steps(64)} at 64 and {steps(128)} at 128"))
+    if len(whole) == len(RATE_ARMS):  # the smallest cost of a ×2 step over every arm, width and side
+        costs = {(arm, w, lr): c for arm in RATE_ARMS for w, losses in
+                 ((64, rate_losses(arm, 64)), (128, rate_losses(arm, 128)), (384, at384[arm]))
+                 for lr, c in zip((1.5e-3, 6e-3), step_off(losses))}
+        arm, w, lr = min(costs, key=costs.get)
+        out.append(("the narrowest margin", f"{who(arm)}'s {pct(costs[arm, w, lr])} to {rate(lr)} at {w} is the "
+                    "narrowest margin of any arm at any of the three widths on this seed"))
     return out
 
 
@@ -951,6 +973,11 @@ def width_doc_prose():
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
     best = best_at_384(at384)
+    if all(tuned(losses) for losses in at384.values()):
+        costs = [c for losses in at384.values() for c in step_off(losses)]
+        return declared + [("width 384's rate runs", f"Widths 64 and 384 are done ({done} runs at 384)"),
+                           ("width 384's tuned arms", f"At width 384 {best}, inside the grid, on the tuning seed; "
+                            f"one ×2 step off it costs {min(costs):.1f}% to {max(costs):.1f}% there")]
     return declared + [("width 384's rate runs", f"{done} of 384's 9 runs are done"),
             ("width 384's tuned arms", f"Width 384 is not yet tuned ({done} of its 9 runs done"
              + (f"; {best} there)" if best else ")"))]
