@@ -164,8 +164,9 @@ def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True):
     Why the option: inductor lowers a cat of computed tensors to one kernel that loads every input
     under a mask, so each input's math runs over every element of the output. In res_gelu's fused
     backward (the gradient of the [K | V | W1] output is a cat) that put GELU's backward over all
-    2.5 C columns instead of its r, which made the kernel compute-bound: 0.56 ms per call against
-    0.21 ms for linear's cat of about as many bytes (H200, bench/RESULTS.md). max_pointwise_cat_inputs=0
+    2.5 C columns instead of its r: 0.56 ms per call against 0.21 ms for linear's cat of about as
+    many bytes (H200, bench/RESULTS.md). Lowered as copies, res_gelu's step saved only 3.5 ms of
+    998 there (and linear's took 0.4 % longer), so TrainConfig keeps inductor's default. max_pointwise_cat_inputs=0
     (and max_complex_pointwise_cat_inputs=0 where the release has it) makes each input write its own
     slice of the output instead (inductor's ConcatKernel), which is exact: the numbers do not change.
     Raises nothing: a backend other than inductor gets {'mode': mode} (as before) either way."""

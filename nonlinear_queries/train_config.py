@@ -98,7 +98,7 @@ class TrainConfig(GPTConfig):
     # matmul and fusion choices), 'max-autotune' (both); it changes the speed and the compile time, not the model
     compile_mode: str = "default"
     # inductor's lowering of a cat: True (its default) one kernel that runs every input's math under a mask; False
-    # each input writes its own slice (runtime.compile_kwargs: why res_gelu's backward may want it); exact either way
+    # each input writes its own slice (runtime.compile_kwargs: tried for res_gelu's backward); exact either way
     compile_pointwise_cat: bool = True
     seed: int = 1337  # model init and dropout
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
