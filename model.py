@@ -576,10 +576,14 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 language model with the query module chosen by `config.query_mode`.
 
-    forward(idx, targets=None, kv_cache=None): idx, targets are int64 (B, T) token ids.
-    Returns (logits, loss): logits (B, T, vocab_size) and the mean cross-entropy in nats
-    when targets are given; otherwise logits (B, 1, vocab_size) for the last position
-    and loss None. kv_cache, a list of n_layer KVCache (new_kv_cache()), holds the
+    forward(idx, targets=None, kv_cache=None, return_logits=True): idx, targets are int64 (B, T)
+    token ids. Returns (logits, loss): logits (B, T, vocab_size) and the mean cross-entropy in
+    nats when targets are given; otherwise logits (B, 1, vocab_size) for the last position
+    and loss None. return_logits=False (with targets) returns (None, loss): what a training step
+    wants, since under torch.compile a logits output that requires grad gets a tangent in the
+    compiled backward, which autograd fills with zeros (a bf16 tensor of B T vocab_size, 9.9 GB at
+    96 x 1024 tokens) and the backward reads and adds; the loss and the gradients are the same
+    either way. kv_cache, a list of n_layer KVCache (new_kv_cache()), holds the
     positions before idx; their count plus T must not exceed block_size (ValueError).
     hidden_states(idx, kv_cache=None): the final norm's output (B, T, n_embd), which
     logits() maps to the logits, for a caller that needs the logits of some positions only
@@ -591,8 +595,8 @@ class GPT(nn.Module):
     and the softmax scale by GPTConfig.attn_scale_mult; m = n_embd / mup_base_width, and at
     m = 1 the model is SP's exactly. Under SP `mup_roles` is empty.
 
-    Raises ValueError (from GPTConfig) for an unknown query_mode, and under μP for a parameter
-    that no μP rule classifies.
+    Raises ValueError (from GPTConfig) for an unknown query_mode, under μP for a parameter
+    that no μP rule classifies, and from forward for return_logits=False without targets.
     """
 
     def __init__(self, config):
@@ -714,13 +718,15 @@ class GPT(nn.Module):
             x = x + self.transformer.wpe(pos)
         return self.transformer.drop(x), rope
 
-    def forward(self, idx, targets=None, kv_cache=None):
+    def forward(self, idx, targets=None, kv_cache=None, return_logits=True):
+        if targets is None and not return_logits:
+            raise ValueError("return_logits=False returns the loss alone, which needs targets")
         x = self.hidden_states(idx, kv_cache)
         if targets is None:
             return self.logits(x[:, [-1], :]), None
         logits = self.logits(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
-        return logits, loss
+        return (logits if return_logits else None), loss
 
     def logits(self, x):
         """The LM head on final hidden states x (..., n_embd) -> logits (..., vocab_size), times μP's output

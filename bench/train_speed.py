@@ -5,6 +5,7 @@ Training speed of every query mode (and the MLP4.75 control), measured side by s
     python bench/train_speed.py --size=gpt2 --compile --device=cuda  # GPT-2 small, bf16
     python bench/train_speed.py --recipe=modern                      # RoPE, RMSNorm, ReLU^2, QK-norm, Muon
     python bench/train_speed.py --size=gpt2 --compile --device=cuda --splits=12x40,48x10 --plain --profile
+    python bench/train_speed.py --size=gpt2 --compile --device=cuda --with_logits --inductor=online_softmax=False
 
 One full training step per variant and round, as train.py runs it between two log steps:
 training.train_step (forward and backward over each of gradient_accumulation_steps
@@ -22,8 +23,15 @@ to (within 1%, issue 44).
 --compile_mode is torch.compile's mode (TrainConfig's compile_mode); every variant compiles in
 it, with static shapes. --cat_copies adds linear and res_gelu compiled with inductor's cats
 lowered as copies (TrainConfig's compile_pointwise_cat=False), the lever measured against the
-default. --profile prints, under the table, each row's top kernels over one step (torch.profiler:
-self device time per kernel on a GPU, self CPU time per operator on the CPU). --recipe picks the
+default. --inductor=NAME=VALUE[,NAME=VALUE] (repeatable) adds linear and res_gelu compiled with
+those torch._inductor.config options on top of the mode's, a row each ("res_gelu
+online_softmax=False"): a compiler setting tried beside the default in one process, the model
+unchanged. --with_logits adds linear and res_gelu stepped as before issue 44's change, the
+compiled forward returning the logits with the loss (GPT.forward's return_logits: a zero-filled
+tangent of the logits' size in every micro-batch's backward). --profile prints, under the table,
+each row's top kernels over one step (torch.profiler: self device time per kernel on a GPU, self
+CPU time per operator on the CPU), each beside the operator that launched it and that operator's
+input shapes, so a cuBLAS kernel names its matmul and a fill its tensor. --recipe picks the
 model options and the optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
 config/modern/baseline.py (docs/modern.md: Muon for the blocks' matrices); the
 size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
@@ -45,6 +53,8 @@ compiled graph (common.fresh_compiler): a variant that would fall back to eager 
   H100/H200, linear at 48% MFU or more
 """
 
+import argparse
+import ast
 import multiprocessing
 import os
 import statistics
@@ -96,8 +106,11 @@ def variants(args):
     """{name: GPTConfig overrides}: the --modes (linear first: the ratios refer to it),
     the MLP4.75 control, with --unfused the unfused projection of linear and res_gelu, and with
     --mup linear and res_gelu under μP (parametrization='mup' at mup_base_width 128: m = 6 at
-    GPT-2 small; its own AdamW groups, logits x 1/m), and with --cat_copies linear and res_gelu compiled
-    with TrainConfig's compile_pointwise_cat=False (a key build() takes out of the GPTConfig overrides)."""
+    GPT-2 small; its own AdamW groups, logits x 1/m), with --cat_copies linear and res_gelu compiled
+    with TrainConfig's compile_pointwise_cat=False, with each --inductor linear and res_gelu compiled
+    with its inductor options, and with --with_logits linear and res_gelu whose compiled forward
+    returns the logits (compile_pointwise_cat, inductor_options and return_logits are keys build()
+    takes out of the GPTConfig overrides)."""
     modes = args.modes.split(",")
     out = {mode: {"query_mode": mode} for mode in modes}
     if not args.no_mlp475:
@@ -111,15 +124,46 @@ def variants(args):
     if args.cat_copies:
         for mode in [m for m in ("linear", "res_gelu") if m in modes]:
             out[f"{mode} cat copies"] = {"query_mode": mode, "compile_pointwise_cat": False}
+    for text, options in args.inductor:
+        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
+            out[f"{mode} {text}"] = {"query_mode": mode, "inductor_options": options}
+    if args.with_logits:
+        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
+            out[f"{mode} with logits"] = {"query_mode": mode, "return_logits": True}
     return out
+
+
+def inductor_options(text):
+    """({name: value}, text) of --inductor's NAME=VALUE[,NAME=VALUE]: values are Python literals (True, 0,
+    'x'), else strings. Raises argparse.ArgumentTypeError for a malformed pair, or for a name or a type
+    that inductor refuses (checked by compiling a Linear with them, as torch.compile checks them)."""
+    options = {}
+    for pair in text.split(","):
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"--inductor takes NAME=VALUE pairs, e.g. online_softmax=False; got "
+                                             f"{pair!r}")
+        try:
+            options[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[name.strip()] = value.strip()
+    try:
+        torch.compile(torch.nn.Linear(1, 1), options=options)
+    except RuntimeError as e:  # torch.compile's own check of each option's name and type
+        raise argparse.ArgumentTypeError(f"{e} (--inductor={text}; the names are torch._inductor.config's)") from None
+    return text, options
 
 
 def build(args, overrides, device):
     """(model, compiled model, optimizers) of one variant under args.recipe; every variant
-    starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes, and
-    with inductor's cats as copies where overrides has compile_pointwise_cat=False (runtime.compile_kwargs)."""
+    starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes, with
+    inductor's cats as copies where overrides has compile_pointwise_cat=False and with the inductor options
+    of overrides' inductor_options (runtime.compile_kwargs); return_logits=True returns the logits
+    (returning_logits)."""
     overrides = dict(overrides)
     pointwise_cat = overrides.pop("compile_pointwise_cat", True)
+    extra = overrides.pop("inductor_options", None)
+    return_logits = overrides.pop("return_logits", False)
     options, cfg = recipe(args.recipe)
     n_layer, n_head, n_embd, block_size, _, _ = SIZES[args.size]
     config = GPTConfig(**{**options, **overrides}, n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head,
@@ -130,8 +174,17 @@ def build(args, overrides, device):
     optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
     compiled = model
     if args.compile:
-        compiled = torch.compile(model, dynamic=False, **compile_kwargs(args.compile_mode, pointwise_cat=pointwise_cat))
+        compiled = torch.compile(model, dynamic=False, **compile_kwargs(args.compile_mode, pointwise_cat=pointwise_cat,
+                                                                        options=extra))
+    if return_logits:
+        compiled = returning_logits(compiled)
     return model, compiled, optimizers
+
+
+def returning_logits(compiled):
+    """`compiled` called as train_step called the model before issue 44's change: the logits returned with the
+    loss, whatever the caller asks for (GPT.forward's return_logits)."""
+    return lambda x, y, return_logits=True: compiled(x, y)
 
 
 def make_step(model, compiled, optimizers, micro_batches, dtype, autocast):
@@ -157,17 +210,18 @@ def make_step(model, compiled, optimizers, micro_batches, dtype, autocast):
 
 
 def make_plain_step(model, compiled, optimizers, micro_batches, dtype, autocast):
-    """The step of make_step as a minimal training loop takes it (nanoGPT's train.py): forward and backward of
-    each micro-batch's loss / accumulation, torch.nn.utils.clip_grad_norm_ to 1.0, every optimizer's step
-    through a GradScaler (enabled for float16 only), the gradients cleared; no dropout seeds, no divergence
-    guard, no float64 norm, nothing read back. The reference that train.py's path is measured against."""
+    """The step of make_step as a minimal training loop takes it (nanoGPT's train.py): forward (the loss alone, as
+    train_step asks for it) and backward of each micro-batch's loss / accumulation, torch.nn.utils.clip_grad_norm_
+    to 1.0, every optimizer's step through a GradScaler (enabled for float16 only), the gradients cleared; no
+    dropout seeds, no divergence guard, no float64 norm, nothing read back. The reference that train.py's path is
+    measured against."""
     params = list(model.parameters())
     scaler = torch.amp.GradScaler(params[0].device.type, enabled=dtype == "float16")
 
     def step():
         for x, y in micro_batches:
             with autocast:
-                _, loss = compiled(x, y)
+                _, loss = compiled(x, y, return_logits=False)
             scaler.scale(loss / len(micro_batches)).backward()
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
@@ -208,25 +262,60 @@ def splits(args, p):
     return out
 
 
+def input_shapes(event):
+    """A profiled operator's tensor inputs as '98304x768, 768x384' (recorded with record_shapes; scalars and
+    non-tensors, recorded as [], left out)."""
+    return ", ".join("x".join(map(str, shape)) for shape in event.input_shapes if shape)
+
+
+def launched_by(events):
+    """{(kernel, launcher): [calls, device us]} from a profile's CPU operators (torch.autograd.profiler_util.
+    FunctionEvent): each kernel that an operator launched (its .kernels, linked by the profiler's correlation
+    ids), under the operator's name and input shapes, e.g. ('nvjet_..._splitK_NTN', 'aten::mm (768x98304,
+    98304x384)')."""
+    out = {}
+    for event in events:
+        for kernel in event.kernels:
+            row = out.setdefault((kernel.name, f"{event.name} ({input_shapes(event)})"), [0, 0.0])
+            row[0] += 1
+            row[1] += kernel.duration
+    return out
+
+
 def top_kernels(step, device, top=20):
-    """[(name, calls, self ms, share of the step's self time)] of the `top` kernels of one step(), by self device
-    time on a GPU (the CUDA kernels), by self CPU time on the CPU (the operators); torch.profiler.
+    """[(name, launched by, calls, self ms, share of the step's self time)] of the `top` rows of one step(),
+    by self device time on a GPU (a row per CUDA kernel and the operator that launched it, with that
+    operator's input shapes: launched_by), by self CPU time on the CPU (a row per operator and its input
+    shapes); torch.profiler with record_shapes.
 
     On a GPU only the device's own events count: a CPU operator's self device time is that of the kernels it
     launched (aten::mm's cuBLAS kernels, a Triton kernel's launch), which are rows of their own, so counting
-    both would give those kernels twice (torch.autograd.profiler_util.FunctionEvent.self_device_time_total)."""
+    both would give those kernels twice (torch.autograd.profiler_util.FunctionEvent.self_device_time_total).
+    A kernel's time that no operator claims (none seen so far) is its own row, launched by '-'."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []),
+                 record_shapes=True) as prof:
         step()
         sync(device)
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key) > 0 and (not cuda or e.device_type == DeviceType.CUDA)]
-    total = sum(getattr(e, key) for e in events)
-    events.sort(key=lambda e: getattr(e, key), reverse=True)
-    return [(e.key, e.count, getattr(e, key) / 1000, getattr(e, key) / total) for e in events[:top]]
+    if cuda:
+        kernels = {e.key: (e.count, e.self_device_time_total) for e in prof.key_averages()
+                   if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0}
+        rows = launched_by(e for e in prof.events() if e.device_type == DeviceType.CPU)
+        for name, (calls, us) in kernels.items():  # what no operator claimed
+            claimed = [row for (kernel, _), row in rows.items() if kernel == name]
+            left = (calls - sum(c for c, _ in claimed), us - sum(t for _, t in claimed))
+            if left[0] > 0:
+                rows[(name, "-")] = list(left)
+        total = sum(us for _, us in kernels.values())
+    else:
+        rows = {(e.key, input_shapes(e)): [e.count, e.self_cpu_time_total]
+                for e in prof.key_averages(group_by_input_shape=True) if e.self_cpu_time_total > 0}
+        total = sum(us for _, us in rows.values())
+    ranked = sorted(rows.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    return [(name, by, calls, us / 1000, us / total) for (name, by), (calls, us) in ranked]
 
 
 def cpu_peak_mib(args, overrides, split, plain=False):
@@ -260,6 +349,11 @@ def main():
     p.add_argument("--mup", action="store_true", help="also time linear and res_gelu under μP (parametrization=mup)")
     p.add_argument("--cat_copies", action="store_true", help="also time linear and res_gelu compiled with "
                    "compile_pointwise_cat=False (inductor's cats as copies; needs --compile)")
+    p.add_argument("--inductor", type=inductor_options, action="append", default=[], metavar="NAME=VALUE,...",
+                   help="also time linear and res_gelu compiled with these torch._inductor.config options (needs "
+                   "--compile; repeatable, a row each)")
+    p.add_argument("--with_logits", action="store_true", help="also time linear and res_gelu with the compiled "
+                   "forward returning the logits, as before issue 44's change")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
     p.add_argument("--compile_mode", choices=COMPILE_MODES, default="default", help="torch.compile's mode")
     p.add_argument("--splits", default="", help="micro-batch x accumulation splits of one global batch, a row "
@@ -270,8 +364,8 @@ def main():
     args = p.parse_args()
     if not args.modes.startswith("linear"):
         p.error("--modes must start with linear: every ratio is taken against it")
-    if args.cat_copies and not args.compile:
-        p.error("--cat_copies changes how inductor compiles: add --compile")
+    if (args.cat_copies or args.inductor) and not args.compile:
+        p.error(f"{'--cat_copies' if args.cat_copies else '--inductor'} changes how inductor compiles: add --compile")
     query_modes(p, args)
     device, dtype, autocast = resolve_device(args)
     cuda = device.startswith("cuda")
@@ -339,10 +433,11 @@ def main():
         what = "self CUDA time per kernel" if cuda else "self CPU time per operator"
         for row, kernels in {row: top_kernels(step, device) for row, step in steps.items()}.items():
             print(f"\n### top kernels: {row} (one step, {what})\n")
-            print("| kernel | calls | self ms | share |")
-            print("|---|---|---|---|")
-            for kernel, calls, ms, share in kernels:
-                print(f"| {kernel.replace('|', '/')[:100]} | {calls} | {ms:.2f} | {100 * share:.1f}% |")
+            print("| kernel | launched by (input shapes) | calls | self ms | share |")
+            print("|---|---|---|---|---|")
+            for kernel, by, calls, ms, share in kernels:
+                print(f"| {kernel.replace('|', '/')[:100]} | {by.replace('|', '/')[:100]} | {calls} | {ms:.2f} "
+                      f"| {100 * share:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -155,11 +155,12 @@ def checkpointed(forward):
     return forward_checkpointed
 
 
-def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True):
+def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True, options=None):
     """torch.compile's keyword arguments for `mode` (TrainConfig's compile_mode) and `pointwise_cat`
     (TrainConfig's compile_pointwise_cat): {'mode': mode}, or with pointwise_cat=False under inductor,
     {'options': the mode's inductor options (torch._inductor.list_mode_options) with cat lowered as
-    copies}, since torch.compile takes a mode or options, not both.
+    copies}, since torch.compile takes a mode or options, not both. `options`, {name: value} of
+    torch._inductor.config (bench/train_speed.py --inductor), join the mode's last.
 
     Why the option: inductor lowers a cat of computed tensors to one kernel that loads every input
     under a mask, so each input's math runs over every element of the output. In res_gelu's fused
@@ -170,14 +171,14 @@ def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True):
     (and max_complex_pointwise_cat_inputs=0 where the release has it) makes each input write its own
     slice of the output instead (inductor's ConcatKernel), which is exact: the numbers do not change.
     Raises nothing: a backend other than inductor gets {'mode': mode} (as before) either way."""
-    if pointwise_cat or backend != "inductor":
+    if (pointwise_cat and not options) or backend != "inductor":
         return {"mode": mode}
     from torch._inductor import config as inductor_config
     from torch._inductor import list_mode_options
 
-    cat = {key: 0 for key in ("max_pointwise_cat_inputs", "max_complex_pointwise_cat_inputs")
-           if hasattr(inductor_config, key)}
-    return {"options": {**list_mode_options(mode), **cat}}
+    cat = {} if pointwise_cat else {key: 0 for key in ("max_pointwise_cat_inputs", "max_complex_pointwise_cat_inputs")
+                                    if hasattr(inductor_config, key)}
+    return {"options": {**list_mode_options(mode), **cat, **(options or {})}}
 
 
 def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor",

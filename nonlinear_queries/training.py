@@ -78,8 +78,8 @@ def train_step(model, params, optimizers, scaler, micro_batch, micro_steps, auto
         torch.manual_seed(seeds[k])
         last = k + 1 == micro_steps
         with model.no_sync() if isinstance(model, DDP) and not last else nullcontext():
-            with autocast:
-                logits, loss = model(x, y)
+            with autocast:  # logits only for the z-loss: a compiled step pays for a logits output (GPT.forward)
+                logits, loss = model(x, y, return_logits=bool(z_loss))
             objective = loss
             if z_loss:
                 objective = loss + z_loss * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
@@ -232,7 +232,7 @@ def evaluate(model, splits, block_size, device, autocast, rt):
         for k in range(rt.rank, -(-len(index) // rt.world_size) * rt.world_size, rt.world_size):
             x, y = get_batch(tokens, index[k if k < len(index) else 0], block_size, device)
             with autocast:
-                _, loss = model(x, y)
+                _, loss = model(x, y, return_logits=False)
             if k < len(index):
                 total += loss.float()
         out[name] = all_reduce_sum(total, rt).item() / len(index)

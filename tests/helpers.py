@@ -146,19 +146,24 @@ def val_losses_by_step(out_dir):
     return {r["step"]: r["val_loss"] for r in read_metrics(out_dir, "eval")}
 
 
-def markdown_table(stdout, first_header):
-    """{first cell: {header: cell}} of the markdown table in stdout whose header row starts
-    with `first_header`; the rows of the table up to the first line that is not one."""
+def markdown_rows(stdout, first_header):
+    """[{header: cell}] of the markdown table in stdout whose header row starts with
+    `first_header`: its rows in order, up to the first line that is not one."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
     headers = [c.strip() for c in lines[start].split("|")[1:-1]]
-    table = {}
+    rows = []
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.split("|")[1:-1]]
-        table[cells[0]] = dict(zip(headers, cells))
-    return table
+        rows.append(dict(zip(headers, [c.strip() for c in line.split("|")[1:-1]])))
+    return rows
+
+
+def markdown_table(stdout, first_header):
+    """{first cell: {header: cell}} of the markdown table in stdout whose header row starts
+    with `first_header` (markdown_rows; a first cell repeated keeps its last row)."""
+    return {row[first_header]: row for row in markdown_rows(stdout, first_header)}
 
 
 def read_wandb_history(run_file):

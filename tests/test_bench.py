@@ -10,7 +10,7 @@ import torch._dynamo.testing
 import train_speed
 
 from common import fresh_compiler
-from helpers import markdown_table, run_script
+from helpers import markdown_rows, markdown_table, run_script
 from model import GPT, GPTConfig
 from nonlinear_queries.optimizers import Muon
 
@@ -43,11 +43,15 @@ def test_train_speed_times_splits_of_one_global_batch_and_profiles_each_row():
     assert "2 x 2, 4 x 1 (micro-batch x accumulation) of 4 sequences" in out
     tokens = {row["tokens/s"] for name, row in rows.items() if "plain" not in name}
     assert len(tokens) == 4 and all(float(t.replace(",", "")) > 0 for t in tokens)
-    for name in rows:  # each row's top operators on the CPU, by self time, the matmuls among them
-        kernels = markdown_table(out.split(f"### top kernels: {name} (one step, self CPU time per operator)")[1],
-                                 "kernel")
-        assert "aten::mm" in kernels and 1 <= len(kernels) <= 20
-        shares = [float(k["share"].rstrip("%")) for k in kernels.values()]
+    for name in rows:  # each row's top operators on the CPU, by self time, each with its input shapes
+        kernels = markdown_rows(out.split(f"### top kernels: {name} (one step, self CPU time per operator)")[1],
+                                "kernel")
+        tokens = 2 * 16 if "2x2" in name else 4 * 16  # one micro-batch's
+        # the LM head's forward matmul, (tokens, n_embd) @ (n_embd, vocab), at this split's micro-batch
+        assert {"kernel": "aten::mm", "launched by (input shapes)": f"{tokens}x32, 32x512"}.items() <= next(
+            k for k in kernels if k["launched by (input shapes)"] == f"{tokens}x32, 32x512").items()
+        assert 1 <= len(kernels) <= 20
+        shares = [float(k["share"].rstrip("%")) for k in kernels]
         assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1
     bad = run_script("bench/train_speed.py", *TINY_MODEL, "--splits=2x2,2x1", check=False)
     assert bad.returncode == 2 and "--splits must share one global batch" in bad.stderr
@@ -73,7 +77,8 @@ def test_cat_copies_rows_compile_with_inductors_cats_as_copies_and_the_same_mode
     # the model itself unchanged; the key is a compile option, so the bench refuses it without --compile
     args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
                                  vocab_size=64, compile=True, compile_mode="default", modes="linear,res_gelu",
-                                 no_mlp475=True, unfused=False, mup=False, cat_copies=True))
+                                 no_mlp475=True, unfused=False, mup=False, cat_copies=True, inductor=[],
+                                 with_logits=False))
     specs = train_speed.variants(args)
     assert list(specs) == ["linear", "res_gelu", "linear cat copies", "res_gelu cat copies"]
     calls = []
@@ -85,6 +90,75 @@ def test_cat_copies_rows_compile_with_inductors_cats_as_copies_and_the_same_mode
     assert all(torch.equal(a, b) for a, b in zip(*(m.state_dict().values() for m in built.values())))
     bad = run_script("bench/train_speed.py", *TINY_MODEL, "--cat_copies", check=False)
     assert bad.returncode == 2 and "--cat_copies changes how inductor compiles: add --compile" in bad.stderr
+
+
+def test_inductor_rows_compile_with_their_options_and_the_same_model(monkeypatch):
+    # --inductor=NAME=VALUE,...: linear and res_gelu again, a row per flag, compiled with those options on top of
+    # the mode's (runtime.compile_kwargs); names and types are checked as torch.compile checks them
+    text, options = train_speed.inductor_options("online_softmax=False,max_pointwise_cat_inputs=0")
+    assert (text, options) == ("online_softmax=False,max_pointwise_cat_inputs=0",
+                               {"online_softmax": False, "max_pointwise_cat_inputs": 0})
+    args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
+                                 vocab_size=64, compile=True, compile_mode="max-autotune-no-cudagraphs",
+                                 modes="linear,res_gelu", no_mlp475=True, unfused=False, mup=False,
+                                 cat_copies=False, inductor=[(text, options)], with_logits=False))
+    specs = train_speed.variants(args)
+    assert list(specs) == ["linear", "res_gelu", f"linear {text}", f"res_gelu {text}"]
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: calls.append(kwargs) or model)
+    built = {name: train_speed.build(args, specs[name], "cpu")[0] for name in ("res_gelu", f"res_gelu {text}")}
+    from torch._inductor import list_mode_options
+    assert calls == [{"dynamic": False, "mode": "max-autotune-no-cudagraphs"},
+                     {"dynamic": False, "options": {**list_mode_options("max-autotune-no-cudagraphs"), **options}}]
+    assert all(torch.equal(a, b) for a, b in zip(*(m.state_dict().values() for m in built.values())))
+    for flag, message in [("--inductor=no_such_option=1", "no_such_option"),
+                          ("--inductor=online_softmax=3", "online_softmax"),
+                          ("--inductor=online_softmax", "--inductor takes NAME=VALUE pairs")]:
+        bad = run_script("bench/train_speed.py", *TINY_MODEL, "--compile", flag, check=False)
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, flag
+    bad = run_script("bench/train_speed.py", *TINY_MODEL, "--inductor=online_softmax=False", check=False)
+    assert bad.returncode == 2 and "--inductor changes how inductor compiles: add --compile" in bad.stderr
+
+
+def test_with_logits_rows_step_as_before_the_loss_alone():
+    # --with_logits: the model called as train_step called it before issue 44's change, the logits returned
+    # with the loss whatever train_step asks; the same loss and update as the row without them
+    args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
+                                 vocab_size=64, compile=False, modes="linear,res_gelu", no_mlp475=True, unfused=False,
+                                 mup=False, cat_copies=False, inductor=[], with_logits=True))
+    specs = train_speed.variants(args)
+    assert list(specs) == ["linear", "res_gelu", "linear with logits", "res_gelu with logits"]
+    after = []
+    for name in ("res_gelu", "res_gelu with logits"):
+        model, compiled, optimizers = train_speed.build(args, specs[name], "cpu")
+        x, y = train_speed.micro_batches((2, 1), model.config, "cpu")[0]
+        logits, loss = compiled(x, y, return_logits=False)
+        assert (logits is None) == (name == "res_gelu") and loss.dim() == 0
+        train_speed.make_step(model, compiled, optimizers, train_speed.micro_batches((2, 2), model.config, "cpu"),
+                              "float32", torch.autocast("cpu", enabled=False))()
+        after.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*after))
+
+
+def test_launched_by_sums_each_kernel_under_the_operator_and_shapes_that_launched_it():
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def op(name, shapes, kernels):
+        event = FunctionEvent(id=0, name=name, thread=0, start_us=0, end_us=1, input_shapes=shapes)
+        for kernel, us in kernels:
+            event.append_kernel(kernel, 0, us)
+        return event
+
+    events = [op("aten::mm", [[768, 98304], [98304, 384]], [("splitK", 400.0)]),
+              op("aten::mm", [[768, 98304], [98304, 384]], [("splitK", 420.0)]),
+              op("aten::mm", [[98304, 768], [768, 2304]], [("splitK", 300.0), ("reduce", 5.0)]),
+              op("aten::fill_", [[98304, 50304], []], [("FillFunctor", 2000.0)]),
+              op("aten::add", [[4], [4]], [])]
+    assert train_speed.launched_by(events) == {
+        ("splitK", "aten::mm (768x98304, 98304x384)"): [2, 820.0],
+        ("splitK", "aten::mm (98304x768, 768x2304)"): [1, 300.0],
+        ("reduce", "aten::mm (98304x768, 768x2304)"): [1, 5.0],
+        ("FillFunctor", "aten::fill_ (98304x50304)"): [1, 2000.0]}
 
 
 def test_the_plain_step_makes_the_update_train_py_makes():

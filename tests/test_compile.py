@@ -123,7 +123,7 @@ def test_training_with_evaluations_compiles_one_graph_each(recipe, mode):
     def train_steps():
         for _ in range(2):
             with BF16:
-                loss = compiled(x, y)[1]
+                loss = compiled(x, y, return_logits=False)[1]  # as training.train_step calls it
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             for optimizer in optimizers:
@@ -133,7 +133,7 @@ def test_training_with_evaluations_compiles_one_graph_each(recipe, mode):
     def evaluate():
         model.eval()
         with torch.no_grad(), BF16:
-            loss = compiled(x, y)[1]
+            loss = compiled(x, y, return_logits=False)[1]  # as training.evaluate calls it
         model.train()
         return loss
 
@@ -228,3 +228,55 @@ def test_compile_pointwise_cat_reaches_inductor_as_its_cat_options_in_every_mode
     assert train_in_process(shakespeare_dir, tmp_path / "out", "--compile=True", "--compile_pointwise_cat=False",
                             "--max_iters=2", "--log_interval=1", "--eval_interval=2") == 0
     assert calls == [{"backend": "inductor", "options": copies}]
+
+
+def logits_fills(step, logits_shape):
+    """The zero fills (aten::zero_, aten::fill_) of a tensor of `logits_shape` that one call of step() makes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    return [e.name for e in prof.events() if e.name in ("aten::zero_", "aten::fill_")
+            and e.input_shapes and list(e.input_shapes[0]) == list(logits_shape)]
+
+
+@pytest.mark.parametrize("mode", ["linear", "res_gelu"])
+def test_a_compiled_training_step_fills_no_tangent_for_the_logits_and_computes_the_same(mode):
+    # A compiled forward whose logits output requires grad gets a tangent for it in the backward graph, which
+    # autograd fills with zeros of the logits' size and the backward adds (issue 44: bf16 B x T x vocab,
+    # 9.9 GB at 96 x 1024 tokens, in every micro-batch); train_step asks the model for the loss alone. Same
+    # loss and gradients, bit for bit, in float32 (adding zeros is exact).
+    from nonlinear_queries.training import train_step
+
+    x, y = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for name in ("logits returned", "train_step"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**ONE_LAYER, query_mode=mode))
+        compiled = torch.compile(model, backend="aot_eager")
+        if name == "logits returned":  # the step before issue 44: model(x, y) returns the logits too
+
+            def step():
+                compiled(x, y)[1].backward()
+        else:
+
+            def step():
+                train_step(compiled, list(model.parameters()), [], torch.amp.GradScaler("cpu", enabled=False),
+                           lambda k: (x, y), 1, torch.autocast("cpu", enabled=False), [0])
+
+        step()  # compiles
+        model.zero_grad(set_to_none=True)
+        fills = logits_fills(step, (2, 16, 64))
+        results[name] = fills, compiled(x, y)[1].detach(), [p.grad.clone() for p in model.parameters()]
+    assert results["logits returned"][0] and not results["train_step"][0]
+    assert torch.equal(results["logits returned"][1], results["train_step"][1])
+    assert all(torch.equal(a, b) for a, b in zip(results["logits returned"][2], results["train_step"][2]))
+
+
+def test_the_loss_alone_needs_targets():
+    model = GPT(GPTConfig(**ONE_LAYER))
+    with pytest.raises(ValueError, match="return_logits=False returns the loss alone, which needs targets"):
+        model(torch.zeros(1, 4, dtype=torch.long), return_logits=False)
+    logits, loss = model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), return_logits=False)
+    assert logits is None and loss.dim() == 0

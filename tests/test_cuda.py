@@ -276,6 +276,46 @@ def test_compiled_training_step_runs_a_fused_attention_kernel(options):
     assert any(ran == {kernel, kernel + "_backward"} for kernel in FUSED), ran
 
 
+def test_a_compiled_bf16_training_step_fills_no_tangent_for_the_logits():
+    # training.train_step asks the model for the loss alone (GPT.forward's return_logits): a compiled forward that
+    # returns the logits gets a tangent of their size in its backward, which autograd fills with zeros (on an H200
+    # at 96 x 5 a bf16 FillFunctor of 14.7 ms a step, bench/RESULTS.md) and the backward adds. Inductor's code, on
+    # the GPU: the fill is there when the logits are returned and gone through train_step, the loss the same.
+    from nonlinear_queries.training import train_step
+
+    idx = tokens(4, 128, 50257, seed=8)
+    logits_shape = [4, 128, SMALL["vocab_size"]]
+
+    def step(returned):
+        """The loss, the fills of a logits-sized tensor and the peak memory (CUDA) of one compiled bf16 step."""
+        torch._dynamo.reset()
+        model = spread(GPT(GPTConfig(**SMALL, query_mode="res_gelu")), seed=9).to(DEVICE)
+        compiled = torch.compile(model)
+        call = (lambda x, y, return_logits=True: compiled(x, y)) if returned else compiled
+
+        def once():
+            model.zero_grad(set_to_none=True)
+            return train_step(call, list(model.parameters()), [], torch.amp.GradScaler(DEVICE_TYPE, enabled=False),
+                              lambda k: (idx, idx), 1, autocast(), [0])[0]
+
+        once()  # compiles
+        if DEVICE_TYPE == "cuda":
+            torch.cuda.synchronize(DEVICE)
+            torch.cuda.reset_peak_memory_stats(DEVICE)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            loss = once()
+        fills = [e.name for e in prof.events() if e.name in ("aten::zero_", "aten::fill_")
+                 and e.input_shapes and list(e.input_shapes[0]) == logits_shape]
+        peak = torch.cuda.max_memory_allocated(DEVICE) if DEVICE_TYPE == "cuda" else None
+        return loss.item(), fills, peak
+
+    (loss, fills, peak), (loss_r, fills_r, peak_r) = step(False), step(True)
+    print(f"loss alone: {loss:.6f}, fills {fills}, peak {peak}; logits returned: {loss_r:.6f}, fills {fills_r}, "
+          f"peak {peak_r} bytes")
+    assert fills_r and not fills
+    assert abs(loss - loss_r) <= BF16_RTOL * loss
+
+
 # ---------------------------------------------------------------------------------------
 # activation checkpointing and FSDP's numerics, in this process
 
