@@ -4,6 +4,8 @@ Speed itself is never asserted here: targets are measured by the scripts, side b
 in one run, and recorded in bench/RESULTS.md.
 """
 
+import re
+
 import pytest
 import torch
 import torch._dynamo.testing
@@ -46,10 +48,11 @@ def test_train_speed_times_splits_of_one_global_batch_and_profiles_each_row():
     for name in rows:  # each row's top operators on the CPU, by self time, each with its input shapes
         kernels = markdown_rows(out.split(f"### top kernels: {name} (one step, self CPU time per operator)")[1],
                                 "kernel")
-        tokens = 2 * 16 if "2x2" in name else 4 * 16  # one micro-batch's
-        # the LM head's forward matmul, (tokens, n_embd) @ (n_embd, vocab), at this split's micro-batch
-        assert {"kernel": "aten::mm", "launched by (input shapes)": f"{tokens}x32, 32x512"}.items() <= next(
-            k for k in kernels if k["launched by (input shapes)"] == f"{tokens}x32, 32x512").items()
+        # every matmul of a step has one micro-batch's tokens as a dimension: its rows (M), or the sum (K) of a
+        # weight gradient; at 4 x 1 that is 64, a size nothing else in the model has
+        tokens = str(2 * 16 if "2x2" in name else 4 * 16)
+        matmuls = [k["launched by (input shapes)"] for k in kernels if k["kernel"] == "aten::mm"]
+        assert matmuls and all(tokens in re.findall(r"\d+", shapes) for shapes in matmuls), (name, matmuls)
         assert 1 <= len(kernels) <= 20
         shares = [float(k["share"].rstrip("%")) for k in kernels]
         assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1
