@@ -272,11 +272,14 @@ def launched_by(events):
     """{(kernel, launcher): [calls, device us]} from a profile's CPU operators (torch.autograd.profiler_util.
     FunctionEvent): each kernel that an operator launched (its .kernels, linked by the profiler's correlation
     ids), under the operator's name and input shapes, e.g. ('nvjet_..._splitK_NTN', 'aten::mm (768x98304,
-    98304x384)')."""
+    98304x384)'); a Triton kernel, whose launch inductor records under the kernel's own name with its
+    arguments, under its arguments' shapes alone."""
     out = {}
     for event in events:
         for kernel in event.kernels:
-            row = out.setdefault((kernel.name, f"{event.name} ({input_shapes(event)})"), [0, 0.0])
+            shapes = input_shapes(event)
+            launcher = shapes if event.name == kernel.name else f"{event.name} ({shapes})"
+            row = out.setdefault((kernel.name, launcher), [0, 0.0])
             row[0] += 1
             row[1] += kernel.duration
     return out

@@ -156,12 +156,15 @@ def test_launched_by_sums_each_kernel_under_the_operator_and_shapes_that_launche
               op("aten::mm", [[768, 98304], [98304, 384]], [("splitK", 420.0)]),
               op("aten::mm", [[98304, 768], [768, 2304]], [("splitK", 300.0), ("reduce", 5.0)]),
               op("aten::fill_", [[98304, 50304], []], [("FillFunctor", 2000.0)]),
+              op("triton_poi_fused_gelu_4", [[96, 1024, 3072], [96, 1024, 3072], []],
+                 [("triton_poi_fused_gelu_4", 500.0)]),
               op("aten::add", [[4], [4]], [])]
     assert train_speed.launched_by(events) == {
         ("splitK", "aten::mm (768x98304, 98304x384)"): [2, 820.0],
         ("splitK", "aten::mm (98304x768, 768x2304)"): [1, 300.0],
         ("reduce", "aten::mm (98304x768, 768x2304)"): [1, 5.0],
-        ("FillFunctor", "aten::fill_ (98304x50304)"): [1, 2000.0]}
+        ("FillFunctor", "aten::fill_ (98304x50304)"): [1, 2000.0],
+        ("triton_poi_fused_gelu_4", "96x1024x3072, 96x1024x3072"): [1, 500.0]}
 
 
 def test_the_plain_step_makes_the_update_train_py_makes():
