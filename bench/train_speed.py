@@ -115,21 +115,13 @@ def variants(args):
     out = {mode: {"query_mode": mode} for mode in modes}
     if not args.no_mlp475:
         out["mlp475"] = {"query_mode": "linear", "mlp_ratio": 4.75}
-    if args.unfused:
+    levers = [("unfused", {"fused_qkv": False})] * args.unfused + [("mup", {"parametrization": "mup"})] * args.mup
+    levers += [("cat copies", {"compile_pointwise_cat": False})] * args.cat_copies
+    levers += [(text, {"inductor_options": options}) for text, options in args.inductor]
+    levers += [("with logits", {"return_logits": True})] * args.with_logits
+    for suffix, override in levers:  # each lever a row of linear and one of res_gelu
         for mode in [m for m in ("linear", "res_gelu") if m in modes]:
-            out[f"{mode} unfused"] = {"query_mode": mode, "fused_qkv": False}
-    if args.mup:
-        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
-            out[f"{mode} mup"] = {"query_mode": mode, "parametrization": "mup"}
-    if args.cat_copies:
-        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
-            out[f"{mode} cat copies"] = {"query_mode": mode, "compile_pointwise_cat": False}
-    for text, options in args.inductor:
-        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
-            out[f"{mode} {text}"] = {"query_mode": mode, "inductor_options": options}
-    if args.with_logits:
-        for mode in [m for m in ("linear", "res_gelu") if m in modes]:
-            out[f"{mode} with logits"] = {"query_mode": mode, "return_logits": True}
+            out[f"{mode} {suffix}"] = {"query_mode": mode, **override}
     return out
 
 
