@@ -14,6 +14,14 @@ os.environ["WANDB_MODE"] = "offline"
 collect_ignore = [] if torch.cuda.is_available() else ["test_cuda.py"]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, only --dist loadgroup keeps each xdist_group (the SLURM cluster's tests, the GPU's) on
+    one worker; any other distribution would start a second test SLURM cluster beside the first."""
+    dist = getattr(config.option, "dist", "no")
+    if not hasattr(config, "workerinput") and dist not in ("no", "loadgroup"):
+        raise pytest.UsageError(f"--dist {dist}: run the suite with -n N --dist loadgroup (README.md)")
+
+
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory):
     """The embedded default corpus prepared once per test session by data/shakespeare/prepare.py."""

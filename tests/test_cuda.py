@@ -71,6 +71,9 @@ DEVICE_TYPE = "cuda" if DEVICE.startswith("cuda") else "cpu"
 TRAIN_DTYPE, BACKEND = ("bfloat16", "nccl") if DEVICE_TYPE == "cuda" else ("float32", "gloo")
 SUBPROCESS_ENV = {"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": "1"} if DEVICE_TYPE == "cpu" else {})}
 
+# one GPU, one test at a time: under pytest-xdist (the README's -n 2 --dist loadgroup) these share one worker
+pytestmark = pytest.mark.xdist_group("cuda")
+
 BF16_RTOL = 2e-2
 BF16_GRAD_RTOL = 1e-1
 RESUME_ATOL = 2e-2

@@ -33,6 +33,12 @@ MODERN_VARIANTS = [dict(query_mode=m, pos_encoding="rope", n_kv_head=2, norm="rm
                         mlp_activation="swiglu") for m in sorted(QUERY_MODULES)]
 
 
+def case_id(value):
+    """A parametrized case's id: the variant's dict and numbers as written, a function by its name (pytest's own
+    id): a function's repr holds an address that differs between pytest-xdist's workers, which must agree on ids."""
+    return None if callable(value) else str(value)
+
+
 # non-embedding parameters at d = 768, L = 12 (all parameters minus wte and wpe)
 @pytest.mark.parametrize(
     "query_mode, mlp_ratio, expected",
@@ -118,7 +124,7 @@ def test_ablation_param_counts(variant, expected):
         (dict(query_mode="res_linear"), lambda h: h),
         (dict(query_mode="res_linear", query_norm=False), lambda h: h),
     ],
-    ids=str,
+    ids=case_id,
 )
 def test_ablation_queries_equal_direct_transcription(variant, act):
     cfg = GPTConfig(**SMALL, **variant)
@@ -404,7 +410,7 @@ def test_biases_start_at_zero_and_anchored_f_at_zero():
         (dict(query_mode="anchored_res_gelu"), lambda qm, x: (x @ qm.w_q.weight.T + reference_f(qm, x, gelu, True)) / 2,
          2 / math.sqrt(8)),
     ],
-    ids=str,
+    ids=case_id,
 )
 def test_query_modes_equal_direct_transcription_with_their_scale(variant, query, scale):
     torch.manual_seed(10)

@@ -8,6 +8,7 @@ import io
 import os
 import re
 import subprocess
+import sys
 import tokenize
 
 import scipy.stats
@@ -129,3 +130,16 @@ def test_no_two_modules_of_the_package_define_one_public_name():
                 if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
                     defined.setdefault(node.name, []).append(module)
     assert {name: modules for name, modules in defined.items() if len(modules) > 1} == {}
+
+
+def test_ci_runs_the_readme_s_test_command_and_the_suite_refuses_a_distribution_that_splits_its_groups():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        ci = f.read()
+    command = re.search(r"Then the tests:\n\n```bash\n(.+)\n```", readme).group(1)
+    assert command.startswith("python -m pytest") and "--dist loadgroup" in command and command in ci.splitlines()
+    # -n without --dist loadgroup would spread the SLURM cluster's tests over workers (tests/conftest.py)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--collect-only", "tests/test_lint.py"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 4 and "--dist load: run the suite with -n N --dist loadgroup" in proc.stderr

@@ -29,6 +29,9 @@ from helpers import (
 )
 from helpers import val_losses_by_step as evals
 
+# one worker under pytest-xdist holds the one SLURM cluster (a session fixture) and every test that asks for it
+pytestmark = pytest.mark.xdist_group("slurm")
+
 GRID = ["--max_iters=6", "--eval_interval=3", "--lr_decay_iters=12", "--dropout=0.1"]
 
 
