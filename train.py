@@ -43,9 +43,11 @@ max_iters=60000 the paper's 59k and 60k evaluations are both logged.
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
 
-import json
+import contextlib
 import os
 import shlex
+import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, replace
@@ -55,16 +57,16 @@ import torch
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
+from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device_memory, memory_floor
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError, load_model
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import hold_out_dir, release_new_out_dir
+from nonlinear_queries.lock import hold_out_dir, release_new_out_dir, release_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError
 from nonlinear_queries.runs import open_run_log, run_header
 from nonlinear_queries.runtime import (
     SetupError,
-    StopFlag,
     all_reduce_sum,
     mfu,
     numerics,
@@ -73,6 +75,7 @@ from nonlinear_queries.runtime import (
     setup,
     teardown,
 )
+from nonlinear_queries.stopping import Interrupted, StopFlag
 from nonlinear_queries.train_config import TrainConfig
 from nonlinear_queries.training import (
     DivergenceGuard,
@@ -141,6 +144,15 @@ def prepare_out_dir(cfg, rt):
             os.remove(os.path.join(cfg.out_dir, "metrics.jsonl"))
 
 
+def remove_run_files(out_dir):
+    """Remove what open_log wrote in out_dir (metrics.jsonl, config.json, wandb's directory), for a new run
+    that ends before its first checkpoint and so leaves nothing to resume."""
+    for name in ("metrics.jsonl", "config.json"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(out_dir, name))
+    shutil.rmtree(os.path.join(out_dir, "wandb"), ignore_errors=True)
+
+
 def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
     """metrics.jsonl (and wandb, continuing state.wandb_id) with the run's header record, and
     out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
@@ -156,11 +168,59 @@ def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, to
     out.log(header)
     if rt.master:
         write_json(os.path.join(cfg.out_dir, "config.json"), header)
-    out.print(json.dumps(asdict(cfg), indent=2))
+    wandb_dir = getattr(getattr(out.wandb, "settings", None), "sync_dir", None)
     out.print(f"{run_name}: query_mode={cfg.query_mode}, {model.get_num_params():,} non-embedding parameters, "
               f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
-              + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else ""))
+              + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else "")
+              + (f", wandb {out.wandb.settings.mode} in {wandb_dir}" if wandb_dir else "")
+              + f"; the full config is in {os.path.join(cfg.out_dir, 'config.json')}")
     return out
+
+
+def check_memory(cfg, rt, model):
+    """Refuse, before any work, a run whose memory floor (budget.memory_floor) is above what the device has.
+    Raises SetupError saying what to lower."""
+    have = device_memory(rt.device)
+    need, parts = memory_floor(model.get_num_params(non_embedding=False), cfg, rt.dtype, rt.world_size)
+    if have is not None and need > have:
+        raise SetupError(
+            f"this run needs at least {need / 2**30:.1f} GiB of memory per process ({parts}), more than the "
+            f"{have / 2**30:.1f} GiB that {rt.device} has; lower batch_size (a larger gradient_accumulation_steps "
+            f"keeps the tokens per step), block_size or the model's size")
+
+
+def warn_slow_cpu_step(rt, out, flops_per_token, tokens_per_iter, steps):
+    """On the CPU, say before the first step when one step would take more than a minute: its FLOPs at the rate
+    this CPU's matmuls reach (budget.cpu_matmul_flops, so the true time is longer), the `steps` left at that
+    rate, and what to run instead."""
+    if rt.device_type != "cpu":
+        return
+    step_flops = flops_per_token * tokens_per_iter
+    seconds = step_flops / cpu_matmul_flops()
+    if seconds > 60:
+        out.print(f"warning: on this CPU a step of this run takes at least {describe_duration(seconds)} "
+                  f"({step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} "
+                  f"threads), the {steps:,} steps left at least {describe_duration(seconds * steps)}. "
+                  f"For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
+                  file=sys.stderr)
+
+
+def stopped(cfg, rt, out, stop, state, checkpoints):
+    """The end of a run that a signal stopped (stopping.py): says where it stopped and how to resume it, and
+    returns 0. A new run stopped before its first update has no checkpoint (step 0 is its seed's): what it wrote
+    is removed, as for a run that could not start, and it returns 128 + the signal's number."""
+    by = stop.signal or "a signal to another process"
+    if checkpoints.path is None:
+        out.print(f"stopped by {by} before the first step: nothing to resume; run the same command to start again")
+        out.finish(1)
+        if rt.master:
+            remove_run_files(cfg.out_dir)
+            release_new_out_dir(cfg.out_dir)
+        return 128 + getattr(signal, stop.signal or "SIGTERM")
+    out.print(f"stopped by {by} after step {state.step}; the checkpoint is {checkpoints.path}. Resume with:\n"
+              f"  {resume_command(rt)}")
+    out.finish(0)
+    return 0
 
 
 def train(cfg, config_files, rt):
@@ -171,11 +231,14 @@ def train(cfg, config_files, rt):
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
     micro_steps = micro_steps_per_process(cfg, rt)
+    stop = StopFlag("train.py").install()  # until stop.start(): a signal raises Interrupted (setup undone)
     if rt.master and cfg.lock_out_dir:  # one run per out_dir, held until this process ends (lock.py)
-        hold_out_dir(cfg.out_dir)
+        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
+            hold_out_dir(cfg.out_dir)
     checkpoints = Checkpointer(cfg, rt)  # the checkpoint a resumed run continues, read; None for a new run
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
+    check_memory(cfg, rt, raw_model)
     model_args = {k: getattr(cfg, k) for k in model_config_keys()}
     B, T = cfg.batch_size, cfg.block_size
     tokens_per_iter = cfg.gradient_accumulation_steps * B * T
@@ -199,14 +262,15 @@ def train(cfg, config_files, rt):
     start_step, resumed_after_eval = state.step, state.evaluated
     peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
 
+    stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
     prepare_out_dir(cfg, rt)
     out = open_log(cfg, rt, state, run_name, config_files, raw_model, data_fingerprint, tokens_per_iter)
+    warn_slow_cpu_step(rt, out, flops_per_token, tokens_per_iter, cfg.max_iters - start_step)
     if checkpoints.path:
         out.print(f"resuming from {checkpoints.path} at step {start_step}")
     elif cfg.init_from != "scratch":
         out.print(f"fine-tuning from {raw_model.loaded_from.path} ({raw_model.loaded_from.kind})")
 
-    stop = StopFlag().install()  # acted on after the step in flight, by every rank at the same step
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     run_info = {"model_args": model_args, "config": asdict(cfg), "data": data_fingerprint}  # in every checkpoint
     t_start = time.time()
@@ -220,7 +284,10 @@ def train(cfg, config_files, rt):
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
         if state.evaluated:
-            losses = evaluate(model, eval_splits, T, rt.device, rt.autocast, rt)
+            losses = evaluate(model, eval_splits, T, rt.device, rt.autocast, rt, stop)
+            if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
+                state.evaluated, stopping = False, True
+        if state.evaluated:
             out.print(f"step {state.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
             out.log({"type": "eval", "step": state.step, "train_loss": losses["train"], "val_loss": losses["val"]})
             if cfg.diagnostics:  # on the uncompiled model, in eval mode: no training number changes
@@ -238,10 +305,7 @@ def train(cfg, config_files, rt):
         if checkpoints.save(state, stopping, raw_model, optimizers, scaler, run_info):
             out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
         if stopping:
-            out.print(f"stopped by {stop.signal or 'a signal to another process'} after step {state.step}; "
-                      f"the checkpoint is {checkpoints.path}. Resume with:\n  {resume_command(rt)}")
-            out.finish(0)
-            return 0
+            return stopped(cfg, rt, out, stop, state, checkpoints)
         if state.step >= cfg.max_iters or cfg.eval_only:
             break
 
@@ -255,10 +319,8 @@ def train(cfg, config_files, rt):
                                          lambda k: get_batch(data.train, row[k * B : (k + 1) * B], T, rt.device),
                                          micro_steps, rt.autocast, seeds, cfg.z_loss, cfg.grad_clip)
         # One all-reduce, queued, not waited for: the global batch's loss (the mean over all its micro-batches,
-        # so any accumulation or process count logs the same) and whether any rank got a signal (a fill on the
-        # device: a tensor made from the host's value would be a copy that waits for the device).
-        stop_vote = loss_sum.new_full((), float(stop.signal is not None))
-        reduced = all_reduce_sum(torch.stack([loss_sum, stop_vote]), rt)
+        # so any accumulation or process count logs the same) and how many ranks were asked to stop.
+        reduced = all_reduce_sum(torch.stack([loss_sum, stop.vote(loss_sum)]), rt)
         # the divergence guard, on the device: the update of a step that diverged, and of every step after it
         # until the loop reads the guard, is skipped there, so a diverged step never reaches the weights
         skip = guard.check(state.step + 1, reduced[0].double() / cfg.gradient_accumulation_steps, grad_norm)
@@ -266,14 +328,15 @@ def train(cfg, config_files, rt):
         state.step += 1
         steps_since_log += 1
 
-        # The one host read of the device's numbers, at log steps and before anything but another step (it
-        # waits for every step queued since the last read). Every rank reads at the same steps, so every rank
-        # takes the same decisions: a signal stops the run at the next read.
+        # The one host read of the device's numbers, at log steps, before anything but another step (it waits
+        # for every step queued since the last read) and where the ranks agree to stop (stopping.py: one step
+        # after the signal at most). Every rank reads at the same steps, so every rank takes the same decisions.
         tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
-        if should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
+        stop_agreed = stop.agreed(reduced[1], rt.distributed)
+        if stop_agreed or should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
             loss_total, votes, norm, *guarded = torch.cat(
                 [reduced.double(), grad_norm.double()[None], guard.values()]).tolist()
-            train_loss, stopping = loss_total / cfg.gradient_accumulation_steps, votes > 0
+            train_loss, stopping = loss_total / cfg.gradient_accumulation_steps, stop_agreed or votes > 0
             diverged, state.steps_above_threshold = guard.outcome(guarded)
             if diverged:
                 reason, at, loss, norm = diverged
@@ -290,7 +353,7 @@ def train(cfg, config_files, rt):
         if first_step_s is None:
             first_step_s = step_time
 
-        if state.step % cfg.log_interval == 0:
+        if state.step % cfg.log_interval == 0 or stopping:
             if state.step - start_step == steps_since_log and cfg.compile:  # the session's first log: compile time
                 record = {"type": "compile", "step": state.step, "compile_mode": cfg.compile_mode,
                           "first_step_s": first_step_s}
@@ -323,12 +386,13 @@ if __name__ == "__main__":
     try:
         rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
         code = train(cfg, config_files, rt)
-    except (SetupError, DataError, CheckpointError, PretrainedError) as e:
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:  # every rank runs the same checks: say it once per machine
+    except (SetupError, DataError, CheckpointError, PretrainedError, Interrupted) as e:
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0 and not isinstance(e, Interrupted):  # said once per machine
             print(f"error: {e}", file=sys.stderr)
         release_new_out_dir(cfg.out_dir)  # a run that could not start leaves no out_dir holding only .lock
         if rt is not None:
             teardown(rt, clean=False)
-        sys.exit(1)
+        sys.exit(e.status if isinstance(e, Interrupted) else 1)
     teardown(rt)
+    release_out_dir(cfg.out_dir)  # the run ended cleanly: no .lock is left to read as a run in progress
     sys.exit(code)

@@ -3,12 +3,16 @@ Every file the repo writes appears whole or not at all: it is written under a te
 name beside its final one, flushed to disk, and renamed over the final name (os.replace,
 atomic on POSIX), so a crash, a full disk or a kill at any moment leaves the previous
 file, or none, never half of one. A failed write removes its temporary file, so a full
-disk is not left fuller.
+disk is not left fuller. A process that must exit at once mid-write (a second stop signal,
+stopping.py) removes the temporary files of its writes in flight with discard_in_flight.
 """
 
 import contextlib
 import json
 import os
+import shutil
+
+_IN_FLIGHT = set()  # the temporary paths of this process's writes in progress (discard_in_flight)
 
 
 def fsync_path(path):
@@ -28,14 +32,38 @@ def atomic_path(path, per_process=False):
     path + ".<pid>.tmp" with per_process=True where several processes may write the same
     file at once (the last rename wins, and every version is complete)."""
     tmp = f"{path}.{os.getpid()}.tmp" if per_process else f"{path}.tmp"
+    with in_flight(tmp):
+        try:
+            yield tmp
+            fsync_path(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def in_flight(tmp):
+    """Mark `tmp`, a temporary file or directory that the `with` block writes and renames into place, as a
+    write in progress for discard_in_flight (atomic_path does; so does a sharded checkpoint's directory)."""
+    _IN_FLIGHT.add(tmp)
     try:
         yield tmp
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
+    finally:
+        _IN_FLIGHT.discard(tmp)
+
+
+def discard_in_flight():
+    """Remove the temporary files (or directories) of this process's writes in progress, for a process about
+    to exit without finishing them (os._exit): what it leaves is the files that were whole before. Never
+    raises: it runs in a signal handler."""
+    for tmp in list(_IN_FLIGHT):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                os.remove(tmp)
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 
 from model import GPT, GPTConfig
-from nonlinear_queries.atomic import atomic_path, fsync_path
+from nonlinear_queries.atomic import atomic_path, fsync_path, in_flight
 from nonlinear_queries.batches import fingerprint_change
 from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
 
@@ -282,7 +282,8 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
         raise DiskFullError(full)
     failure = None
     try:
-        dcp.save(state, checkpoint_id=tmp)
+        with in_flight(tmp):  # a process that must exit mid-write removes it (atomic.discard_in_flight)
+            dcp.save(state, checkpoint_id=tmp)
     except CheckpointException as e:  # raised on every process, once all have stopped writing
         failure = e
     outcome = None  # rank 0's verdict: None, ("full", message) or ("failed", what failed)

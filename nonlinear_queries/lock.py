@@ -4,7 +4,10 @@ One run per out_dir: a run holds an exclusive lock on out_dir/.lock for its whol
 The lock is the operating system's (flock(2)), held through an open file, so it dies with
 the process: a run that is killed, crashes or is requeued by a scheduler never leaves a
 stale lock behind. The lock file names its holder (host, PID, start time) for the error a
-second run gets. Under torchrun only rank 0 takes it. flock works across the machines of
+second run gets. Under torchrun only rank 0 takes it. A run that ends cleanly (finished, or
+stopped by a signal with its checkpoint) removes the file (release_out_dir), so a .lock in
+out_dir means a run is in it now, or one was killed or crashed there (no process holds its
+lock: out_dir_holder says None). flock works across the machines of
 an NFS mount on Linux (it is emulated with byte-range locks there). A file system without
 file locks (Lustre mounted without -o flock or -o localflock, an NFS mount whose lock
 service does not answer) is a NoFileLocks error that says how to go on; train.py's
@@ -94,6 +97,20 @@ def release_new_out_dir(out_dir):
     return _remove_created([p for p in created if p != lock_path(out_dir)])
 
 
+def release_out_dir(out_dir):
+    """At the clean end of a run: remove out_dir's lock file and give its lock back. The file is removed while
+    the lock is held; a process that opened it meanwhile and then takes the lock finds it removed and tries
+    again on a new file (try_lock), so the lock stays exclusive. Does nothing where this process holds no lock
+    on out_dir."""
+    f = _HELD.pop(out_dir, None)
+    _CREATED.pop(out_dir, None)
+    if f is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(lock_path(out_dir))
+    f.close()
+
+
 def _remove_created(created):
     """Remove the paths hold_out_dir created (the lock file, then out_dir if it holds nothing else); returns
     True if out_dir went too."""
@@ -141,12 +158,18 @@ def try_lock(path, holder, tries=4):
     for _ in range(tries):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 f.close()
                 raise
             time.sleep(0.025)
+            continue
+        if _same_file(f, path):
+            break
+        # its holder removed it at its end (release_out_dir) after this process opened it: the lock is on a
+        # file no one else will open, so take the one at `path` now
+        f.close()
+        f = open(path, "a+")
     else:
         f.seek(0)
         other = f.read().strip() or "another process (it has not written its name yet)"
@@ -157,6 +180,16 @@ def try_lock(path, holder, tries=4):
     f.write(f"{holder}\n")
     f.flush()
     return f, None
+
+
+def _same_file(f, path):
+    """Whether the open file f is still the file at `path` (not removed or replaced since it was opened)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
 from nonlinear_queries.batches import get_batch
 from nonlinear_queries.runtime import all_reduce_sum
@@ -215,7 +216,7 @@ def apply_updates(optimizers, scaler, skip):
 
 
 @torch.no_grad()
-def evaluate(model, splits, block_size, device, autocast, rt):
+def evaluate(model, splits, block_size, device, autocast, rt, stop=None):
     """Mean loss over fixed evaluation batches, per split.
 
     splits: {name: (tokens, index)}, tokens a uint16 memmap and index an int64 (eval_iters, B)
@@ -223,19 +224,30 @@ def evaluate(model, splits, block_size, device, autocast, rt):
     r, r + W, ... and the sums are all-reduced over the processes of rt. Every process runs
     the same number of forward passes (one that has run out of rows repeats row 0 and drops
     its loss), because under FSDP each forward pass gathers weights from all of them.
-    Returns {name: mean cross-entropy in nats}. Leaves the model in training mode.
+    stop: the run's stopping.StopFlag, asked after every batch (every rank at the same batch, by a
+    vote summed with the batch: stopping.StopFlag.agreed), so a signal gives up a long evaluation.
+    A bar on stderr (tqdm) shows the batches of an evaluation that runs longer than 10 s, on rank 0.
+    Returns {name: mean cross-entropy in nats}, or None where `stop` gave it up. Leaves the model
+    in training mode.
     """
     model.eval()
     out = {}
-    for name, (tokens, index) in splits.items():
-        total = torch.zeros((), device=device)
-        for k in range(rt.rank, -(-len(index) // rt.world_size) * rt.world_size, rt.world_size):
-            x, y = get_batch(tokens, index[k if k < len(index) else 0], block_size, device)
-            with autocast:
-                _, loss = model(x, y, return_logits=False)
-            if k < len(index):
-                total += loss.float()
-        out[name] = all_reduce_sum(total, rt).item() / len(index)
+    batches = [(name, tokens, index, k) for name, (tokens, index) in splits.items()
+               for k in range(rt.rank, -(-len(index) // rt.world_size) * rt.world_size, rt.world_size)]
+    totals = {name: torch.zeros((), device=device) for name in splits}
+    bar = tqdm(batches, desc="evaluating", unit="batch", delay=10, mininterval=1, leave=False, disable=not rt.master)
+    for name, tokens, index, k in bar:
+        x, y = get_batch(tokens, index[k if k < len(index) else 0], block_size, device)
+        with autocast:
+            _, loss = model(x, y, return_logits=False)
+        if k < len(index):
+            totals[name] += loss.float()
+        if stop is not None and stop.agreed(all_reduce_sum(stop.vote(loss), rt), rt.distributed):
+            bar.close()
+            model.train()
+            return None
+    for name, (_, index) in splits.items():
+        out[name] = all_reduce_sum(totals[name], rt).item() / len(index)
     model.train()
     return out
 
