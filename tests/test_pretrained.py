@@ -17,6 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import TINY, losses_by_step, randomize, read_metrics, run_in_process, run_script, train
 from model import GPT, GPTConfig
+from nonlinear_queries.atomic import atomic_path
 from nonlinear_queries.checkpoint import load_model
 from nonlinear_queries.pretrained import PretrainedError, export
 
@@ -109,6 +110,21 @@ def test_export_round_trip_through_gpt2lmheadmodel(tmp_path, variant):
     torch.testing.assert_close(logits(hf), logits(model), rtol=0, atol=1e-5)
     back = load_model(str(tmp_path)).eval()  # a bias-free model comes back with zero biases
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077], ids=oct)
+def test_export_files_take_the_umask(tmp_path, mask):
+    # safetensors makes its file 0600; the atomic writer gives both files what open() gives under the umask
+    model = randomize(GPT(GPTConfig(**SMALL)), 3).eval()
+    previous = os.umask(mask)
+    try:
+        export(model, str(tmp_path / "hf"))
+        with atomic_path(str(tmp_path / "private")) as tmp:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600))  # as tempfile.mkstemp makes a file
+    finally:
+        os.umask(previous)
+    for path in (tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json", tmp_path / "private"):
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~mask), path
 
 
 @pytest.mark.parametrize("variant", [dict(query_mode="res_gelu"), dict(query_mode="identity", tie_weights=False),
