@@ -251,7 +251,7 @@ def field_comments(cls):
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             comments[token.start[0]] = (token.string.lstrip("#").strip(), not token.line[:token.start[1]].strip())
-    names = {f.name for f in dataclasses.fields(cls)} & set(vars(cls).get("__annotations__", {}))
+    names = {f.name for f in dataclasses.fields(cls)} & set(inspect.get_annotations(cls))
     found, section = {}, ""
     for node in ast.parse(source).body[0].body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names):
