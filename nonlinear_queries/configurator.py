@@ -277,8 +277,8 @@ def help_text(config_cls, prog, doc):
     wrap = textwrap.TextWrapper(width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
     parts = [f"usage: {prog} [-h] [CONFIG_FILE ...] [--KEY=VALUE ...]", *([inspect.cleandoc(doc)] if doc else []),
              "config files and overrides:\n" + wrap.fill(
-                 "Positional arguments are config files of plain assignments `key = value` (config/ holds "
-                 "examples), read in order and never executed: a value is a Python literal, arithmetic on "
+                 "Positional arguments are config files of plain assignments `key = value` (train.py's are in "
+                 "config/), read in order and never executed: a value is a Python literal, arithmetic on "
                  "literals, or a key assigned above, and a first line `base = \"other.py\"` takes that file's "
                  "settings first. Then each --KEY=VALUE overrides them, the value a Python literal; a string "
                  "needs no quotes. Every key, its type, default and meaning:")]
