@@ -31,8 +31,9 @@ from nonlinear_queries.configurator import config_from_argv
 class EvalConfig:
     """Evaluation settings; every field can be set with --key=value."""
 
-    init_from: str = ""  # a run's out_dir, a checkpoint, gpt2[-medium|-large|-xl], a Hugging Face or export directory
-    tasks: str = ""  # comma-separated lm-eval task, group or tag names, or task YAML files
+    # required: a run's out_dir, a checkpoint, gpt2[-medium|-large|-xl], a Hugging Face or export directory
+    init_from: str = ""
+    tasks: str = ""  # required: comma-separated lm-eval task, group or tag names, or task YAML files
     limit: int = 0  # examples per task, the first ones; 0 = all
     num_fewshot: int = -1  # examples put before each question; -1 = each task's own default
     batch_size: int = 8  # sequences per forward pass

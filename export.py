@@ -30,7 +30,7 @@ class ExportConfig:
     """Export settings; every field can be set with --key=value."""
 
     out_dir: str = "out"  # the run directory holding ckpt.pt
-    to: str = ""  # the directory to write model.safetensors and config.json into
+    to: str = ""  # required: the directory to write model.safetensors and config.json into
 
     def __post_init__(self):
         if not self.to:

@@ -36,12 +36,12 @@ from torch.nn import functional as F
 class GPTConfig:
     """Model hyperparameters. Defaults are GPT-2 small (124M) with the linear query."""
 
-    block_size: int = 1024
+    block_size: int = 1024  # the context: tokens per training sequence, and the most the model attends over
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block; head_dim = n_embd / n_head
+    n_embd: int = 768  # the width of the residual stream
+    dropout: float = 0.0  # on the embeddings, attention weights and residual branches; 0 in pretraining
     mlp_ratio: float = 4.0  # MLP hidden width = int(mlp_ratio * n_embd); 4.75 for the MLP4.75 controls
     query_mode: str = "linear"  # a key of QUERY_MODULES
     query_rank: int = 0  # bottleneck width r of res_gelu; 0 means n_embd // 2 (the paper's r = d/2)

@@ -35,11 +35,11 @@ class SampleConfig:
     out_dir: str = "out"  # directory holding ckpt.pt
     init_from: str = ""  # '' = out_dir's ckpt.pt; else any source load_model reads (gpt2, a directory, ...)
     start: str = "\n"  # prompt text, or FILE:path to read it from a file
-    num_samples: int = 1
-    max_new_tokens: int = 200
+    num_samples: int = 1  # samples drawn, each from the whole prompt
+    max_new_tokens: int = 200  # tokens generated after the prompt, per sample
     temperature: float = 0.8  # below 1 is more conservative; 0 always takes the most likely token
     top_k: int = 200  # keep only the top_k most likely tokens; 0, or more than the vocabulary, keeps all
-    seed: int = 1337
+    seed: int = 1337  # torch's seed for the sampling
     kv_cache: bool = True  # reuse keys and values of earlier positions (exact, and much faster)
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', ...
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'

@@ -9,11 +9,11 @@ machine, or one SLURM job per point on a cluster.
     python compare.py out-mini/res_gelu                       # the table of the finished points
 
 Arguments other than sweep.py's own options go to every run as they are: config files
-and --key=value overrides, as for train.py. Each `--grid key=v1,v2,...` adds an axis; the
-points are the product of the axes, in order (`--grid seed,data_seed=1,2,3` is one axis that
-sets both keys to each value). Point `learning_rate=2e-3, seed=1` trains in
-SWEEP_DIR/learning_rate=2e-3,seed=1 (SWEEP_DIR: --sweep_dir, by default the out_dir of
-the config), so compare.py can read SWEEP_DIR directly.
+and --key=value overrides, as for train.py (`python train.py --help` lists them). Each
+`--grid key=v1,v2,...` adds an axis; the points are the product of the axes, in order
+(`--grid seed,data_seed=1,2,3` is one axis that sets both keys to each value). Point
+`learning_rate=2e-3, seed=1` trains in SWEEP_DIR/learning_rate=2e-3,seed=1 (SWEEP_DIR:
+--sweep_dir, by default the out_dir of the config), so compare.py can read SWEEP_DIR directly.
 
 `--points FILE` gives points that are not a product, each by name: a TOML file whose tables
 [NAME] hold a point's settings and whose top-level `key = value` settings go to every run (an

@@ -5,6 +5,9 @@ atomic on POSIX), so a crash, a full disk or a kill at any moment leaves the pre
 file, or none, never half of one. A failed write removes its temporary file, so a full
 disk is not left fuller. A process that must exit at once mid-write (a second stop signal,
 stopping.py) removes the temporary files of its writes in flight with discard_in_flight.
+The file gets the mode open() would give it under the process's umask (0644 under the usual
+022), whatever mode its writer gave the temporary file (safetensors and tempfile.mkstemp make
+theirs 0600).
 """
 
 import contextlib
@@ -24,17 +27,33 @@ def fsync_path(path):
         os.close(fd)
 
 
+def _umask():
+    """The process's umask, read without changing it: os.umask can only be read by setting it, and a file that
+    another thread (wandb's, say) creates in between would get the wrong mode, so Linux's /proc is read where
+    there is one."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration):  # no /proc (macOS), or a kernel before 4.7: set it (to 022, so that a
+        # file made in that instant gets at most 0644) and put it back
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path, per_process=False):
     """Yield a temporary path to write `path`'s content to, by any means (np.memmap,
     torch.save, tofile); on a clean exit fsync it and rename it over `path`; on an
     exception remove it and re-raise. The temporary name is path + ".tmp", or
     path + ".<pid>.tmp" with per_process=True where several processes may write the same
-    file at once (the last rename wins, and every version is complete)."""
+    file at once (the last rename wins, and every version is complete). The file's mode is 0666 less the
+    umask, as open() makes it."""
     tmp = f"{path}.{os.getpid()}.tmp" if per_process else f"{path}.tmp"
     with in_flight(tmp):
         try:
             yield tmp
+            os.chmod(tmp, 0o666 & ~_umask())
             fsync_path(tmp)
             os.replace(tmp, path)
         except BaseException:

@@ -350,34 +350,36 @@ def restore_grad_scaler(scaler, ckpt):
         scaler.load_state_dict(saved)
 
 
-def _unreadable(path, e):
-    """The CheckpointError for a file at `path` that torch.load or the key check refused with
-    `e`, naming the other checkpoints of its directory to resume from instead."""
+def _unreadable(path, reason):
+    """The CheckpointError `cannot read checkpoint PATH: REASON.`, naming the other checkpoints of its
+    directory to resume from instead."""
     out_dir = os.path.dirname(path) or "."
     others = [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))
               if not (os.path.exists(path) and os.path.samefile(p, path))]
     hint = (f" Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH" if others
             # another file (a Hugging Face directory's pytorch_model.bin) has no checkpoints beside it to offer
             else f" There is no other checkpoint in {out_dir}" if os.path.basename(path).startswith("ckpt") else "")
-    detail = str(e).splitlines()[0] if str(e) else ""
-    objects = (", or it holds Python objects other than tensors and plain containers, which are never unpickled"
-               if isinstance(e, pickle.UnpicklingError) else "")
-    return CheckpointError(f"cannot read checkpoint {path}: it is truncated or corrupt{objects} "
-                           f"({type(e).__name__}: {detail}).{hint}")
+    return CheckpointError(f"cannot read checkpoint {path}: {reason}.{hint}")
 
 
 def load_checkpoint_file(path, map_location="cpu", mmap=False):
     """What torch.load(path, weights_only=True) reads: tensors and plain containers only, never
     arbitrary pickled objects; mmap=True maps the tensors instead of reading them. Raises
     CheckpointError if the file is missing, truncated, corrupt or holds other objects; the
-    message lists the other checkpoints in its directory."""
+    message says which in our words and lists the other checkpoints in its directory."""
     if not os.path.isfile(path):
         raise CheckpointError(f"no checkpoint at {path}")
+    # torch's messages are not passed on: the one for a file weights_only refuses advises loading it with
+    # weights_only=False, which runs whatever code the file holds
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    # a truncated file, a torn zip archive, a pickle of objects that weights_only refuses
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
-        raise _unreadable(path, e) from None
+    except pickle.UnpicklingError:  # bytes that are no pickle, or a pickle of objects weights_only refuses
+        raise _unreadable(path, "it is damaged, not a PyTorch file, or it holds pickled Python objects other than "
+                                "tensors and plain containers, which are never loaded") from None
+    except PermissionError as e:
+        raise _unreadable(path, e.strerror.lower()) from None
+    except (RuntimeError, EOFError, OSError, ValueError):  # a truncated file, a torn zip archive
+        raise _unreadable(path, "it is truncated or corrupt") from None
 
 
 def upgrade_model_args(model_args):
@@ -398,11 +400,11 @@ def read_checkpoint(path, map_location="cpu", mmap=False):
     lists the other checkpoints in its directory."""
     sharded = os.path.isdir(path)
     if sharded and not os.path.isfile(os.path.join(path, ".metadata")):
-        raise _unreadable(path, FileNotFoundError("no .metadata, the index DCP writes last"))
+        raise _unreadable(path, "it is incomplete: it has no .metadata, the index DCP writes last")
     ckpt = load_checkpoint_file(os.path.join(path, "meta.pt") if sharded else path, map_location, mmap)
     missing = (SHARDED_KEYS if sharded else CHECKPOINT_KEYS) - set(ckpt if isinstance(ckpt, dict) else ())
     if missing:
-        raise _unreadable(path, KeyError(f"no {', '.join(sorted(missing))}"))
+        raise _unreadable(path, f"it is not a checkpoint of train.py: it has no {', '.join(sorted(missing))}")
     ckpt["model_args"] = upgrade_model_args(ckpt["model_args"])
     return ckpt
 

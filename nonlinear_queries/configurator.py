@@ -9,16 +9,27 @@ never executed), applied in order; `--key=value` arguments override them. Values
 Python literals (`--learning_rate=3e-3`, `--compile=False`); a string needs no quotes.
 Every key must be a field of the script's config dataclass and every value must have
 that field's type (an int is accepted for a float); anything else is a ConfigError that
-names the key.
+names the key. `-h` or `--help` prints the program's docstring and every key with its type,
+default and the comment the config dataclass gives it in its source (help_text), the one
+place each setting is described.
 """
 
 import ast
 import dataclasses
 import difflib
+import inspect
+import io
 import math
 import operator
 import os
+import shutil
 import sys
+import textwrap
+import tokenize
+
+from nonlinear_queries.cli import run_main
+
+HELP_FLAGS = ("-h", "--help")
 
 
 class ConfigError(ValueError):
@@ -228,10 +239,79 @@ def parse_config(config_cls, argv):
     return config, files
 
 
+def field_comments(cls):
+    """{field: (section, comment)} for the dataclass fields that `cls` itself declares (not its bases), read from
+    its source (inspect, tokenize, ast): a field's comment is the block of comment lines right above it, then the
+    comment at the end of its line, joined into one paragraph ('' if it has neither). A comment block that follows
+    a blank line opens a section: its first line is the section's title (such as `# AdamW`), '' before any.
+    Raises OSError (inspect's) for a class whose source cannot be read."""
+    source = textwrap.dedent("".join(inspect.getsourcelines(cls)[0]))
+    lines = source.splitlines()
+    comments = {}  # line number: (text, whether the comment is alone on its line)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = (token.string.lstrip("#").strip(), not token.line[:token.start[1]].strip())
+    names = {f.name for f in dataclasses.fields(cls)} & set(inspect.get_annotations(cls))
+    found, section = {}, ""
+    for node in ast.parse(source).body[0].body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names):
+            continue  # a method, a docstring, a ClassVar
+        above, n = [], node.lineno - 1
+        while n in comments and comments[n][1]:
+            above.insert(0, comments[n][0])
+            n -= 1
+        if above and not lines[n - 1].strip():
+            section = above.pop(0)
+        trailing = [comments[i][0] for i in range(node.lineno, node.end_lineno + 1)
+                    if i in comments and not comments[i][1]]
+        found[node.target.id] = (section, " ".join(above + trailing))
+    return found
+
+
+def help_text(config_cls, prog, doc):
+    """The text of `prog --help` for a program whose settings are the dataclass `config_cls`: a usage line, `doc`
+    (the program's docstring; None for none), how config files and overrides are written, then every key as
+    `key: type = default` over its comment (field_comments), grouped by the dataclass that declares it (its
+    docstring's first line) and by the sections of that class's source. Lines fit the terminal's width."""
+    width = max(shutil.get_terminal_size().columns - 2, 60)
+    wrap = textwrap.TextWrapper(width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+    parts = [f"usage: {prog} [-h] [CONFIG_FILE ...] [--KEY=VALUE ...]", *([inspect.cleandoc(doc)] if doc else []),
+             "config files and overrides:\n" + wrap.fill(
+                 "Positional arguments are config files of plain assignments `key = value` (train.py's are in "
+                 "config/), read in order and never executed: a value is a Python literal, arithmetic on "
+                 "literals, or a key assigned above, and a first line `base = \"other.py\"` takes that file's "
+                 "settings first. Then each --KEY=VALUE overrides them, the value a Python literal; a string "
+                 "needs no quotes. Every key, its type, default and meaning:")]
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    listed, blocks = set(), []
+    for cls in [c for c in config_cls.__mro__ if dataclasses.is_dataclass(c)]:  # the most derived first
+        own = {name: text for name, text in field_comments(cls).items() if name not in listed}
+        listed |= set(own)  # a field a subclass declares again is listed with the subclass's default and comment
+        if not own:
+            continue
+        summary = (inspect.getdoc(cls) or "").split("\n")[0]
+        block, open_section = [cls.__name__ + (f": {summary}" if summary else "")], ""
+        for name, (section, comment) in own.items():
+            if section != open_section:
+                block.append(f"  # {section}")
+                open_section = section
+            field = fields[name]
+            block.append(f"  {name}: {getattr(field.type, '__name__', field.type)} = {field.default!r}")
+            block += textwrap.wrap(comment, width, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                   break_on_hyphens=False)
+        blocks.insert(0, "\n".join(block))
+    return "\n\n".join(parts + blocks)
+
+
 def config_from_argv(config_cls, argv=None):
-    """parse_config on sys.argv[1:], exiting with status 2 and the message on a ConfigError."""
+    """parse_config on sys.argv[1:], exiting with status 2 and the message on a ConfigError. With -h or --help
+    anywhere among the arguments it prints help_text (the program's docstring: __main__'s) and exits 0."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg in HELP_FLAGS for arg in argv):
+        # run_main: a reader that stops early (`--help | head`) ends it quietly
+        sys.exit(run_main(print, help_text(config_cls, os.path.basename(sys.argv[0]), sys.modules["__main__"].__doc__)))
     try:
-        return parse_config(config_cls, sys.argv[1:] if argv is None else argv)
+        return parse_config(config_cls, argv)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -386,15 +386,15 @@ def read_runs(paths, group_over):
 
 def check_keys(runs, option, keys):
     """Raise RunsError if an option's config `keys` (--group_over, --best_over) name one that no run's config has:
-    a typo would otherwise pool or tune over nothing and print a table that says it did. The message names the
-    closest key and every key the runs have."""
+    a typo would otherwise pool or tune over nothing and print a table that says it did. The message names, for
+    each such key, the few closest keys the runs have (difflib), not all of them (a run has every setting)."""
     known = sorted(set().union(*(r.config for r in runs)))
     unknown = sorted(set(keys) - set(known))
     if unknown:
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        raise RunsError(f"{option} names {', '.join(unknown)}, which no run's config has"
-                        + (f" (did you mean {close[0]}?)" if close else "")
-                        + f"; the runs' config keys: {', '.join(known)}")
+        named = [f"{key} (did you mean {' or '.join(close)}?)" if close else key
+                 for key, close in ((k, difflib.get_close_matches(k, known, n=3)) for k in unknown)]
+        raise RunsError(f"{option} names {', '.join(named)}, which no run's config has; name keys of the runs' "
+                        f"configs, train.py's settings (python train.py --help lists them)")
 
 
 def format_value(value):

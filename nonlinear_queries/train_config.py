@@ -15,7 +15,10 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "ma
 @dataclass
 class TrainConfig(GPTConfig):
     """Every training setting; the model fields are inherited from GPTConfig.
-    Defaults are the paper's baseline (Table 1, first column) on OpenWebText."""
+    Defaults are the paper's baseline (Table 1, first column) on OpenWebText. A field's comment
+    (the comment lines above it, then the one at the end of its line) is its line in
+    `train.py --help` (configurator.field_comments); a comment after a blank line opens a
+    section, its first line the section's title."""
 
     # settings that a config file may not hold, with why (configurator.parse_config): deleting a run takes a
     # request on the command line, never a line inherited from a config someone builds on
@@ -27,22 +30,22 @@ class TrainConfig(GPTConfig):
     set_keys: ClassVar[frozenset | None] = None
 
     # I/O
-    out_dir: str = "out"
+    out_dir: str = "out"  # the run directory: checkpoints, metrics.jsonl, config.json
     overwrite: bool = False  # allow a scratch run to replace an existing run in out_dir
     # hold out_dir/.lock (flock) for the run's life, so that a second run on out_dir is refused (lock.py); False
     # on a file system without file locks (Lustre mounted without -o flock), where you see to one run per out_dir
     lock_out_dir: bool = True
-    eval_interval: int = 1000
-    log_interval: int = 10
+    eval_interval: int = 1000  # steps between evaluations (and checkpoints); the last step is always evaluated
+    log_interval: int = 10  # steps between train-loss lines and records
     eval_iters: int = 200  # eval batches of eval_batch_size sequences: 200 x 12 = 2400 (paper §3.1)
     # sequences per evaluation batch, 0 = batch_size; set it to the old batch_size to change a run's micro-batch
     # split and keep its evaluations (docs/speed.md)
     eval_batch_size: int = 0
-    eval_only: bool = False
+    eval_only: bool = False  # evaluate the model once (scratch, resumed or pretrained) and exit, no checkpoint
     # per-layer attention and query diagnostics at every evaluation (diagnostics.py, docs/diagnostics.md) on
     # the first diagnostics_batches of the eval_iters fixed val batches: a `diag` record in metrics.jsonl
     diagnostics: bool = True
-    diagnostics_batches: int = 1
+    diagnostics_batches: int = 1  # val batches the diagnostics run on, the first of the eval_iters
     # 'scratch'; 'resume' (from out_dir/ckpt.pt, or from resume_from); or a pretrained model to fine-tune,
     # anything checkpoint.load_model reads (pretrained.py): gpt2[-medium|-large|-xl], a Hugging Face GPT-2
     # directory, a checkpoint of the official code or of this repo
@@ -50,46 +53,52 @@ class TrainConfig(GPTConfig):
     resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'
     keep_last_n: int = 2  # newest step checkpoints out_dir/ckpt_<step>.pt kept; the newest is also ckpt.pt
     save_checkpoint_steps: tuple = ()  # steps that also get a checkpoint, never pruned, e.g. (59000, 60000)
-    # downstream evaluation with lm-eval (downstream.py) on the master rank, e.g. eval_tasks = "hellaswag,arc_easy"
-    eval_tasks: str = ""  # comma-separated lm-eval task names; '' = none (and lm-eval is not imported)
+
+    # downstream evaluation with lm-eval on the master rank (downstream.py)
+    eval_tasks: str = ""  # comma-separated lm-eval task names, e.g. 'hellaswag,arc_easy'; '' = none (not imported)
     eval_tasks_interval: int = 0  # steps between task runs (also after the last update); 0 = eval_interval
     eval_tasks_limit: int = 0  # examples per task, the first ones; 0 = all
     eval_tasks_include_path: str = ""  # a directory of task YAMLs, e.g. over local data (docs/evaluation.md)
+
     # wandb
-    wandb_log: bool = False
-    wandb_project: str = "nonlinear-queries"
-    wandb_group: str = ""
+    wandb_log: bool = False  # log to wandb as well as to metrics.jsonl
+    wandb_project: str = "nonlinear-queries"  # the wandb project
+    wandb_group: str = ""  # the wandb group, '' = none
     wandb_run_name: str = ""  # '' = the name of the last config file
+
     # data
-    dataset: str = "openwebtext"
-    data_dir: str = ""  # '' = data/<dataset> next to this file
+    dataset: str = "openwebtext"  # the data/<dataset> whose prepare.py wrote train.bin and val.bin
+    data_dir: str = ""  # '' = data/<dataset> in the repo
     data_seed: int = 1337  # batch order; the same for every model variant
     batch_size: int = 12  # micro-batch, sequences
     gradient_accumulation_steps: int = 40  # 12 x 40 x 1024 = 491,520 tokens per step
+
     # AdamW
-    learning_rate: float = 6e-4
-    max_iters: int = 60000
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    learning_rate: float = 6e-4  # AdamW's peak rate, reached after warmup_iters (the schedule below)
+    max_iters: int = 60000  # optimizer steps (updates) the run trains for
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay on the 2-D weights
+    beta1: float = 0.9  # AdamW's first-moment decay
+    beta2: float = 0.95  # AdamW's second-moment decay
     grad_clip: float = 1.0  # 0 disables clipping
     # 'adamw', or 'muon': Muon for the blocks' 2-D matrices, AdamW (the settings above) for the rest (optimizers.py)
     optimizer: str = "adamw"
     muon_learning_rate: float = 0.02  # Muon's peak rate; the schedule scales it as it scales learning_rate
-    muon_momentum: float = 0.95
+    muon_momentum: float = 0.95  # Muon's Nesterov momentum
     muon_weight_decay: float = 0.0  # decoupled: each step multiplies a matrix by 1 - lr * muon_weight_decay
     # Muon's rate per matrix of shape (A, B): 'original' lr * sqrt(max(1, A / B)) (Jordan et al.),
     # 'match_rms_adamw' lr * 0.2 * sqrt(max(A, B)), an update RMS like AdamW's (Liu et al. 2025, Moonlight)
     muon_adjust_lr_fn: str = "original"
     z_loss: float = 0.0  # coefficient of the penalty z_loss * mean(log Z^2) on the log-partition log Z; 0 = off
-    # learning-rate schedule: linear warmup over warmup_iters, then
-    #   'cosine': cosine decay to min_lr at lr_decay_iters (the paper's), min_lr after
-    #   'linear_to_zero': linear decay to 0 at lr_decay_iters (min_lr unused), 0 after
+
+    # learning-rate schedule
+    # after a linear warmup over warmup_iters: 'cosine', a cosine decay to min_lr at lr_decay_iters (the paper's)
+    # and min_lr after; 'linear_to_zero', a linear decay to 0 at lr_decay_iters (min_lr unused) and 0 after
     lr_schedule: str = "cosine"
     decay_lr: bool = True  # False: constant learning_rate, no warmup
-    warmup_iters: int = 2000
-    lr_decay_iters: int = 60000
-    min_lr: float = 6e-5
+    warmup_iters: int = 2000  # steps of the linear warmup to the peak rate
+    lr_decay_iters: int = 60000  # the step at which the decay ends
+    min_lr: float = 6e-5  # the rate the cosine decay ends at
+
     # system
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
@@ -111,8 +120,10 @@ class TrainConfig(GPTConfig):
     # recompute each block's activations in the backward pass instead of keeping them: less memory,
     # about one more forward pass of compute, the same gradients (torch.utils.checkpoint, non-reentrant)
     activation_checkpointing: bool = False
+
     # divergence guard; a non-finite loss or gradient norm always stops the run
-    # uniform guessing scores ln(50304) = 10.83, an untrained GPT-2 about 11.0; 0 disables
+    # the loss above which a step counts toward divergence_patience: uniform guessing scores ln(50304) = 10.83,
+    # an untrained GPT-2 about 11.0; 0 disables
     divergence_threshold: float = 12.0
     divergence_patience: int = 100  # consecutive steps with the loss above divergence_threshold that stop the run
 

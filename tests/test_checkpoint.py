@@ -1,20 +1,31 @@
 """checkpoint.py without a training run: the atomic writer's files and pruning, the reader's
 refusals of corrupt files, and the resume checks."""
 
+import argparse
+import errno
+import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import run_in_process
 from nonlinear_queries.batches import index_fingerprint
 from nonlinear_queries.checkpoint import (
+    Checkpointer,
     CheckpointError,
     check_resumable,
+    load_model,
     read_checkpoint,
     save_checkpoint,
     step_checkpoints,
 )
+from nonlinear_queries.pretrained import PretrainedError
+
+NOT_LOADED = ("it is damaged, not a PyTorch file, or it holds pickled Python objects other than tensors and plain "
+              "containers, which are never loaded")
 
 
 def ckpt(step, **extra):
@@ -49,13 +60,13 @@ def test_writer_replaces_leftovers_of_a_crash(tmp_path):
     assert names(tmp_path) == ["ckpt.pt", "ckpt_000003.pt"]
 
 
-@pytest.mark.parametrize("damage, detail", [
-    ("truncate", "it is truncated or corrupt (RuntimeError"),
-    ("not a checkpoint", "(KeyError: 'no data, evaluated, model, model_args, optimizer, steps_above_threshold, "
-                         "wandb_id')"),
-    ("arbitrary object", "(UnpicklingError: Weights only load failed"),
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", "it is truncated or corrupt"),
+    ("not a checkpoint", "it is not a checkpoint of train.py: it has no data, evaluated, model, model_args, "
+                         "optimizer, steps_above_threshold, wandb_id"),
+    ("arbitrary object", NOT_LOADED),
 ])
-def test_reader_refuses_a_damaged_file_and_names_the_others(tmp_path, damage, detail):
+def test_reader_refuses_a_damaged_file_and_names_the_others(tmp_path, damage, reason):
     for step in (2, 4):
         save_checkpoint(str(tmp_path), ckpt(step), keep_last_n=2)
     path = tmp_path / "ckpt.pt"
@@ -68,12 +79,73 @@ def test_reader_refuses_a_damaged_file_and_names_the_others(tmp_path, damage, de
         torch.save({**ckpt(4), "extra": np.random.default_rng(0)}, path)  # unpickling it would run code
     with pytest.raises(CheckpointError) as e:
         read_checkpoint(str(path))
-    assert str(e.value).startswith(f"cannot read checkpoint {path}: it is truncated or corrupt")
-    assert detail in str(e.value), str(e.value)
+    assert str(e.value).startswith(f"cannot read checkpoint {path}: {reason}. Checkpoints in"), str(e.value)
     assert str(e.value).endswith(f"Checkpoints in {tmp_path}: {tmp_path / 'ckpt_000002.pt'}; resume from one with "
                                  f"--resume_from=PATH")
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         read_checkpoint(str(tmp_path / "missing.pt"))
+
+
+def test_a_checkpoint_this_user_may_not_read_says_so(tmp_path, monkeypatch):
+    for step in (2, 4):
+        save_checkpoint(str(tmp_path), ckpt(step), keep_last_n=2)
+
+    def refuse(path, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert str(e.value) == (f"cannot read checkpoint {tmp_path / 'ckpt.pt'}: permission denied. Checkpoints in "
+                            f"{tmp_path}: {tmp_path / 'ckpt_000002.pt'}; resume from one with --resume_from=PATH")
+
+
+def random_bytes(path):
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+
+
+def pickled_object(path):
+    torch.save(argparse.Namespace(model={}), path)  # unpickling an object of a class could run any code
+
+
+def resume(path):
+    """train.py --init_from=resume on the run directory of `path`: its Checkpointer."""
+    cfg = SimpleNamespace(init_from="resume", resume_from="", out_dir=str(path.parent), parallelism="ddp")
+    Checkpointer(cfg, SimpleNamespace(master=True, device="cpu"))
+
+
+def program(script, *args):
+    """A root program run in this process (helpers.run_in_process); its stderr as the error."""
+    code, _, err = run_in_process(script, *args)
+    assert code == 1, err
+    raise CheckpointError(err.removeprefix("error: ").strip())
+
+
+def hf_directory(path):
+    """load_model of a Hugging Face directory whose pytorch_model.bin is `path`."""
+    (path.parent / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 32}))
+    load_model(str(path.parent))
+
+
+@pytest.mark.parametrize("write", [random_bytes, pickled_object], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name, read", [
+    ("ckpt.pt", resume),
+    ("ckpt.pt", lambda path: load_model(str(path.parent))),  # sample.py, eval.py, export.py on a run's out_dir
+    ("model.pt", lambda path: load_model(str(path))),  # --init_from=FILE, fine-tuning included
+    ("pytorch_model.bin", hf_directory),
+    ("ckpt.pt", lambda path: program("sample.py", f"--out_dir={path.parent}", "--device=cpu")),
+    ("ckpt.pt", lambda path: program("export.py", f"--out_dir={path.parent}", f"--to={path.parent / 'hf'}")),
+], ids=["resume", "load_model(out_dir)", "load_model(file)", "pytorch_model.bin", "sample.py", "export.py"])
+def test_a_file_that_is_no_checkpoint_is_one_sentence_of_ours(tmp_path, write, name, read):
+    path = tmp_path / name
+    write(path)
+    with pytest.raises((CheckpointError, PretrainedError)) as e:
+        read(path)
+    message = str(e.value)
+    # never torch's text, whose advice to load with weights_only=False would run the file's code
+    assert f"cannot read checkpoint {path}: {NOT_LOADED}." in message, message
+    assert not any(text in message for text in ("weights_only", "Weights only", "torch.load", "GLOBAL", "\x1b",
+                                                "\n")), message
 
 
 def test_resume_checks_name_what_changed():

@@ -17,6 +17,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import TINY, losses_by_step, randomize, read_metrics, run_in_process, run_script, train
 from model import GPT, GPTConfig
+from nonlinear_queries.atomic import atomic_path
 from nonlinear_queries.checkpoint import load_model
 from nonlinear_queries.pretrained import PretrainedError, export
 
@@ -109,6 +110,21 @@ def test_export_round_trip_through_gpt2lmheadmodel(tmp_path, variant):
     torch.testing.assert_close(logits(hf), logits(model), rtol=0, atol=1e-5)
     back = load_model(str(tmp_path)).eval()  # a bias-free model comes back with zero biases
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o077], ids=oct)
+def test_export_files_take_the_umask(tmp_path, mask):
+    # safetensors makes its file 0600; the atomic writer gives both files what open() gives under the umask
+    model = randomize(GPT(GPTConfig(**SMALL)), 3).eval()
+    previous = os.umask(mask)
+    try:
+        export(model, str(tmp_path / "hf"))
+        with atomic_path(str(tmp_path / "private")) as tmp:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o600))  # as tempfile.mkstemp makes a file
+    finally:
+        os.umask(previous)
+    for path in (tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json", tmp_path / "private"):
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o666 & ~mask), path
 
 
 @pytest.mark.parametrize("variant", [dict(query_mode="res_gelu"), dict(query_mode="identity", tie_weights=False),
@@ -280,7 +296,7 @@ def test_directory_that_is_not_gpt2(tmp_path):
     with pytest.raises(PretrainedError, match="has no model.safetensors or pytorch_model.bin"):
         load_model(str(tmp_path))
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a torch file")  # named as read, nothing offered instead
-    with pytest.raises(PretrainedError, match=r"pytorch_model.bin: it is truncated or corrupt[^\n]*\)\.$"):
+    with pytest.raises(PretrainedError, match=r"pytorch_model.bin: it is damaged, not a PyTorch file[^\n]*loaded\.$"):
         load_model(str(tmp_path))
     with pytest.raises(PretrainedError, match="'nowhere' is none of gpt2, gpt2-medium, gpt2-large, gpt2-xl"):
         load_model("nowhere")
@@ -291,7 +307,7 @@ def test_corrupt_and_foreign_files(tmp_path):
     data = open(path, "rb").read()
     cases = [
         (data[: len(data) // 2], "truncated or corrupt"),
-        (b"not a checkpoint at all", "truncated or corrupt, or it holds Python objects other than tensors"),
+        (b"not a checkpoint at all", "it is damaged, not a PyTorch file, or it holds pickled Python objects"),
     ]
     for content, message in cases:
         with open(tmp_path / "bad.pt", "wb") as f:
@@ -299,8 +315,8 @@ def test_corrupt_and_foreign_files(tmp_path):
         with pytest.raises(PretrainedError, match=message):
             load_model(str(tmp_path / "bad.pt"))
     torch.save(argparse.Namespace(model={}), tmp_path / "object.pt")  # a pickled object of a class
-    with pytest.raises(PretrainedError, match="it holds Python objects other than tensors and plain containers, "
-                                              "which are never unpickled"):
+    with pytest.raises(PretrainedError, match="it holds pickled Python objects other than tensors and plain "
+                                              "containers, which are never loaded"):
         load_model(str(tmp_path / "object.pt"))
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
     with pytest.raises(PretrainedError, match=r"not a checkpoint: expected a dict with 'model'.*found \['weights'\]"):
@@ -388,16 +404,19 @@ def test_fine_tune_a_gpt2_directory_with_the_anchored_query_then_resume_and_samp
     ("gpt2", "gpt2 is not in the local Hugging Face cache"),
     ("not-gpt2", "describes model_type='llama': expected a Hugging Face GPT-2"),
     ("corrupt.pt", "cannot read checkpoint {tmp}/corrupt.pt: it is truncated or corrupt"),
+    ("random.pt", "cannot read checkpoint {tmp}/random.pt: it is damaged, not a PyTorch file, or it holds pickled "
+                  "Python objects other than tensors and plain containers, which are never loaded."),
 ])
 def test_bad_sources_are_clear_errors(shakespeare_dir, tmp_path, monkeypatch, source, message):
     (tmp_path / "not-gpt2").mkdir()
     (tmp_path / "not-gpt2" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "corrupt.pt").write_bytes(b"PK\x03\x04 half a zip archive")
+    (tmp_path / "random.pt").write_bytes(np.random.default_rng(0).bytes(4096))
     path = source if source == "gpt2" else str(tmp_path / source)
     env = {"HF_HUB_CACHE": str(tmp_path / "empty-cache")}  # no GPT-2 cached, whatever this machine has
     for script, args in (("train.py", [*TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={tmp_path / 'out'}"]),
                          ("sample.py", ["--device=cpu"])):
         proc = run_script(script, *args, f"--init_from={path}", check=False, env=env)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert message.format(tmp=tmp_path) in proc.stderr, proc.stderr
+        assert message.format(tmp=tmp_path) in proc.stderr and "weights_only" not in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
