@@ -61,7 +61,7 @@ from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError, load_model
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import hold_out_dir, release_new_out_dir, release_out_dir
+from nonlinear_queries.lock import hold_out_dir, make_out_dir, release_new_out_dir, release_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError
 from nonlinear_queries.runs import open_run_log, run_header
@@ -235,6 +235,8 @@ def train(cfg, config_files, rt):
     if rt.master and cfg.lock_out_dir:  # one run per out_dir, held until this process ends (lock.py)
         with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
             hold_out_dir(cfg.out_dir)
+    elif rt.master:
+        make_out_dir(cfg.out_dir)
     checkpoints = Checkpointer(cfg, rt)  # the checkpoint a resumed run continues, read; None for a new run
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)

@@ -38,6 +38,34 @@ class NoFileLocks(SetupError):
     """out_dir's file system does not support flock."""
 
 
+class OutDirUnwritable(SetupError):
+    """out_dir is a file, or a directory this process cannot write in."""
+
+
+def unwritable(out_dir, e):
+    """The OutDirUnwritable for the OSError `e` that creating or writing in out_dir raised: one sentence naming
+    the path and what to do."""
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):
+        return OutDirUnwritable(f"out_dir {out_dir} cannot be a run directory: {e.filename or out_dir} is a file, not "
+                                f"a directory; choose another --out_dir, or move the file away")
+    if e.errno == errno.EROFS:
+        return OutDirUnwritable(f"cannot write in out_dir {out_dir}: its file system is read-only; choose an "
+                                f"--out_dir on a writable file system")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return OutDirUnwritable(f"cannot write in out_dir {out_dir}: permission denied on {e.filename or out_dir} "
+                                f"(its permissions, an immutable attribute or another user's directory); choose an "
+                                f"--out_dir you can write to, or change its permissions")
+    return OutDirUnwritable(f"cannot write in out_dir {out_dir}: {e.strerror or e}; choose another --out_dir")
+
+
+def make_out_dir(out_dir):
+    """Create out_dir (and its parents) if missing. Raises OutDirUnwritable where it cannot be made."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise unwritable(out_dir, e) from None
+
+
 # flock's errors for a file system that cannot lock (flock(2), errno(3)): ENOSYS "Function not implemented",
 # Lustre mounted without -o flock (its noflock default); EOPNOTSUPP "Operation not supported", a file system
 # without lock support; ENOLCK "No locks available", NFS whose lock manager cannot be reached
@@ -55,20 +83,21 @@ def lock_path(out_dir):
 def hold_out_dir(out_dir):
     """Take the exclusive lock of out_dir (created if missing) for the rest of this process's
     life and write the holder into the lock file. Raises OutDirBusy, naming the holder, if
-    another process holds it, NoFileLocks if the file system has no file locks (UNSUPPORTED).
+    another process holds it, NoFileLocks if the file system has no file locks (UNSUPPORTED), OutDirUnwritable
+    if out_dir is a file or cannot be written in.
     Taking it again in the same process does nothing."""
     if out_dir in _HELD:
         return
     created = [p for p in (lock_path(out_dir), out_dir) if not os.path.exists(p)]
-    os.makedirs(out_dir, exist_ok=True)
+    make_out_dir(out_dir)
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     try:  # out_dir_holder's probe holds the lock for microseconds: try for half a second
         f, holder = try_lock(lock_path(out_dir), f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
                              tries=20)
     except OSError as e:
-        if e.errno not in UNSUPPORTED:
-            raise
         _remove_created(created)
+        if e.errno not in UNSUPPORTED:
+            raise unwritable(out_dir, e) from None
         raise NoFileLocks(
             f"cannot lock {lock_path(out_dir)}: its file system has no file locks (flock: {e.strerror}), "
             f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
