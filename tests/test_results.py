@@ -840,7 +840,7 @@ def width_ladder_prose():
         ("width 384's seed 3's time", f"its seed 3, on a later machine of the same kind, took about "
          f"{ms_t384_seed3 * 3000 / 60000:.0f}" if ms_t384_seed3 else "(width 384's seed 3 is not run)"),
     ]
-    return temperature + declared_test_prose() + [
+    return temperature + declared_test_prose() + temperature_declaration_prose() + [
             ("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
              if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
              else "(an arm's best rate at 64 is not 3e-3)"),
@@ -997,6 +997,46 @@ def declared_test_prose():
             rung["temp2", w].ci[0] < 0 < rung["temp2", w].ci[1] for w in (128, 256)) else "(temp2's gap detected)")] + [
         (f"all seeds, {arm}", f"{arm}'s pooled gap is {words(t)}") for arm, t in on_all.items()] + [
         ("all seeds, D", f"D is {words(d_all, ' points', holm=False)}")]
+
+
+# the declared contrast E's arms on the seeds already run: baseline_temp2 (first: the baseline) and res_gelu_no_half
+# at widths 128 (results/long_horizon's and fresh seeds 6-10) and 256
+E_RUNS = ["results/long_horizon/baseline_temp2", "results/long_horizon/res_gelu_no_half",
+          "results/width_ladder/baseline_temp2_w256", "results/width_ladder/res_gelu_no_half_w256",
+          *(f"results/width_ladder/fresh/{a}_w{w}" for w in (128, 256) for a in ("baseline_temp2", "res_gelu_no_half"))]
+
+
+def temperature_declaration_prose():
+    """results/width_ladder/README.md's declaration of E (res_gelu_no_half against baseline_temp2 on seeds 11-20):
+    its power computed from E's spread on the seeds already run (seeds 1-10, and 1-5 alone), the seeds a width
+    that detect 0.4 points, and E on those seeds (exploratory)."""
+    from nonlinear_queries import width
+
+    runs, _ = read_runs([os.path.join(REPO, d) for d in E_RUNS], "seed")
+
+    def e_rungs(seeds):
+        return width.ladder([r for r in runs if r.config["seed"] in seeds], 3000)[0]
+
+    def words(t):
+        return (f"{with_sign(t.estimate)} points ({with_sign(t.ci[0])} to {with_sign(t.ci[1])}, p = {t.p:.2g}, "
+                f"{t.n} pairs)")
+
+    sd = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 11))})
+    sd15 = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 6))})
+    mde, mde15 = width.planned_mde(sd, 10, 2), width.planned_mde(sd15, 10, 2)
+    return [
+        ("E's spread", f"E's pooled within-width standard deviation on seeds 1–10 at widths 128 and 256 (20 pairs, "
+         f"the exploratory table below) is {sd:.2f} points"),
+        ("the planned MDE", f"At that spread 10 seeds at each of the two widths detect with 80% power E = {mde:.2f} "
+         f"points (a one-sided test would detect {width.planned_mde(sd, 10, 2, alpha=0.1):.2f}), so a 0.4-point "
+         f"contrast is detectable; {width.seeds_for_mde(sd, 0.4, 2)} seeds a width is the fewest that would detect "
+         "it" if mde <= 0.4 else "(10 seeds do not detect 0.4 points at the spread of seeds 1-10)"),
+        ("the planned MDE at seeds 1-5's spread", f"On seeds 1–5 alone the spread is larger, {sd15:.2f} points: "
+         f"there 10 seeds detect {mde15:.2f} points, not 0.4, and {width.seeds_for_mde(sd15, 0.4, 2)} seeds a width "
+         "would be needed" if sd15 > sd and mde15 > 0.4 else "(seeds 1-5's spread changed)"),
+        ("E on seeds 1-10", f"on seeds 1–10 E is {words(width.pooled_tests(e_rungs(range(1, 11)))[0])}"),
+        ("E on seeds 6-10",
+         f"On the fresh seeds 6–10 alone it is {words(width.pooled_tests(e_rungs(range(6, 11)))[0])}")]
 
 
 def width_doc_prose():

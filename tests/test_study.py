@@ -588,3 +588,27 @@ def test_the_readmes_dry_run_example_shows_a_plan_and_its_cost():
     runs, hours = int(total.split("at least ")[1].split(" run(s)")[0]), float(total.split("about ")[1].split()[0])
     assert runs > 0 and hours > 1, total
     assert comment.strip() == f"Table 1 held out: {runs} runs planned, about {round(hours, -1):.0f} GPU-hours"
+
+
+def test_the_temperature_study_plans_exactly_its_40_declared_runs():
+    """studies/width_ladder_temperature.toml, declared in results/width_ladder/README.md ("Beyond temperature"):
+    its --dry_run plans baseline_temp2 and res_gelu_no_half at widths 128 and 256 on seeds 11-20 (data_seed =
+    seed), μP, 3e-3, 3000 steps, on the CPU in float32, 40 runs, and no other."""
+    s = study.load_study(os.path.join(REPO, "studies", "width_ladder_temperature.toml"))
+    (horizon,) = s.horizons
+    planned = []
+    for arm in s.arms:
+        stage = protocol.advance(s, arm, horizon)
+        assert stage.chosen == "3e-3" and not stage.tuning, arm.name
+        for seed in stage.held_out:
+            c = protocol.arm_config(s, arm, horizon, protocol.held_out_point(s, stage.chosen, seed))
+            planned.append((c.query_mode, c.attn_scale, c.n_embd, c.n_head, c.parametrization, c.learning_rate,
+                            c.seed, c.data_seed, c.max_iters, c.lr_decay_iters, c.device,
+                            "float32" if c.dtype == "auto" and c.device == "cpu" else c.dtype))  # runtime.setup's auto
+    temp2, no_half = ("linear", 2 / math.sqrt(32)), ("res_gelu", 32 ** -0.5)  # as the configs compute them
+    assert sorted(planned) == sorted((*arm, w, w // 32, "mup", 3e-3, seed, seed, 3000, 3000, "cpu", "float32")
+                                     for arm in (temp2, no_half) for w in (128, 256) for seed in range(11, 21))
+    proc = run_script("study.py", "studies/width_ladder_temperature.toml", "--dry_run")
+    done = int(proc.stdout.split(" run directories exist")[0].split()[-1])
+    assert f"at least {40 - done} run(s) left" in proc.stdout
+    assert proc.stdout.count("held-out ") == 4
