@@ -362,8 +362,7 @@ def pooled_test(arm, gaps_by_width):
     n, w = sum(len(g) for g in per_width), len(per_width)
     if n - w < 1:
         return None
-    residual = sum(float(((g - g.mean()) ** 2).sum()) for g in per_width) / (n - w)
-    se = math.sqrt(residual) * math.sqrt(sum(1 / len(g) for g in per_width)) / w
+    se = pooled_sd(gaps_by_width) * math.sqrt(sum(1 / len(g) for g in per_width)) / w
     if not se > 0:
         return None
     estimate = float(np.mean([g.mean() for g in per_width]))

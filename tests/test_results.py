@@ -1021,10 +1021,15 @@ def temperature_declaration_prose():
         return (f"{with_sign(t.estimate)} points ({with_sign(t.ci[0])} to {with_sign(t.ci[1])}, p = {t.p:.2g}, "
                 f"{t.n} pairs)")
 
+    made = len(glob.glob(os.path.join(REPO, "results/width_ladder/temperature/*/*/metrics.jsonl")))
     sd = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 11))})
     sd15 = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 6))})
     mde, mde15 = width.planned_mde(sd, 10, 2), width.planned_mde(sd15, 10, 2)
     return [
+        ("E's runs, in its section", "**None of its 40 runs is run yet.**" if not made
+         else f"({made} of E's runs exist: report them)"),
+        ("E's runs, in the opening", "none of its 40 runs is run yet" if not made
+         else f"({made} of E's runs exist: report them)"),
         ("E's spread", f"E's pooled within-width standard deviation on seeds 1–10 at widths 128 and 256 (20 pairs, "
          f"the exploratory table below) is {sd:.2f} points"),
         ("the planned MDE", f"At that spread 10 seeds at each of the two widths detect with 80% power E = {mde:.2f} "
