@@ -1021,7 +1021,13 @@ def temperature_declaration_prose():
         return (f"{with_sign(t.estimate)} points ({with_sign(t.ci[0])} to {with_sign(t.ci[1])}, p = {t.p:.2g}, "
                 f"{t.n} pairs)")
 
+    import study
+
     made = len(glob.glob(os.path.join(REPO, "results/width_ladder/temperature/*/*/metrics.jsonl")))
+    plan = io.StringIO()
+    with contextlib.redirect_stdout(plan):  # the study's --dry_run, in this process
+        study.plan(study.load_study(os.path.join(REPO, "studies/width_ladder_temperature.toml")))
+    hours = re.search(r"about ([\d.]+) hours of wall time at 2 runs at a time", plan.getvalue())
     sd = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 11))})
     sd15 = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 6))})
     mde, mde15 = width.planned_mde(sd, 10, 2), width.planned_mde(sd15, 10, 2)
@@ -1030,6 +1036,8 @@ def temperature_declaration_prose():
          else f"({made} of E's runs exist: report them)"),
         ("E's runs, in the opening", "none of its 40 runs is run yet" if not made
          else f"({made} of E's runs exist: report them)"),
+        ("E's wall time", f"about {hours.group(1)} hours of wall time on 2 cores by the study's `--dry_run`"
+         if hours else "(the dry run gives no wall time)"),
         ("E's spread", f"E's pooled within-width standard deviation on seeds 1–10 at widths 128 and 256 (20 pairs, "
          f"the exploratory table below) is {sd:.2f} points"),
         ("the planned MDE", f"At that spread 10 seeds at each of the two widths detect with 80% power E = {mde:.2f} "
