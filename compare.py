@@ -33,7 +33,8 @@ at every learning rate per width and parametrization, where the best rate sits a
 --width_ladder each arm's relative improvement over the baseline at each width (runs paired by seed, 95% CI)
 and its slope against log2(width), and with --effect_difference PLUS MINUS CONTROL the difference of
 three arms' gaps per seed (what dropping res_gelu's 1/2 gains minus what doubling the baseline's softmax
-scale gains) per width and pooled; with --plot, their figures instead of Figure 1. Exit status: 0 ok; 1 bad
+scale gains) per width and pooled; with --plot, their figures instead of Figure 1 (with --pooled_plot, the
+pooled tests' estimates and D instead of the per-width figure). Exit status: 0 ok; 1 bad
 input; 2 bad command line.
 """
 
@@ -163,6 +164,10 @@ def parser():
                    help="with --width_ladder: per seed and width D = g(PLUS) - g(MINUS) - g(CONTROL), the three "
                         "arms' gaps to the baseline (labels as the ladder prints them), and its test per width "
                         "and pooled, e.g. res_gelu_no_half res_gelu 'baseline attn_scale=0.35355339059327373'")
+    p.add_argument("--pooled_plot", action="store_true",
+                   help="with --width_ladder --plot: draw each arm's pooled gap over the widths (the declared model "
+                        "of results/width_ladder) and, with --effect_difference, D, with their 95%% intervals, "
+                        "instead of the per-width figure and its slope")
     p.add_argument("--metric", default="", metavar="TASK/METRIC",
                    help="comma-separated downstream scores (train.py's eval_tasks), e.g. hellaswag/acc_norm: a "
                         "column each, at the same step, mean ± std over each row's runs")
@@ -208,6 +213,8 @@ def main(argv=None):
     if args.select_on and not args.best_over:
         cli.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
                   "e.g. --best_over=learning_rate")
+    if args.pooled_plot and not (args.width_ladder and args.plot):
+        cli.error("--pooled_plot draws the width ladder's pooled tests; give --width_ladder and --plot too")
     if args.effect_difference and not args.width_ladder:
         cli.error("--effect_difference compares three arms' gaps on the width ladder; give --width_ladder too")
     for option, path in (("--plot", args.plot), ("--figure2", args.figure2)):
@@ -321,7 +328,8 @@ def width_report(runs, args):
     if args.width_transfer:
         width.transfer_report(runs, step, args.format, args.plot)
     else:
-        width.ladder_report(runs, step, args.format, args.baseline, args.claim, args.plot, args.effect_difference)
+        width.ladder_report(runs, step, args.format, args.baseline, args.claim, args.plot, args.effect_difference,
+                            args.pooled_plot)
 
 
 if __name__ == "__main__":

@@ -248,7 +248,8 @@ def write_tables(study):
             raise StudyError(f"{shlex.join(['python', *cmd])} failed: {proc.stderr.strip()}")
         title = f": {table.title}" if table.title else ""
         printed = "\n".join(line for line in proc.stdout.strip().splitlines() if not line.startswith("wrote "))
-        sections.append(f"## {table.horizon} steps{title}\n\n```bash\n{shlex.join(['python', *cmd])}\n"
+        note = f"{table.note}\n\n" if table.note else ""
+        sections.append(f"## {table.horizon} steps{title}\n\n{note}```bash\n{shlex.join(['python', *cmd])}\n"
                         f"```\n\n{printed}\n")
     with atomic_write(os.path.join(study.results_dir, "TABLES.md")) as f:
         f.write("\n".join(sections))

@@ -312,6 +312,38 @@ def width_ladder(rungs, slopes, baseline, claims=(), setting=""):
     return fig
 
 
+def pooled_estimates(tests, difference=None, baseline="the baseline", setting=""):
+    """The declared pooled test as a figure: each arm's pooled gap to the baseline (width.pooled_tests' Pooled,
+    one row per arm) with its 95% confidence interval (uncorrected: Holm changes p, not the interval) and its
+    pairs, and beside it, where given, the pooled D of the temperature comparison (`difference`, a Pooled) with
+    its interval: the estimates the declaration tests, not a line through the per-width means, which the
+    declared model (width a factor) does not assume. `setting` (seeds, rate, horizon) goes in the title."""
+    from matplotlib.figure import Figure
+
+    panels = [(tests, f"pooled rel. improvement over\n{baseline} (%), 95% CI")]
+    if difference is not None:
+        panels.append(([difference], "D (points), 95% CI"))
+    fig = Figure(figsize=(10, 2.2 + 0.7 * len(tests)), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False, width_ratios=[3, 2][: len(panels)])[0]
+    for ax, (rows, xlabel) in zip(axes, panels):
+        for i, (t, (color, marker)) in enumerate(zip(rows, styles([t.arm for t in rows]))):
+            y = len(rows) - 1 - i
+            ax.errorbar([t.estimate], [y], xerr=[[t.estimate - t.ci[0]], [t.ci[1] - t.estimate]], marker=marker,
+                        color=color, capsize=4, markersize=7)
+            ax.annotate(f"{t.estimate:+.2f} [{t.ci[0]:+.2f}, {t.ci[1]:+.2f}], {t.n} pairs", (t.estimate, y),
+                        textcoords="offset points", xytext=(0, 8), ha="center", fontsize="small")
+        ax.set_yticks(range(len(rows)), [t.arm for t in reversed(rows)], fontsize="small")
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.axvline(0, color="gray", linewidth=0.8)
+        ax.set_xlabel(xlabel)
+        ax.margins(x=0.3)  # room for each estimate's label above it
+        ax.grid(alpha=0.3, axis="x")
+    widths = ", ".join(map(str, tests[0].widths)) if tests else ""
+    fig.suptitle(f"pooled over widths {widths} (width a factor, each width weighted equally)"
+                 f"{chr(10) + setting if setting else ''}", fontsize="medium")
+    return fig
+
+
 def coordinates(checks):
     """The coordinate check's figure (analyze.py --coord_check): one row per activation, one column per
     parametrization (coord_check.CoordCheck), the mean over seeds of mean |x| against the width on log-log axes,

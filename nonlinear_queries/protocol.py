@@ -41,9 +41,11 @@ class StudyArm:
 class Table:
     """One compare.py table of TABLES.md at one horizon: `arms` in order (the first is the baseline
     unless `args` say otherwise), `args` added to the protocol's flags, and compare.py's figure
-    written to `figure` where one is named. `kind`: 'compare' (Table 1 over the arms), 'width_transfer'
-    (each arm's val loss against the rate, per width, SP and μP) or 'width_ladder' (the gap to the
-    baseline per width and its slope against log width), compare.py's --width_transfer / --width_ladder."""
+    written to `figure` where one is named; `note`, where given, is printed under the title in TABLES.md (what
+    the table is not, e.g. a pooled test that is not the declared family). `kind`: 'compare' (Table 1 over the
+    arms), 'width_transfer' (each arm's val loss against the rate, per width, SP and μP) or 'width_ladder' (the
+    gap to the baseline per width and its slope against log width), compare.py's --width_transfer /
+    --width_ladder."""
 
     horizon: int  # max_iters of the horizon it compares
     title: str
@@ -51,6 +53,7 @@ class Table:
     args: list
     figure: str
     kind: str = "compare"
+    note: str = ""
 
 
 @dataclass
@@ -199,7 +202,8 @@ def load_study(path):
         where = f"{path} [[table]] {i + 1}"
         table = Table(_take(tb, "horizon", int, where, horizons[0].max_iters), _take(tb, "title", str, where, ""),
                       _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
-                      _take(tb, "figure", str, where, ""), _take(tb, "kind", str, where, "compare"))
+                      _take(tb, "figure", str, where, ""), _take(tb, "kind", str, where, "compare"),
+                      _take(tb, "note", str, where, ""))
         _no_more(tb, where)
         if table.kind not in ("compare", "width_transfer", "width_ladder"):
             raise StudyError(f"{where}: kind must be 'compare', 'width_transfer' or 'width_ladder', got {table.kind!r}")

@@ -20,12 +20,12 @@ bit, tests/test_width.py), so it joins both curves.
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from nonlinear_queries import stats
-from nonlinear_queries.plots import rate_transfer, width_ladder
+from nonlinear_queries.plots import pooled_estimates, rate_transfer, width_ladder
 from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key, format_value, make_arms
 
 SEED_KEYS = {"seed", "data_seed"}
@@ -236,13 +236,26 @@ def t_interval(values):
 
 
 def setting(runs, step):
-    """The ladder's setting in words for its figure: the parametrization every run trains under ('μP' where each
+    """The ladder's setting in words for its figure: the seeds its runs hold (held-out seeds 1-5 and fresh 6-10
+    make different figures, so the title says which), the parametrization every run trains under ('μP' where each
     is μP, the base width's SP runs included), the learning rates and the horizons, and the step read."""
     every = set.intersection(*(parametrizations(r.config) for r in runs)) if runs else set()
     kind = "μP" if "mup" in every else "SP" if every == {"sp"} else "SP and μP"
     rates = "/".join(format_value(x) for x in sorted({r.config["learning_rate"] for r in runs}))
     horizons = "/".join(str(x) for x in sorted({r.config["max_iters"] for r in runs}))
-    return f"{kind}, learning rate {rates}, {horizons} steps, val loss at step {step}"
+    seeds = seed_ranges({r.config.get("seed") for r in runs})
+    return f"seeds {seeds}, {kind}, learning rate {rates}, {horizons} steps, val loss at step {step}"
+
+
+def seed_ranges(seeds):
+    """Seeds as ranges of consecutive ones: {1, 2, 3, 5} -> '1-3, 5'."""
+    out = []
+    for s in sorted(seeds):
+        if out and s == out[-1][-1] + 1:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
 
 
 def run_flops(config, flops_per_token=None):
@@ -349,8 +362,7 @@ def pooled_test(arm, gaps_by_width):
     n, w = sum(len(g) for g in per_width), len(per_width)
     if n - w < 1:
         return None
-    residual = sum(float(((g - g.mean()) ** 2).sum()) for g in per_width) / (n - w)
-    se = math.sqrt(residual) * math.sqrt(sum(1 / len(g) for g in per_width)) / w
+    se = pooled_sd(gaps_by_width) * math.sqrt(sum(1 / len(g) for g in per_width)) / w
     if not se > 0:
         return None
     estimate = float(np.mean([g.mean() for g in per_width]))
@@ -358,6 +370,62 @@ def pooled_test(arm, gaps_by_width):
     p = float(2 * sps.t.sf(abs(estimate) / se, n - w))
     return Pooled(arm, estimate, (estimate - half, estimate + half), p, stats.t_detectable_effect(se, n - w), n,
                   tuple(sorted(gaps_by_width)), n - w)
+
+
+def pooled_sd(gaps_by_width):
+    """The pooled within-width standard deviation of {width: per-seed gaps}, the s_p of pooled_test (N - W
+    degrees of freedom)."""
+    per_width = [np.asarray(g, dtype=float) for g in gaps_by_width.values()]
+    n, w = sum(len(g) for g in per_width), len(per_width)
+    return math.sqrt(sum(float(((g - g.mean()) ** 2).sum()) for g in per_width) / (n - w))
+
+
+def planned_mde(sd, seeds, widths, alpha=0.05):
+    """The minimum detectable effect (80% power) of pooled_test on `seeds` pairs at each of `widths` widths, were
+    the within-width standard deviation `sd`: what a planned study of that n detects at the spread seen so far."""
+    n = seeds * widths
+    return stats.t_detectable_effect(sd * math.sqrt(widths / seeds) / widths, n - widths, alpha)
+
+
+def seeds_for_mde(sd, target, widths, alpha=0.05):
+    """The fewest seeds per width at which planned_mde(sd, seeds, widths, alpha) is at most `target`."""
+    seeds = 2
+    while planned_mde(sd, seeds, widths, alpha) > target:
+        seeds += 1
+    return seeds
+
+
+def leave_one_out(rungs):
+    """[(width, seed pair, [Pooled])]: pooled_tests of `rungs` (width.ladder's) run again with one seed pair left
+    out at one width, once for each seed of each width (the pair left out of every arm at that width): how much
+    one seed moves each arm's pooled test and its Holm p."""
+    out = []
+    for width in sorted({r.width for r in rungs}):
+        for seed in sorted({s for r in rungs if r.width == width for s in r.seeds}):
+            kept = [r if r.width != width else replace(r, gaps=r.gaps[[s != seed for s in r.seeds]],
+                                                        seeds=tuple(s for s in r.seeds if s != seed))
+                    for r in rungs]
+            out.append((width, seed, pooled_tests(kept)))
+    return out
+
+
+def pooled_shift(before, after):
+    """Pooled: the pooled gap of `after` minus that of `before`, each {width: per-seed gaps} of one arm on two sets
+    of seeds, by the declared model with each (seed set, width) its own mean, every width weighted equally within
+    a set, t on the variance pooled within all the cells (pairs - cells degrees of freedom): whether an arm's
+    pooled gap moved from one set of seeds to the other. Its `mde` is this test's at 80% power."""
+    from scipy import stats as sps
+
+    cells = [np.asarray(g, dtype=float) for part in (before, after) for _, g in sorted(part.items())]
+    n, k = sum(len(g) for g in cells), len(cells)
+    residual = sum(float(((g - g.mean()) ** 2).sum()) for g in cells) / (n - k)
+    se = math.sqrt(residual) * math.sqrt(sum(1 / len(g) / len(part) ** 2 for part in (before, after)
+                                             for g in part.values()))
+    estimate = (float(np.mean([np.mean(g) for g in after.values()]))
+                - float(np.mean([np.mean(g) for g in before.values()])))
+    half = sps.t.ppf(0.975, n - k) * se
+    return Pooled("shift", estimate, (estimate - half, estimate + half), float(2 * sps.t.sf(abs(estimate) / se, n - k)),
+                  stats.t_detectable_effect(se, n - k), n, tuple(sorted(set(before) | set(after))), n - k)
 
 
 def effect_difference(rungs, plus, minus, control):
@@ -478,11 +546,13 @@ def transfer_report(runs, step, fmt, plot=None):
         save(rate_transfer(curves, verdicts, step, base_width), plot, fmt)
 
 
-def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None, difference=None):
+def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None, difference=None, pooled_plot=False):
     """compare.py --width_ladder: print the per-width, slope and pooled tables of `runs` at `step` against the
     arm labelled `baseline` (ladder's default: the first run's) in `fmt`, with `difference` (the labels plus,
     minus, control) the table of their effect difference D (difference_table), and with `plot` (a path) save
-    the figure there, noting `claims` (--claim's WIDTH:PERCENT:LABEL specs) under it. Raises RunsError for an
+    the figure there, noting `claims` (--claim's WIDTH:PERCENT:LABEL specs) under it; with `pooled_plot` the figure
+    is the pooled tests' instead (plots.pooled_estimates: each arm's pooled gap and D with their intervals, the
+    declared model's estimates, not the per-width slope). Raises RunsError for an
     unknown baseline or label, an arm without pairs or a malformed claim."""
     rungs, slopes, baseline = ladder(runs, step, baseline)
     (header, rows), (vheader, vrows) = ladder_tables(rungs, slopes, baseline)
@@ -502,7 +572,10 @@ def ladder_report(runs, step, fmt, baseline=None, claims=(), plot=None, differen
                   *([(*difference_table(rungs, *difference),
                       DIFFERENCE_CAPTION.format(plus=difference[0], minus=difference[1], control=difference[2],
                                                 baseline=baseline))] if difference else [])], fmt)
-    if plot:
+    if plot and pooled_plot:
+        d = pooled_test("D", effect_difference(rungs, *difference)) if difference else None
+        save(pooled_estimates(pooled_tests(rungs), d, baseline, setting(runs, step)), plot, fmt)
+    elif plot:
         save(width_ladder(rungs, slopes, baseline, claimed, setting(runs, step)), plot, fmt)
 
 

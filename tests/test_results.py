@@ -764,6 +764,17 @@ def width_ladder_prose():
     ms_384 = [float(np.median([r["ms_per_step"] for r in read_metrics(path) if "ms_per_step" in r]))
               for a in arms + ("baseline",)
               for path in glob.glob(os.path.join(REPO, f"results/width_ladder/{a}_w384/*/metrics.jsonl"))]
+    # one x2 step off the best rate on the tuning seed (every arm, widths 64, 128 and 384) against the gaps
+    at384 = rates_at_384()
+    every_cost = [c for a in RATE_ARMS for losses in (at64[a], at128[a], at384[a]) for c in step_off(losses)]
+    every_gap = [abs(rung[a, w].gap) for a in arms for w in widths]
+    down64, up128 = step_cost["res_gelu"][0], step_off(at128["res_gelu"])[1]
+    steps_vs_gaps = (f"On the tuning seed one ×2 step off the best rate costs {pct(min(every_cost))} to "
+                     f"{pct(max(every_cost))} of val loss (the baseline, res_gelu and res_gelu_no_half at widths 64, "
+                     f"128 and 384, one run per rate), comparable to the gaps above ({pct(min(every_gap))} to "
+                     f"{pct(max(every_gap))}) and not larger than each of them: res_gelu's step down at 64 costs "
+                     f"{pct(down64)} against its {pct(-g.gap)} gap there, its step up at 128 {pct(up128)} against "
+                     f"its {pct(-g2.gap)}" if down64 < -g.gap and up128 < -g2.gap else "(every step costs more)")
     # section "The temperature control at every width": baseline_temp2's gap, and D per width and pooled
     def done(d):  # the run directories of `d` with an eval at step 3000
         return [path for path in glob.glob(os.path.join(REPO, d, "*", "")) if 3000 in load_run(path).evals]
@@ -829,7 +840,7 @@ def width_ladder_prose():
         ("width 384's seed 3's time", f"its seed 3, on a later machine of the same kind, took about "
          f"{ms_t384_seed3 * 3000 / 60000:.0f}" if ms_t384_seed3 else "(width 384's seed 3 is not run)"),
     ]
-    return temperature + declared_test_prose() + [
+    return temperature + declared_test_prose() + temperature_declaration_prose() + [
             ("width 64's best rates", "At width 64 every arm's best rate on the tuning seed is 3e-3"
              if all(min(losses, key=losses.get) == 3e-3 and len(losses) == 3 for losses in at64.values())
              else "(an arm's best rate at 64 is not 3e-3)"),
@@ -887,6 +898,10 @@ def width_ladder_prose():
              if next(t for t in width.pooled_tests(list(rung.values())) if t.arm.split()[0] == "res_gelu_no_half"
                      ).estimate < planned[1][2] else "(no_half's pooled gap reaches the planned MDE)"),
             ("one step off the rate", f"one ×2 step off 3e-3 cost between {min(off):.1f}% and {max(off):.1f}%"),
+            ("a step off against the gaps", steps_vs_gaps),
+            ("a step off against the gaps, in the Limits", f"comparable to the gaps above and not larger than each "
+             f"(res_gelu's step up there, {pct(step_off(at128['res_gelu'])[1])}, against its {pct(-g2.gap)} gap)"
+             if step_off(at128["res_gelu"])[1] < -g2.gap else "(every step costs more than the gap at 128)"),
             ("runs of widths 64, 256 and 384, one session each",
              f"Width 64's {len(sessions[64])} runs, width 256's {len(sessions[256])} and width 384's "
              f"{len(sessions[384])} are complete" if all(set(s) == {1} for s in sessions.values())
@@ -911,8 +926,11 @@ def declared_tests(dirs, seeds):
 
 def declared_test_prose():
     """results/width_ladder/README.md's report of the declared pooled test: on the fresh seeds 6-10 alone (all 40
-    runs), seeds 1-5's estimate at the same widths beside it, and the same model over every seed (1-10 at 128 and
-    256, 1-5 at 64, 1-3 at 384), labelled exploratory."""
+    runs), seeds 1-5's estimate at the same widths beside it and the test of the shift between them, the MDEs under
+    Holm, how much the lead leans on single seeds, and the same model over every seed (1-10 at 128 and 256, 1-5 at
+    64, 1-3 at 384), labelled exploratory."""
+    from nonlinear_queries import width
+
     assert sum(len(glob.glob(os.path.join(REPO, d, "*", "metrics.jsonl"))) for d in FRESH_RUNS) == 40
     no_temp2 = [d for d in FRESH_RUNS if "temp2" not in d]
     on_fresh, d_fresh, rung = declared_tests(FRESH_RUNS, range(6, 11))
@@ -938,12 +956,39 @@ def declared_test_prose():
         return f"{with_sign(r.gap)}% at {w}, {with_sign(r.ci[0])} to {with_sign(r.ci[1])}"
 
     g, g15 = on_fresh["res_gelu"], on_15["res_gelu"]
+    # the MDEs under the declared Holm: its first level 0.025 at the observed spread of the fresh pairs
+    holm_mde = {a: width.planned_mde(width.pooled_sd({w: rung[a, w].gaps for w in (128, 256)}), 5, 2, alpha=0.025)
+                for a in on_fresh}
+    # res_gelu's fresh estimate against seeds 1-5's at the same widths, the seed set a factor
+    _, _, rung15 = declared_tests(middle, range(1, 6))
+    shift = width.pooled_shift({w: rung15["res_gelu", w].gaps for w in (128, 256)},
+                               {w: rung["res_gelu", w].gaps for w in (128, 256)})
+    # res_gelu_no_half's Holm p with one fresh pair left out, for each of the 10
+    loo = [(w, seed[0], next(t.p_holm for t in tests if t.arm == "res_gelu_no_half"))
+           for w, seed, tests in width.leave_one_out([rung[a, w] for a in on_fresh for w in (128, 256)])]
+    above = [(w, s, p) for w, s, p in loo if p >= 0.05]
+    below = [p for *_, p in loo if p < 0.05]
+    above_seeds = sorted({s for _, s, _ in above})
+    fragile = (f"its Holm p rises above 0.05 for {len(above)} of the {len(loo)} pairs (seeds "
+               f"{and_list([str(x) for x in above_seeds])} at each width), to {min(p for *_, p in above):.3f}–"
+               f"{max(p for *_, p in above):.3f}; for the other {len(below)} it stays between {min(below):.3f} and "
+               f"{max(below):.3f}" if above and all(sorted(s for w2, s, _ in above if w2 == w) == above_seeds
+                                                    for w in (128, 256)) else "(no_half's leave-one-out changed)")
     return [(f"declared, {arm}", f"{arm}'s pooled gap is {words(t)}") for arm, t in on_fresh.items()] + [
         (f"declared verdict, {arm}", verdict(arm, t)) for arm, t in on_fresh.items()] + [
         ("res_gelu's interval", f"its 95% interval leaves out a deficit larger than {-g.ci[0]:.2f}% and a lead "
          f"larger than {g.ci[1]:.2f}%" if g.ci[0] < 0 < g.ci[1] else "(res_gelu's interval excludes 0)"),
         ("res_gelu on seeds 1-5", f"estimate was {with_sign(g15.estimate)}%, {g15.estimate / g.estimate:.1f} times "
          "the fresh one"),
+        ("the MDE under Holm", f"A true pooled gap of {g.mde:.2f}% either way would be detected with 80% power at "
+         f"this spread without correction; under the declared Holm correction, which tests res_gelu at level 0.025 "
+         f"or 0.05 by its rank, the gap detected with 80% power is up to {holm_mde['res_gelu']:.2f}% "
+         f"({holm_mde['res_gelu_no_half']:.2f}% for res_gelu_no_half, {on_fresh['res_gelu_no_half'].mde:.2f}% "
+         "uncorrected)"),
+        ("res_gelu's shift from seeds 1-5", f"puts the fresh estimate {with_sign(shift.estimate)} points above seeds "
+         f"1–5's ({with_sign(shift.ci[0])} to {with_sign(shift.ci[1])}, p = {shift.p:.2g}, {shift.df} degrees of "
+         "freedom): a shift not detected at level 0.05" if shift.p >= 0.05 else "(the shift is detected)"),
+        ("no_half's leave-one-out", fragile),
         ("declared, D", f"D is {words(d_fresh, ' points', holm=False)}"),
         ("declared verdict, D", "**D is detected, and positive" if d_fresh.p < 0.05 and d_fresh.estimate > 0
          else "(D is not detected)"),
@@ -954,12 +999,70 @@ def declared_test_prose():
         ("all seeds, D", f"D is {words(d_all, ' points', holm=False)}")]
 
 
+# the declared contrast E's arms on the seeds already run: baseline_temp2 (first: the baseline) and res_gelu_no_half
+# at widths 128 (results/long_horizon's and fresh seeds 6-10) and 256
+E_RUNS = ["results/long_horizon/baseline_temp2", "results/long_horizon/res_gelu_no_half",
+          "results/width_ladder/baseline_temp2_w256", "results/width_ladder/res_gelu_no_half_w256",
+          *(f"results/width_ladder/fresh/{a}_w{w}" for w in (128, 256) for a in ("baseline_temp2", "res_gelu_no_half"))]
+
+
+def temperature_declaration_prose():
+    """results/width_ladder/README.md's declaration of E (res_gelu_no_half against baseline_temp2 on seeds 11-20):
+    its power computed from E's spread on the seeds already run (seeds 1-10, and 1-5 alone), the seeds a width
+    that detect 0.4 points, and E on those seeds (exploratory)."""
+    from nonlinear_queries import width
+
+    runs, _ = read_runs([os.path.join(REPO, d) for d in E_RUNS], "seed")
+
+    def e_rungs(seeds):
+        return width.ladder([r for r in runs if r.config["seed"] in seeds], 3000)[0]
+
+    def words(t):
+        return (f"{with_sign(t.estimate)} points ({with_sign(t.ci[0])} to {with_sign(t.ci[1])}, p = {t.p:.2g}, "
+                f"{t.n} pairs)")
+
+    import study
+
+    made = len(glob.glob(os.path.join(REPO, "results/width_ladder/temperature/*/*/metrics.jsonl")))
+    plan = io.StringIO()
+    with contextlib.redirect_stdout(plan):  # the study's --dry_run, in this process
+        study.plan(study.load_study(os.path.join(REPO, "studies/width_ladder_temperature.toml")))
+    hours = re.search(r"about ([\d.]+) hours of wall time at 2 runs at a time", plan.getvalue())
+    sd = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 11))})
+    sd15 = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 6))})
+    mde, mde15 = width.planned_mde(sd, 10, 2), width.planned_mde(sd15, 10, 2)
+    return [
+        ("E's runs, in its section", "**None of its 40 runs is run yet.**" if not made
+         else f"({made} of E's runs exist: report them)"),
+        ("E's runs, in the opening", "none of its 40 runs is run yet" if not made
+         else f"({made} of E's runs exist: report them)"),
+        ("E's wall time", f"about {hours.group(1)} hours of wall time on 2 cores by the study's `--dry_run`"
+         if hours else "(the dry run gives no wall time)"),
+        ("E's spread", f"E's pooled within-width standard deviation on seeds 1–10 at widths 128 and 256 (20 pairs, "
+         f"the exploratory table below) is {sd:.2f} points"),
+        ("the planned MDE", f"At that spread 10 seeds at each of the two widths detect with 80% power E = {mde:.2f} "
+         f"points (a one-sided test would detect {width.planned_mde(sd, 10, 2, alpha=0.1):.2f}), so a 0.4-point "
+         f"contrast is detectable; {width.seeds_for_mde(sd, 0.4, 2)} seeds a width is the fewest that would detect "
+         "it" if mde <= 0.4 else "(10 seeds do not detect 0.4 points at the spread of seeds 1-10)"),
+        ("the planned MDE at seeds 1-5's spread", f"On seeds 1–5 alone the spread is larger, {sd15:.2f} points: "
+         f"there 10 seeds detect {mde15:.2f} points, not 0.4, and {width.seeds_for_mde(sd15, 0.4, 2)} seeds a width "
+         "would be needed" if sd15 > sd and mde15 > 0.4 else "(seeds 1-5's spread changed)"),
+        ("E on seeds 1-10", f"on seeds 1–10 E is {words(width.pooled_tests(e_rungs(range(1, 11)))[0])}"),
+        ("E on seeds 6-10",
+         f"On the fresh seeds 6–10 alone it is {words(width.pooled_tests(e_rungs(range(6, 11)))[0])}")]
+
+
 def width_doc_prose():
-    """docs/width.md's account of the declared pooled test (fresh seeds 6-10; every seed beside it, exploratory)
-    and of studies/width_ladder_rates.toml at width 384: the runs done, each tuned arm's best rate."""
-    fresh, d, _ = declared_tests(FRESH_RUNS, range(6, 11))
+    """docs/width.md's account of the declared pooled test (fresh seeds 6-10; every seed beside it, exploratory),
+    baseline_temp2's pooled gap on the fresh seeds, and of studies/width_ladder_rates.toml at width 384: the runs
+    done, each tuned arm's best rate."""
+    from nonlinear_queries import width
+
+    fresh, d, rung = declared_tests(FRESH_RUNS, range(6, 11))
     every, _, _ = declared_tests(LADDER_RUNS + [r for r in FRESH_RUNS if "temp2" not in r], range(1, 11))
     g, n = fresh["res_gelu"], fresh["res_gelu_no_half"]
+    # baseline_temp2's own pooled gap on the fresh seeds (the pooled table of the D table's three arms)
+    t2 = width.pooled_test("temp2", {w: rung["temp2", w].gaps for w in (128, 256)})
     declared = [
         ("the declared test, res_gelu_no_half", f"({with_sign(n.estimate)}%, {with_sign(n.ci[0])} to "
          f"{with_sign(n.ci[1])}, Holm p = {n.p_holm:.2g})"),
@@ -967,6 +1070,9 @@ def width_doc_prose():
          f"Holm p = {g.p_holm:.2g}; minimum detectable effect {g.mde:.2f}%)"),
         ("the declared test, D", f"{with_sign(d.estimate)} points ({with_sign(d.ci[0])} to {with_sign(d.ci[1])}, "
          f"p = {d.p:.2g}; minimum detectable effect {d.mde:.2f})"),
+        ("temp2's pooled gap", f"its gap is {with_sign(t2.estimate)}% ({with_sign(t2.ci[0])} to "
+         f"{with_sign(t2.ci[1])}, p = {t2.p:.2g}, uncorrected and outside the declared family), "
+         f"{t2.estimate / n.estimate:.2f} of res_gelu_no_half's {with_sign(n.estimate)}% there"),
         ("every seed, exploratory", f"res_gelu is {with_sign(every['res_gelu'].estimate)}% (p = "
          f"{every['res_gelu'].p:.2g}) and res_gelu_no_half {with_sign(every['res_gelu_no_half'].estimate)}% (p = "
          f"{every['res_gelu_no_half'].p:.2g}), exploratory")]

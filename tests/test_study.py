@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 from test_results import TABLES, printed_table
@@ -588,3 +589,78 @@ def test_the_readmes_dry_run_example_shows_a_plan_and_its_cost():
     runs, hours = int(total.split("at least ")[1].split(" run(s)")[0]), float(total.split("about ")[1].split()[0])
     assert runs > 0 and hours > 1, total
     assert comment.strip() == f"Table 1 held out: {runs} runs planned, about {round(hours, -1):.0f} GPU-hours"
+
+
+def test_the_temperature_study_plans_exactly_its_40_declared_runs():
+    """studies/width_ladder_temperature.toml, declared in results/width_ladder/README.md's section on E:
+    its --dry_run plans baseline_temp2 and res_gelu_no_half at widths 128 and 256 on seeds 11-20 (data_seed =
+    seed), μP, 3e-3, 3000 steps, on the CPU in float32, 40 runs, and no other."""
+    s = study.load_study(os.path.join(REPO, "studies", "width_ladder_temperature.toml"))
+    (horizon,) = s.horizons
+    planned = []
+    for arm in s.arms:
+        stage = protocol.advance(s, arm, horizon)
+        assert stage.chosen == "3e-3" and not stage.tuning, arm.name
+        for seed in stage.held_out:
+            c = protocol.arm_config(s, arm, horizon, protocol.held_out_point(s, stage.chosen, seed))
+            planned.append((c.query_mode, c.attn_scale, c.n_embd, c.n_head, c.parametrization, c.learning_rate,
+                            c.seed, c.data_seed, c.max_iters, c.lr_decay_iters, c.device,
+                            "float32" if c.dtype == "auto" and c.device == "cpu" else c.dtype))  # runtime.setup's auto
+    temp2, no_half = ("linear", 2 / math.sqrt(32)), ("res_gelu", 32 ** -0.5)  # as the configs compute them
+    assert sorted(planned) == sorted((*arm, w, w // 32, "mup", 3e-3, seed, seed, 3000, 3000, "cpu", "float32")
+                                     for arm in (temp2, no_half) for w in (128, 256) for seed in range(11, 21))
+    proc = run_script("study.py", "studies/width_ladder_temperature.toml", "--dry_run")
+    done = int(proc.stdout.split(" run directories exist")[0].split()[-1])
+    assert f"at least {40 - done} run(s) left" in proc.stdout
+    assert proc.stdout.count("held-out ") == 4
+
+
+def test_the_gpt2_temperature_study_plans_its_arms_and_its_tables_print_the_declared_tests(tmp_path):
+    """studies/table1_gpt2_temperature.toml: its --dry_run plans the five arms (3 tuning rates on seed 0, held-out
+    seeds 1-5 each) in GPU-hours; on faked finished runs its tables print the declared tests, each arm's gap with
+    Holm over four, D and E, E's estimate the mean of 100 (L_temp2 - L_no_half) / L_temp2."""
+    path = os.path.join(REPO, "studies", "table1_gpt2_temperature.toml")
+    proc = run_script("study.py", path, "--dry_run")
+    arms = ("baseline", "baseline_temp2", "res_gelu", "res_gelu_no_half", "mlp475")
+    assert all(f"  {a}: tuning 0/3 done, held-out 0/5 done" in proc.stdout for a in arms), proc.stdout
+    assert "at least 40 run(s) left" in proc.stdout and "GPU-hours" in proc.stdout
+    s = study.load_study(path)
+    s.runs_dir, s.results_dir = str(tmp_path / "runs"), str(tmp_path / "results")
+    (horizon,) = s.horizons
+    offset = {"baseline": 0.0, "baseline_temp2": -0.02, "res_gelu": 0.01, "res_gelu_no_half": -0.03, "mlp475": -0.005}
+    loss = {}
+    for arm in s.arms:
+        config = protocol.arm_config(s, arm, horizon, {"learning_rate": "6e-4", "seed": 0})
+        assert (config.attn_scale, config.query_mode) == {"baseline_temp2": (0.25, "linear"),
+                                                          "res_gelu_no_half": (0.125, "res_gelu")}.get(
+            arm.name, (0.0, config.query_mode))
+        points = [{"learning_rate": v, "seed": 0} for v in s.grid] + [
+            protocol.held_out_point(s, "6e-4", seed) for seed in range(1, 6)]
+        for point in points:
+            c = protocol.arm_config(s, arm, horizon, point)
+            # 6e-4 is every arm's best on seed 0; the held-out seeds move each arm by its own amount
+            value = 3.0 + offset[arm.name] + (0.0 if point["learning_rate"] == "6e-4" else 0.1) + 0.003 * (
+                (point["seed"] * (1 + list(offset).index(arm.name))) % 7)
+            loss[arm.name, point["seed"]] = value
+            out = protocol.point_dir(s, arm, horizon, point)
+            os.makedirs(out)
+            header = {"type": "config", "step": 0, "config": asdict(c), "run_name": arm.name,
+                      "non_embedding_params": 1, "flops_per_token": 1.0}
+            with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in (header, {"type": "eval", "step": horizon.max_iters,
+                                                                     "train_loss": value, "val_loss": value}))
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        study.write_tables(s)
+    finally:
+        os.chdir(cwd)
+    text = (tmp_path / "results" / "TABLES.md").read_text()
+    rows = [cells for cells in (line.strip("|").split("|") for line in text.splitlines() if line.startswith("|"))]
+    pooled = [[c.strip() for c in r] for r in rows if len(r) == 8 and r[1].strip() == "768"]
+    assert [r[0] for r in pooled] == ["res_gelu", "res_gelu_no_half", "baseline_temp2", "mlp475",
+                                      "res_gelu_no_half"]  # four under Holm, then E's one
+    e = np.mean([100 * (loss["baseline_temp2", k] - loss["res_gelu_no_half", k]) / loss["baseline_temp2", k]
+                 for k in range(1, 6)])
+    assert pooled[-1][3] == f"{e:+.2f}" and pooled[-1][5] == pooled[-1][6]  # E uncorrected: one test
+    assert any(line.startswith("| 768 | 5 |") for line in text.splitlines())  # D at the one width

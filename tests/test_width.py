@@ -395,3 +395,69 @@ def test_the_declared_temperature_difference_pairs_seeds_and_pools_over_widths()
     assert rows[2][4] == p_cell(test.p)
     with pytest.raises(RunsError, match="no arm 'temp4' against the baseline; the arms are 'no_half', 'res_gelu'"):
         difference_table(rungs, "no_half", "res_gelu", "temp4")
+
+
+def test_leave_one_out_drops_one_seed_pair_at_one_width_from_every_arm():
+    from nonlinear_queries.width import Rung, leave_one_out, pooled_tests
+
+    def rung(arm, width, gaps):
+        gaps = np.array(gaps, dtype=float)
+        return Rung(arm, width, gaps, gaps, gaps, (0, 0), None, None, None, 0, 0.0, tuple((s, s) for s in (6, 7, 8)))
+
+    rungs = [rung("a", 128, [1.0, 2.0, 4.0]), rung("b", 128, [0.0, 1.0, -1.0]), rung("a", 256, [1.0, 1.5, 0.5]),
+             rung("b", 256, [0.5, 0.0, 1.5])]
+    out = leave_one_out(rungs)
+    assert [(w, s) for w, s, _ in out] == [(w, (s, s)) for w in (128, 256) for s in (6, 7, 8)]
+    # seed 8 out at 128: both arms lose it there and keep all three at 256; Holm as pooled_tests gives it
+    _, _, tests = out[2]
+    kept = [rung("a", 128, [1.0, 2.0]), rung("b", 128, [0.0, 1.0]), *rungs[2:]]
+    assert [(t.arm, t.estimate, t.p_holm, t.n) for t in tests] == [(t.arm, t.estimate, t.p_holm, t.n)
+                                                                  for t in pooled_tests(kept)]
+    assert tests[0].estimate == pytest.approx((1.5 + 1.0) / 2) and tests[0].n == 5
+
+
+def test_pooled_shift_is_the_declared_model_with_the_seed_set_as_a_factor():
+    from nonlinear_queries.width import planned_mde, pooled_sd, pooled_shift, pooled_test, seeds_for_mde
+
+    before = {128: np.array([-3.0, -1.0, -2.0]), 256: np.array([-1.0, -2.0])}
+    after = {128: np.array([0.0, 1.0]), 256: np.array([-1.0, 0.0, -0.5])}
+    shift = pooled_shift(before, after)
+    cells = [*before.values(), *after.values()]
+    within = sum(((c - c.mean()) ** 2).sum() for c in cells) / (10 - 4)
+    se = np.sqrt(within) * np.sqrt((1 / 3 + 1 / 2) / 4 + (1 / 2 + 1 / 3) / 4)
+    estimate = np.mean([0.5, -0.5]) - np.mean([-2.0, -1.5])
+    assert shift.estimate == pytest.approx(estimate) and shift.df == 6
+    assert shift.p == pytest.approx(2 * stats.t.sf(estimate / se, 6))
+    # planned_mde at the observed n is the MDE pooled_test reports; more seeds detect less, and seeds_for_mde finds
+    # the fewest that reach a target
+    gaps = {128: np.array([1.0, 2.0, 0.0, 1.5]), 256: np.array([0.5, 1.0, 1.5, 0.0])}
+    sd = pooled_sd(gaps)
+    assert planned_mde(sd, 4, 2) == pytest.approx(pooled_test("x", gaps).mde)
+    n = seeds_for_mde(sd, 0.5, 2)
+    assert planned_mde(sd, n, 2) <= 0.5 < planned_mde(sd, n - 1, 2)
+
+
+def test_the_pooled_figure_draws_each_pooled_estimate_and_d_with_its_interval():
+    from nonlinear_queries.plots import pooled_estimates
+    from nonlinear_queries.width import Pooled
+
+    tests = [Pooled("res_gelu", -0.5, (-1.5, 0.5), 0.2, 1.0, 10, (128, 256), 8),
+             Pooled("res_gelu_no_half", 1.5, (0.5, 2.5), 0.01, 1.0, 10, (128, 256), 8)]
+    d = Pooled("D", 1.0, (0.2, 1.8), 0.02, 1.0, 10, (128, 256), 8)
+    fig = pooled_estimates(tests, d, "baseline", "seeds 6-10, μP")
+    left, right = fig.axes
+    assert [t.get_text() for t in left.get_yticklabels()] == ["res_gelu_no_half", "res_gelu"]
+    assert [t.get_text() for t in right.get_yticklabels()] == ["D"]
+    # each estimate a marker at its value, its bar from the interval's low end to its high end
+    for ax, rows in ((left, tests), (right, [d])):
+        bars = [(c.lines[0].get_xdata()[0], c.lines[2][0].get_segments()[0][:, 0].tolist()) for c in ax.containers]
+        assert bars == [(t.estimate, pytest.approx(list(t.ci))) for t in rows]
+    assert "seeds 6-10" in fig.get_suptitle()
+
+
+def test_compare_draws_the_pooled_figure_only_for_a_ladder_with_a_plot(tmp_path):
+    dirs = ladder_runs(tmp_path, {128: [0.5, 1.0, 2.5], 256: [-0.5, 0.5, 0.0]})
+    run_compare(*dirs, "--width_ladder", "--pooled_plot", f"--plot={tmp_path / 'pooled.png'}")
+    assert os.path.getsize(tmp_path / "pooled.png") > 10_000
+    proc = run_compare(*dirs, "--width_ladder", "--pooled_plot", check=False)
+    assert proc.returncode == 2 and "give --width_ladder and --plot too" in proc.stderr
