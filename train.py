@@ -26,15 +26,18 @@ writes. So 1, 2 or 8 processes train on the same tokens and log the same losses.
 (FSDP2) on the same batches, and every rank writes its shards of a checkpoint directory;
 --activation_checkpointing=True recomputes each block's activations in the backward pass.
 
-Faults: SIGTERM or SIGINT finishes the steps up to the next log step (log_interval; the
-loop reads the device back only there and before an evaluation or a checkpoint, docs/speed.md),
-writes a checkpoint and exits 0. A non-finite loss or gradient norm, or a loss above
-divergence_threshold for divergence_patience consecutive steps, stops the run before that
-step's update with a `diverged` record in metrics.jsonl naming that step: its update, and
-those of any steps queued after it, are skipped on the device, and the run stops at the next
-read; the checkpoints on disk are left as they were.
+Faults (stopping.py): SIGTERM or SIGINT is acknowledged at once; the step in flight, or the
+evaluation batch in flight (the evaluation is given up), is finished, every rank stops after the
+same step, at most one step after the signal, writes a checkpoint and exits 0; a second one
+exits at once (130, 143). During setup a signal undoes what setup made and exits 130 or 143.
+A non-finite loss or gradient norm, or a loss above divergence_threshold for
+divergence_patience consecutive steps, stops the run before that step's update with a
+`diverged` record in metrics.jsonl naming that step: its update, and those of any steps queued
+after it, are skipped on the device, and the run stops at the next read; the checkpoints on
+disk are left as they were.
 Exit status: 0 finished, or stopped by a signal with a checkpoint written; 1 error;
-2 config error; 3 diverged.
+2 config error; 3 diverged; 130 or 143 stopped by SIGINT or SIGTERM with nothing to resume
+(during setup, before the first step, or by a second signal).
 
 Step numbering: "step s" is the state after s optimizer updates. Evaluation runs at
 every multiple of eval_interval and after the last update (step max_iters), so with

@@ -6,8 +6,8 @@ Each program imports this module first, before torch (pyproject.toml's isort sec
 program is; while torch loads (the first second or two) that is inside importlib's module
 locks, and the traceback runs to dozens of lines ending in a RecursionError. From here on,
 SIGINT prints one line and exits with status 130 (128 + SIGINT, the shell's convention) until
-the program installs a handler of its own: train.py's StopFlag (finish the step, checkpoint,
-exit 0), sweep.py's and study.py's (forward the signal to their runs). Exiting at once writes
+the program installs a handler of its own: train.py's stopping.StopFlag (undo the setup, or finish
+the step, checkpoint and exit 0), sweep.py's and study.py's (forward the signal to their runs). Exiting at once writes
 nothing half-way: every file this repo writes is written to a temporary name and renamed
 (atomic.py).
 

@@ -20,7 +20,6 @@ import functools
 import os
 import platform
 import re
-import signal
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -250,28 +249,6 @@ def all_reduce_sum(tensor, rt):
     if rt.distributed:
         dist.all_reduce(tensor)
     return tensor
-
-
-class StopFlag:
-    """Set by SIGTERM (preemption, a scheduler's time limit), SIGUSR1 or SIGUSR2 (a scheduler's
-    warning before either) or SIGINT (Ctrl-C) once
-    install()ed: the handler only records the signal's name in `signal`, and the training
-    loop finishes the step in flight, checkpoints, and stops."""
-
-    def __init__(self):
-        self.signal = None
-
-    def install(self):
-        """Handle SIGTERM, SIGUSR1, SIGUSR2 and SIGINT from now on; returns self."""
-        signal.signal(signal.SIGTERM, self._record)
-        signal.signal(signal.SIGINT, self._record)
-        # a scheduler's warning before a preemption or the time limit (sbatch --signal=USR1@90)
-        signal.signal(signal.SIGUSR1, self._record)
-        signal.signal(signal.SIGUSR2, self._record)
-        return self
-
-    def _record(self, signum, frame):
-        self.signal = signal.Signals(signum).name
 
 
 def numerics(device):

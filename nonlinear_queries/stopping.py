@@ -58,6 +58,7 @@ class StopFlag:
         self._first_hard = None  # time.monotonic() of the first SIGINT or SIGTERM
         self._loud = os.environ.get("LOCAL_RANK", "0") == "0"
         self._host_vote, self._event = None, None  # the lagged CUDA read (agreed)
+        self._deferred, self._pending = False, None  # a setup signal held back by deferred()
 
     def install(self):
         """Handle STOP_SIGNALS from now on; returns self."""
@@ -67,14 +68,17 @@ class StopFlag:
 
     @contextlib.contextmanager
     def deferred(self):
-        """Hold STOP_SIGNALS back for the `with` block (pthread_sigmask); one that came meanwhile is handled
-        as the block ends. For a step that must not be cut in two, such as taking out_dir's lock and recording
-        what it created, which undoing the setup relies on."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        """During setup, hold a signal's Interrupted back to the end of the `with` block: for a step that must not
+        be cut in two, such as taking out_dir's lock and recording what it created, which undoing the setup
+        relies on. (The handler records it; blocking the signal itself would not do: Python runs its handlers
+        in the main thread whichever thread the signal reaches.)"""
+        self._deferred = True
         try:
             yield
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            self._deferred = False
+            if self._pending is not None:
+                raise Interrupted(self._pending)
 
     def start(self):
         """From now on a signal asks the loop to stop at the next step boundary."""
@@ -90,6 +94,9 @@ class StopFlag:
         now = time.monotonic()
         if not self.training:
             self._say(f"{name} during setup; stopping (nothing to checkpoint yet)")
+            if self._deferred:
+                self._pending = signum
+                return
             raise Interrupted(signum)
         if hard and self._first_hard is not None and now - self._first_hard > REPEAT_S:
             self._say(f"{name} again: exiting now, without a checkpoint of this step (the files written before "

@@ -149,7 +149,7 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"z_loss must be >= 0 (0 = off), got {self.z_loss}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
-        if self.max_iters < 1 and not self.eval_only:
+        if self.max_iters == 0 and not self.eval_only:
             raise ValueError(f"max_iters={self.max_iters} trains no step, so the run would end without a checkpoint; "
                              f"to evaluate a model without training it, pass --eval_only=True (one evaluation, no "
                              f"checkpoint written)")

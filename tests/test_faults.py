@@ -22,7 +22,16 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ONE_THREAD, REPO, TINY, last_logged_step, read_metrics, read_wandb_history, run_script
+from helpers import (
+    ONE_THREAD,
+    REPO,
+    TINY,
+    last_logged_step,
+    patched_train,
+    read_metrics,
+    read_wandb_history,
+    run_script,
+)
 from helpers import losses_by_step as losses
 from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
@@ -162,6 +171,111 @@ def test_sigterm_writes_a_checkpoint_and_exits_zero(shakespeare_dir, unbroken, t
     # the printed command resumes the run (shortened here to the unbroken run's length)
     run_script("train.py", *command[2:], "--max_iters=24", env=ONE_THREAD)
     assert_same_run(out, unbroken, from_step=saved)
+
+
+def start_patched(tmp_path, data_dir, out_dir, prelude, *args):
+    """train.py with `prelude` run first (helpers.patched_train), in the background, its output in out_dir.log."""
+    script = patched_train(tmp_path / "patched_train.py", prelude)
+    with open(f"{out_dir}.log", "w") as log:
+        return subprocess.Popen([sys.executable, script, *TINY, *RUN, f"--data_dir={data_dir}", f"--out_dir={out_dir}",
+                                 *args], cwd=REPO, env={**os.environ, **ONE_THREAD}, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+
+
+def log_of(out_dir):
+    with open(f"{out_dir}.log") as f:
+        return f.read()
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_long_evaluation_stops_the_run_at_once_with_a_resumable_checkpoint(
+        shakespeare_dir, unbroken, tmp_path):
+    # every evaluation batch after the first evaluation's 4 (2 a split) takes 10 s: the one at step 4, 40 s
+    slow_evaluations = "\n".join([
+        "import time",
+        "from nonlinear_queries import training",
+        "get_batch, calls = training.get_batch, []",
+        "def slow(*args, **kwargs):",
+        "    calls.append(time.sleep(10) if len(calls) >= 4 else None)",
+        "    return get_batch(*args, **kwargs)",
+        "training.get_batch = slow"])
+    out = tmp_path / "out"
+    proc = start_patched(tmp_path, shakespeare_dir, out, slow_evaluations, "--max_iters=24")
+    wait_for(lambda: last_logged_step(out) >= 4, proc)
+    time.sleep(2)  # into its first batch
+    signalled = time.time()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0, log_of(out)
+    assert time.time() - signalled < 20  # the batch in flight, not the 38 s left of the evaluation
+    output = log_of(out)
+    assert "train.py: SIGINT: stopping: a checkpoint at the next step boundary; send it again to stop now" in output
+    assert "stopped by SIGINT after step 4" in output
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 4 and ckpt["evaluated"] is False
+    assert 4 not in evals(out)  # the evaluation given up is not logged: the resumed run evaluates step 4
+    assert not (out / ".lock").exists()  # a clean end
+    train(shakespeare_dir, out, "--max_iters=24", "--init_from=resume")
+    assert_same_run(out, unbroken, from_step=4)
+    assert evals(out)[4] == evals(unbroken)[4]
+
+
+@pytest.mark.slow
+def test_the_stop_comes_within_a_step_of_the_signal_not_at_the_next_log_step(shakespeare_dir, unbroken, tmp_path):
+    out = tmp_path / "out"
+    # no log step, evaluation or checkpoint before step 1000: only the signal makes the loop read the device back
+    proc = start_training(shakespeare_dir, out, "--max_iters=1000", "--log_interval=1000", "--eval_interval=1000")
+    # step 0's evaluation is logged: training has begun
+    wait_for(lambda: (out / "metrics.jsonl").exists() and evals(out), proc)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, log_of(out)
+    saved = checkpoint_step(out / "ckpt.pt")
+    assert 0 < saved < 1000
+    assert last_logged_step(out) == saved  # the stop's read-back is logged, as a log step's is
+    train(shakespeare_dir, out, "--max_iters=24", "--eval_interval=4", "--init_from=resume")
+    assert_same_run(out, unbroken, from_step=saved)
+
+
+@pytest.mark.slow
+def test_a_second_signal_exits_at_once_and_leaves_no_partial_file(shakespeare_dir, tmp_path):
+    # the stop's checkpoint is written, then its write waits before the rename
+    slow_save = "\n".join([
+        "import time, torch",
+        "save = torch.save",
+        "def slow_save(obj, f, *args, **kwargs):",
+        "    save(obj, f, *args, **kwargs)",
+        "    time.sleep(120)",
+        "torch.save = slow_save"])
+    out = tmp_path / "out"
+    proc = start_patched(tmp_path, shakespeare_dir, out, slow_save, "--max_iters=1000", "--eval_interval=1000")
+    wait_for(lambda: last_logged_step(out) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: (out / "ckpt.pt.tmp").exists(), proc)
+    time.sleep(1.5)  # past the second in which a copy of the first signal counts as the same request
+    signalled = time.time()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM, log_of(out)
+    assert time.time() - signalled < 5
+    output = log_of(out)
+    assert "train.py: SIGTERM again: exiting now" in output and "Traceback" not in output
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")] and not (out / "ckpt.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1])
+def test_a_signal_during_setup_leaves_no_out_dir_behind(shakespeare_dir, tmp_path, delay):
+    out = tmp_path / "run"
+    proc = start_training(shakespeare_dir, out, "--max_iters=1000", "--eval_interval=1000")
+    wait_for(lambda: (out / ".lock").exists(), proc)  # imports done, out_dir locked: setup is under way
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    output = log_of(out)
+    assert "Traceback" not in output
+    if code == 128 + signal.SIGTERM:  # during setup, or before the first step: nothing to resume, nothing left
+        assert not out.exists(), os.listdir(out)
+    else:  # the run had trained a step: it stopped with its checkpoint, as any run does
+        assert delay > 0 and code == 0 and (out / "ckpt.pt").exists() and not (out / ".lock").exists(), output
 
 
 @pytest.mark.slow
@@ -313,7 +427,8 @@ def test_divergence_stops_the_run_and_keeps_the_checkpoint(shakespeare_dir, tmp_
     assert record["type"] == "diverged" and record["step"] == 6 and record["last_checkpoint_step"] == 4
     assert max(losses(out)) == 5  # the diverged step's update was never applied, nor logged as trained
     assert sha256(out / "ckpt.pt") == before
-    assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "ckpt_000004.pt", "config.json", "metrics.jsonl", "wandb"]
+    # a diverged run ends cleanly: its lock file goes (lock.release_out_dir)
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "ckpt_000004.pt", "config.json", "metrics.jsonl", "wandb"]
 
     # learning rate 10: the loss explodes (1453 after one update) and stays above 12, for
     # the third step in a row at step 8; a checkpoint is written at step 6, mid-streak

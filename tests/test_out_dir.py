@@ -17,7 +17,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import ONE_THREAD, REPO, TINY, last_logged_step, patched_train, read_metrics, train, train_in_process
+from helpers import (
+    ONE_THREAD,
+    REPO,
+    TINY,
+    last_logged_step,
+    patched_train,
+    read_metrics,
+    run_in_process,
+    train,
+    train_in_process,
+)
 from model import GPT, GPTConfig
 from nonlinear_queries import checkpoint, lock
 from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
@@ -285,3 +295,72 @@ def test_fsdp_on_a_full_disk_stops_every_process_with_the_error_and_resumes(shak
         train(shakespeare_dir, out, *fsdp, "--max_iters=12", "--keep_last_n=1", "--init_from=resume",
               env=ONE_THREAD)
         assert read_checkpoint(str(out / "ckpt.dcp"))["step"] == 12
+
+
+# ---------------------------------------------------------------------------------------
+# out_dir that cannot hold a run, and the lock file at a run's clean end
+
+
+def test_an_out_dir_that_is_a_file_is_one_sentence_and_leaves_it_as_it_was(tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("a user's file\n")
+    for out in (path, path / "run"):
+        code, stdout, stderr = run_in_process("train.py", *TINY, f"--data_dir={tmp_path}", f"--out_dir={out}")
+        assert code == 1 and stdout == ""
+        assert stderr == (f"error: out_dir {out} cannot be a run directory: {path if out == path else out} is a "
+                          f"file, not a directory; choose another --out_dir, or move the file away\n")
+    assert path.read_text() == "a user's file\n"
+
+
+@pytest.mark.parametrize("code, says", [
+    (errno.EACCES, "permission denied on {where} (its permissions, an immutable attribute or another user's "
+                   "directory); choose an --out_dir you can write to, or change its permissions"),
+    (errno.EPERM, "permission denied on {where} (its permissions, an immutable attribute or another user's "
+                  "directory); choose an --out_dir you can write to, or change its permissions"),
+    (errno.EROFS, "its file system is read-only; choose an --out_dir on a writable file system"),
+])
+@pytest.mark.parametrize("fails", ["makedirs", "lock file"])
+def test_an_out_dir_that_cannot_be_written_is_one_sentence(tmp_path, monkeypatch, code, says, fails):
+    # root writes through any mode bits, so the kernel's refusals are made here
+    out = tmp_path / "new" / "run"
+    if fails == "makedirs":
+        where = out
+
+        def refuse(path, *args, **kwargs):
+            raise OSError(code, os.strerror(code), str(path))
+        monkeypatch.setattr(lock.os, "makedirs", refuse)
+    else:
+        where = lock.lock_path(str(out))
+        real_open = open
+
+        def refuse(path, *args, **kwargs):
+            if str(path) == where:
+                raise OSError(code, os.strerror(code), str(path))
+            return real_open(path, *args, **kwargs)
+        monkeypatch.setattr(lock, "open", refuse, raising=False)
+    with pytest.raises(lock.OutDirUnwritable) as e:
+        hold_out_dir(str(out))
+    assert str(e.value) == f"cannot write in out_dir {out}: " + says.format(where=where)
+    assert not out.exists()  # nothing that hold_out_dir made is left
+
+
+@pytest.mark.slow
+def test_a_finished_run_says_what_it_trains_first_and_leaves_no_lock_file(shakespeare_dir, tmp_path):
+    out = tmp_path / "out"
+    code, stdout, _ = run_in_process("train.py", *TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={out}",
+                                     "--max_iters=2", "--eval_interval=2", "--wandb_run_name=tiny")
+    assert code == 0
+    # the one-line summary first, the full config in config.json (no 80-line dump above it)
+    assert stdout.splitlines()[0] == (f"tiny: query_mode=linear, 24,736 non-embedding parameters, 128 tokens per step, "
+                                      f"device cpu (float32); the full config is in {out / 'config.json'}")
+    assert not (out / ".lock").exists() and out_dir_holder(str(out)) is None
+    # a run that opened the lock file before it was removed finds it gone and locks the new one
+    hold_out_dir(str(out))
+    stale = open(lock.lock_path(str(out)))
+    lock.release_out_dir(str(out))
+    assert not lock._same_file(stale, lock.lock_path(str(out)))
+    f, holder = lock.try_lock(lock.lock_path(str(out)), "the next run")
+    assert holder is None and lock._same_file(f, lock.lock_path(str(out)))
+    assert out_dir_holder(str(out)) == "the next run"
+    f.close()
+    stale.close()

@@ -3,7 +3,6 @@ the no-op wandb, rank 0 only, the header's git state) without a training run."""
 
 import json
 import os
-import signal
 import subprocess
 from contextlib import nullcontext
 
@@ -12,7 +11,7 @@ import torch
 
 from nonlinear_queries import runtime
 from nonlinear_queries.runs import NullWandb, RunLog, git_state, run_header
-from nonlinear_queries.runtime import SetupError, StopFlag, mfu, peak_flops, setup
+from nonlinear_queries.runtime import SetupError, mfu, peak_flops, setup
 
 
 def test_setup_on_the_cpu():
@@ -70,18 +69,6 @@ def test_mfu():
     # 6 N FLOPs per token for N = 1e8 matmul parameters at 1e5 tokens/s on 2 devices of 1e14 FLOP/s
     assert mfu(6e8, 1e5, 1e14, world_size=2) == pytest.approx(0.3)
     assert mfu(6e8, 1e5, None) is None
-
-
-def test_stop_flag_records_the_signal():
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        stop = StopFlag().install()
-        assert stop.signal is None
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.signal == "SIGTERM"
-    finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
 
 
 class RecordingWandb(NullWandb):

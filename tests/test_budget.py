@@ -1,0 +1,80 @@
+"""What a run costs, known before its first step (budget.py): the memory floor, exactly, and train.py's
+refusal of a run above it; the CPU step-time floor and its one-line warning; max_iters=0 refused."""
+
+import types
+
+import pytest
+
+from helpers import TINY, run_in_process
+from nonlinear_queries import budget
+from nonlinear_queries.configurator import ConfigError, parse_config
+from nonlinear_queries.train_config import TrainConfig
+
+
+def cfg(**changes):
+    values = dict(batch_size=2, eval_batch_size=0, block_size=8, vocab_size=10, n_layer=3, n_embd=4,
+                  optimizer="adamw", parallelism="ddp", activation_checkpointing=False)
+    return types.SimpleNamespace(**{**values, **changes})
+
+
+def test_the_memory_floor_counts_state_logits_and_activations():
+    # 1000 parameters: 8 bytes of weight and gradient and 8 of AdamW's moments each; 2 x 8 tokens: logits and
+    # their gradient, 2 x 16 x 10 x 4 bytes; 4 saved values of n_embd per token and layer, 4 x 3 x 16 x 4 x 4
+    assert budget.memory_floor(1000, cfg(), "float32")[0] == 16_000 + 1_280 + 3_072
+    assert budget.memory_floor(1000, cfg(), "bfloat16")[0] == 16_000 + 640 + 1_536
+    assert budget.memory_floor(1000, cfg(optimizer="muon"), "float32")[0] == 12_000 + 1_280 + 3_072
+    assert budget.memory_floor(1000, cfg(parallelism="fsdp"), "float32", world_size=4)[0] == 4_000 + 1_280 + 3_072
+    assert budget.memory_floor(1000, cfg(activation_checkpointing=True), "float32")[0] == 16_000 + 1_280 + 768
+    assert budget.memory_floor(1000, cfg(eval_batch_size=4), "float32")[0] == 16_000 + 2_560 + 6_144
+
+
+def test_a_run_above_the_devices_memory_is_refused_before_any_work(tmp_path):
+    out = tmp_path / "run"
+    # one micro-batch of 4 x 1,000,000 tokens: its logits and their gradient alone are 1.5 TiB
+    code, stdout, stderr = run_in_process("train.py", *TINY, f"--data_dir={tmp_path / 'no data needed'}",
+                                          f"--out_dir={out}", "--block_size=1000000")
+    assert code == 1 and stdout == ""
+    have = budget.device_memory("cpu")
+    # 33.7M parameters (wpe is 1e6 x 32) x 16 bytes; 2 x 4e6 x 50304 x 4 bytes; 4 x 2 layers x 4e6 x 32 x 4 bytes
+    assert stderr == (f"error: this run needs at least 1503.5 GiB of memory per process (0.5 GiB of weights, "
+                      f"gradients and optimizer state, 1499.2 GiB of one micro-batch's logits and their gradient, "
+                      f"3.8 GiB of its activations), more than the {have / 2**30:.1f} GiB that cpu has; lower "
+                      f"batch_size (a larger gradient_accumulation_steps keeps the tokens per step), block_size or "
+                      f"the model's size\n")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("seconds, says", [
+    (42, "42 s"), (90, "1.5 min"), (3600 * 7.2, "7.2 h"), (86400 * 12, "12.0 days"), (86400 * 400, "400.0 days"),
+    (365 * 86400 * 3.1, "3.1 years")])
+def test_durations_read_in_a_persons_unit(seconds, says):
+    assert budget.describe_duration(seconds) == says
+
+
+def test_a_slow_cpu_step_is_said_before_the_first_one(monkeypatch):
+    import train
+
+    printed = []
+    out = types.SimpleNamespace(print=lambda *args, **kwargs: printed.append(" ".join(args)))
+    rt = types.SimpleNamespace(device_type="cpu")
+    monkeypatch.setattr(train, "cpu_matmul_flops", lambda: 1e11)
+    monkeypatch.setattr(train.torch, "get_num_threads", lambda: 2)
+    train.warn_slow_cpu_step(rt, out, 1e9, 59_000, 60_000)  # 5.9e13 FLOPs: 590 s a step at 100 GFLOP/s
+    assert printed == ["warning: on this CPU a step of this run takes at least 9.8 min (5.9e+13 FLOPs at the rate "
+                       "its float32 matmuls reach on 2 threads), the 60,000 steps left at least 409.7 days. For a CPU "
+                       "run, use config/quickstart.py (minutes); this config is meant for a GPU"]
+    printed.clear()
+    train.warn_slow_cpu_step(rt, out, 1e9, 5_900, 60_000)  # 59 s a step: said nothing
+    train.warn_slow_cpu_step(types.SimpleNamespace(device_type="cuda"), out, 1e9, 59_000, 60_000)
+    assert printed == []
+
+
+def test_the_cpu_matmul_rate_is_measured():
+    assert 1e8 < budget.cpu_matmul_flops(n=128, repeats=2) < 1e14
+
+
+def test_max_iters_0_is_refused_and_eval_only_is_the_evaluation_run():
+    with pytest.raises(ConfigError, match="max_iters=0 trains no step, so the run would end without a checkpoint; "
+                                          "to evaluate a model without training it, pass --eval_only=True"):
+        parse_config(TrainConfig, ["--max_iters=0"])
+    assert parse_config(TrainConfig, ["--max_iters=0", "--eval_only=True"])[0].eval_only

@@ -1,0 +1,111 @@
+"""How a run stops on a signal (stopping.py), in this process: the request recorded and acknowledged, a
+forwarded copy of it counted once, setup's signals raised as Interrupted, signals held back where setup must
+not be cut, and the ranks' agreement; and a second request exiting at once, in a subprocess. The runs that
+stop are in tests/test_faults.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers import REPO
+from nonlinear_queries import atomic, stopping
+from nonlinear_queries.stopping import Interrupted, StopFlag
+
+
+@pytest.fixture
+def handlers():
+    """Put back the handlers a StopFlag installs."""
+    before = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def test_the_first_signal_is_recorded_and_acknowledged_and_a_forwarded_copy_is_the_same_request(handlers, capfd):
+    stop = StopFlag("train.py").install()
+    stop.start()
+    assert stop.signal is None and not stop.agreed(None, distributed=False)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)  # within REPEAT_S: torchrun's or sweep.py's copy, not a second request
+    assert stop.signal == "SIGTERM" and stop.agreed(None, distributed=False)
+    assert capfd.readouterr().err == ("train.py: SIGTERM: stopping: a checkpoint at the next step boundary; send it "
+                                      "again to stop now\n")
+
+
+def test_a_schedulers_warning_never_stops_at_once(handlers, capfd, monkeypatch):
+    monkeypatch.setattr(stopping, "REPEAT_S", 0.0)
+    stop = StopFlag("train.py").install()
+    stop.start()
+    for _ in range(3):  # submitit repeats SIGUSR2 to a job's train.py
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.01)
+    assert stop.signal == "SIGUSR2"
+    assert "send SIGINT or SIGTERM again to stop now" in capfd.readouterr().err
+
+
+def test_a_signal_during_setup_raises_interrupted_and_deferred_holds_it_to_the_block_end(handlers, capfd):
+    stop = StopFlag("train.py").install()
+    with pytest.raises(Interrupted) as e:
+        os.kill(os.getpid(), signal.SIGINT)
+    assert e.value.status == 130
+    reached = []
+    with pytest.raises(Interrupted):
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("the block ran to its end")
+    assert reached == ["the block ran to its end"]
+    assert capfd.readouterr().err.count("during setup; stopping (nothing to checkpoint yet)") == 2
+
+
+def test_the_ranks_agree_on_the_summed_vote():
+    stop = StopFlag()
+    loss = torch.zeros(())
+    assert stop.vote(loss).item() == 0.0
+    stop.signal = "SIGTERM"
+    assert stop.vote(loss).item() == 1.0 and stop.vote(loss).dtype == loss.dtype
+    # distributed, on the CPU: the sum over the ranks decides, whatever this rank was asked
+    assert stop.agreed(torch.tensor(1.0), distributed=True)
+    stop.signal = None
+    assert stop.agreed(torch.tensor(2.0), distributed=True) and not stop.agreed(torch.tensor(0.0), distributed=True)
+
+
+def test_discard_in_flight_removes_the_temporary_files_of_writes_in_progress(tmp_path):
+    final = tmp_path / "ckpt.pt"
+    with atomic.atomic_path(str(final)) as tmp:
+        with open(tmp, "w") as f:
+            f.write("half")
+        shard_dir = tmp_path / "ckpt_000004.dcp.tmp"
+        with atomic.in_flight(str(shard_dir)):
+            shard_dir.mkdir()
+            (shard_dir / "0.distcp").write_text("x")
+            atomic.discard_in_flight()
+            assert not shard_dir.exists() and not os.path.exists(tmp)
+        with open(tmp, "w") as f:  # the write goes on here; a process exiting would not
+            f.write("whole")
+    assert final.read_text() == "whole" and not atomic._IN_FLIGHT
+
+
+def test_a_second_request_exits_at_once_with_128_plus_its_number(tmp_path):
+    code = "\n".join([
+        "import os, signal, time",
+        "from nonlinear_queries import atomic",
+        "from nonlinear_queries.stopping import StopFlag",
+        "stop = StopFlag('train.py').install()",
+        "stop.start()",
+        f"with atomic.atomic_write({str(tmp_path / 'f.json')!r}) as f:",
+        "    f.write('{')",
+        "    os.kill(os.getpid(), signal.SIGINT)",
+        "    time.sleep(1.2)",
+        "    os.kill(os.getpid(), signal.SIGINT)",
+        "    time.sleep(30)",
+        "print('not reached')"])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1] == ("train.py: SIGINT again: exiting now, without a checkpoint of this step "
+                                            "(the files written before it are kept)")
+    assert os.listdir(tmp_path) == []  # f.json.tmp removed; f.json never written
