@@ -26,6 +26,8 @@ which imports nothing from here. One concern per module:
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware
 - atomic: every file the repo writes appears whole or not at all
 - lock: one training run per out_dir at a time (flock), and the sweep's claim on a point
+- budget, stopping: a run's memory floor and CPU step-time floor, before its first step; how train.py stops
+  on a signal (at once during setup, at a step boundary once it trains)
 - cli: a program piped into one that stops reading (`| head`) ends quietly
 - interrupt: Ctrl-C at any moment, torch's import included, ends a program with one line
 """
