@@ -20,7 +20,7 @@ them up to where they stopped). Each diagnostic is averaged over the layers, the
   run), then for each group a layers x steps heatmap of attn_logit_max (the mean over its runs), all on one
   color scale.
 
---checkpoint=SOURCE: the diagnostics of one model, anything checkpoint.load_model loads (a run directory or
+--checkpoint=SOURCE: the diagnostics of one model, anything pretrained.load_model loads (a run directory or
 checkpoint of this repo, the official code's checkpoints, a Hugging Face GPT-2 directory, gpt2), one row
 per layer. A run's checkpoint is measured on the first diagnostics_batches of its own val_eval batches (its
 dataset or data_dir, data_seed, batch_size and block_size), so the numbers are those its metrics.jsonl holds
@@ -155,9 +155,8 @@ def analyze_checkpoint(args):
     """Compute and print the diagnostics of the model at args.checkpoint, per layer."""
     # imported here: torch takes seconds, and the runs' table needs none of it
     from nonlinear_queries.batches import open_tokens, row_offsets
-    from nonlinear_queries.checkpoint import load_model
     from nonlinear_queries.diagnostics import diagnose
-    from nonlinear_queries.pretrained import PretrainedError
+    from nonlinear_queries.pretrained import PretrainedError, load_model
     from nonlinear_queries.runtime import SetupError, setup
     from nonlinear_queries.train_config import TrainConfig
 
@@ -244,7 +243,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", metavar="RUN", help="run directories, or directories of runs")
     parser.add_argument("--checkpoint", metavar="SOURCE",
-                        help="compute the diagnostics of one model instead: anything checkpoint.load_model loads")
+                        help="compute the diagnostics of one model instead: anything pretrained.load_model loads")
     parser.add_argument("--format", choices=["text", "markdown", "csv"], default="text")
     runs = parser.add_argument_group("runs")
     runs.add_argument("--group_over", default="seed",

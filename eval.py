@@ -5,7 +5,7 @@ Evaluate any checkpoint on lm-evaluation-harness tasks (lm-eval; downstream.py).
     python eval.py --init_from=gpt2 --tasks=hellaswag --limit=1000 --batch_size=32 --output=gpt2_hellaswag.json
     python eval.py --init_from=out-quickstart --tasks=example_mc --include_path=tasks --device=cpu   # tasks/, shipped
 
---init_from is a run's out_dir or anything checkpoint.load_model reads (pretrained.py), and the
+--init_from is a run's out_dir or anything pretrained.load_model reads, and the
 text is encoded with the run's own tokenizer (GPT-2 BPE, or a char-level dataset's characters).
 --tasks names lm-eval's tasks, groups or tags (`lm-eval ls tasks` lists them), or tasks defined
 by YAML files in --include_path, such as a task over a local copy of a data set for a machine

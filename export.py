@@ -12,7 +12,7 @@ which transformers.GPT2LMHeadModel.from_pretrained(DIR) loads with the same logi
 other model (res_gelu, identity, residual, anchored_res_gelu, qk_norm, ...) has no
 architecture in transformers: it is written under this repo's weight names with config.json
 holding its model_args, which load_model(DIR) loads, and the script says so and
-why. --out_dir may also name any source checkpoint.load_model reads (pretrained.py lists them).
+why. --out_dir may also name any source pretrained.load_model reads (pretrained.py lists them).
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
@@ -20,9 +20,8 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 import sys
 from dataclasses import dataclass
 
-from nonlinear_queries.checkpoint import load_model
 from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError, check_export_dir, export
+from nonlinear_queries.pretrained import PretrainedError, check_export_dir, export, load_model
 
 
 @dataclass

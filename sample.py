@@ -7,10 +7,11 @@ Sample text from a checkpoint written by train.py, or from any pretrained model.
 
 Prompts are encoded with GPT-2's BPE, or, for a run on a character-level dataset (its
 meta.json says "tokenizer": "char", e.g. data/shakespeare_char), with that dataset's
-characters. Models are loaded by checkpoint.load_model: checkpoints through
-checkpoint.load_checkpoint_file (torch.load(weights_only=True): only tensors and plain
+characters. Models are loaded by pretrained.load_model: checkpoints through
+checkpoint_file.load_checkpoint_file (torch.load(weights_only=True): only tensors and plain
 containers, never arbitrary pickled objects), which names the run's other checkpoints if
-ckpt.pt is truncated or corrupt, and every other source by pretrained.py.
+ckpt.pt is truncated or corrupt, and every other source as pretrained.py lists them. Only
+reading a model, it imports no optimizer, batch or DCP code (tests/test_imports.py).
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
@@ -21,9 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nonlinear_queries.checkpoint import load_model, sharded_hint
 from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError
+from nonlinear_queries.pretrained import PretrainedError, load_model, sharded_hint
 from nonlinear_queries.runtime import SetupError, setup
 from nonlinear_queries.tokenizer import run_tokenizer
 

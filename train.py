@@ -61,12 +61,12 @@ from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
 from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device_memory, memory_floor
-from nonlinear_queries.checkpoint import Checkpointer, CheckpointError, load_model
+from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
 from nonlinear_queries.lock import hold_out_dir, make_out_dir, release_new_out_dir, release_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.pretrained import PretrainedError
+from nonlinear_queries.pretrained import PretrainedError, load_model
 from nonlinear_queries.runs import open_run_log, run_header
 from nonlinear_queries.runtime import (
     SetupError,

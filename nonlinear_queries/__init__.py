@@ -11,10 +11,11 @@ which imports nothing from here. One concern per module:
 - coord_check, width: μP's coordinate check; the best rate and the gap to the baseline across widths, and
   compare.py's --width_transfer and --width_ladder reports
 - checkpoint: train.py's Checkpointer (which checkpoint to resume, its checks and restore, when to save),
-  atomic single-file and sharded (DCP) checkpoints, and load_model, every program's loader of any source;
+  atomic single-file and sharded (DCP) checkpoints: the training state alone;
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
-- pretrained: other people's weights in (GPT-2, Hugging Face, the official code's) and out (Hugging Face
-  GPT-2 format)
+- checkpoint_file: a checkpoint file read (the one torch.load, weights only), for checkpoint and pretrained
+- pretrained: load_model, every program's loader of any source (a run's checkpoint, GPT-2, Hugging Face,
+  the official code's), and weights out (Hugging Face GPT-2 format)
 - runs, stats, plots: a run's metrics.jsonl written (and wandb) and read, sweep directories (runs.finished:
   whether a run is over); Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer

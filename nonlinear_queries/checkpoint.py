@@ -1,9 +1,9 @@
 """
-Checkpoints of train.py: listed, written atomically, and read back with every check. train.py
-holds them through one Checkpointer: which checkpoint a run continues, its checks and restore,
-and when and where to save (should_save). The programs (sample.py, eval.py, analyze.py,
-export.py, train.py's fine-tuning) load a model with load_model: a run's checkpoint read here,
-any other source by pretrained.py. load_checkpoint_file is the repo's one torch.load.
+Checkpoints of train.py, the training state alone: listed, written atomically, and read back
+with every check. train.py holds them through one Checkpointer: which checkpoint a run continues,
+its checks and restore, and when and where to save (should_save). Files are read through
+checkpoint_file.load_checkpoint_file, the repo's one torch.load; a program that only reads a
+model loads it with pretrained.load_model, which never comes here.
 
 Under parallelism='ddp' a checkpoint is one file. Files in a run's out_dir: ckpt_<step>.pt
 (6 digits) for the newest keep_last_n steps and for the save_checkpoint_steps, and ckpt.pt,
@@ -38,10 +38,7 @@ The shards and meta.pt are read with torch.load(weights_only=True); DCP reads it
 """
 
 import errno
-import math
 import os
-import pickle
-import re
 import shutil
 import sys
 import warnings
@@ -57,6 +54,13 @@ from torch.distributed.tensor import DTensor
 from model import GPT, GPTConfig
 from nonlinear_queries.atomic import atomic_path, fsync_path, in_flight
 from nonlinear_queries.batches import fingerprint_change
+from nonlinear_queries.checkpoint_file import (
+    CheckpointError,
+    load_checkpoint_file,
+    step_checkpoints,
+    unreadable_checkpoint,
+    upgrade_model_args,
+)
 from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
 
 
@@ -86,21 +90,8 @@ CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "data", *(f.name for f in
 SHARDED_KEYS = CHECKPOINT_KEYS - {"model", "optimizer"} | {"optimizers", "param_groups"}
 
 
-class CheckpointError(Exception):
-    """A checkpoint that cannot be read or written, or that does not belong to the run being resumed."""
-
-
 class DiskFullError(CheckpointError):
     """No room on the disk for a checkpoint; the previous checkpoint is left as it was."""
-
-
-def step_checkpoints(out_dir, kinds=(".pt",)):
-    """[(step, path)] of the step checkpoints in out_dir, newest first ([] if no out_dir): the
-    ckpt_<step>.pt files, and with kinds=(".pt", ".dcp") the ckpt_<step>.dcp directories too."""
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    pattern = rf"ckpt_(\d+)({'|'.join(re.escape(k) for k in kinds)})"
-    found = [(int(m[1]), os.path.join(out_dir, n)) for n in names if (m := re.fullmatch(pattern, n))]
-    return sorted(found, reverse=True)
 
 
 def checkpoint_paths(out_dir):
@@ -350,48 +341,6 @@ def restore_grad_scaler(scaler, ckpt):
         scaler.load_state_dict(saved)
 
 
-def _unreadable(path, reason):
-    """The CheckpointError `cannot read checkpoint PATH: REASON.`, naming the other checkpoints of its
-    directory to resume from instead."""
-    out_dir = os.path.dirname(path) or "."
-    others = [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))
-              if not (os.path.exists(path) and os.path.samefile(p, path))]
-    hint = (f" Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH" if others
-            # another file (a Hugging Face directory's pytorch_model.bin) has no checkpoints beside it to offer
-            else f" There is no other checkpoint in {out_dir}" if os.path.basename(path).startswith("ckpt") else "")
-    return CheckpointError(f"cannot read checkpoint {path}: {reason}.{hint}")
-
-
-def load_checkpoint_file(path, map_location="cpu", mmap=False):
-    """What torch.load(path, weights_only=True) reads: tensors and plain containers only, never
-    arbitrary pickled objects; mmap=True maps the tensors instead of reading them. Raises
-    CheckpointError if the file is missing, truncated, corrupt or holds other objects; the
-    message says which in our words and lists the other checkpoints in its directory."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"no checkpoint at {path}")
-    # torch's messages are not passed on: the one for a file weights_only refuses advises loading it with
-    # weights_only=False, which runs whatever code the file holds
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError:  # bytes that are no pickle, or a pickle of objects weights_only refuses
-        raise _unreadable(path, "it is damaged, not a PyTorch file, or it holds pickled Python objects other than "
-                                "tensors and plain containers, which are never loaded") from None
-    except PermissionError as e:
-        raise _unreadable(path, e.strerror.lower()) from None
-    except (RuntimeError, EOFError, OSError, ValueError):  # a truncated file, a torn zip archive
-        raise _unreadable(path, "it is truncated or corrupt") from None
-
-
-def upgrade_model_args(model_args):
-    """model_args of a checkpoint, with what an older version of this repo left implicit made
-    explicit: before `attn_scale` existed, identity and residual used 1/sqrt(head_dim), where
-    today's default is their official 1/2 of it (model.py), so such a run keeps its scale."""
-    args = dict(model_args)
-    if "attn_scale" not in args and args.get("query_mode") in ("identity", "residual") and not args.get("qk_norm"):
-        args["attn_scale"] = 1 / math.sqrt(args["n_embd"] // args["n_head"])
-    return args
-
-
 def read_checkpoint(path, map_location="cpu", mmap=False):
     """The checkpoint dict of a file written by save_checkpoint (load_checkpoint_file, then
     upgrade_model_args), or of a sharded checkpoint directory its meta.pt, without the weights
@@ -400,64 +349,13 @@ def read_checkpoint(path, map_location="cpu", mmap=False):
     lists the other checkpoints in its directory."""
     sharded = os.path.isdir(path)
     if sharded and not os.path.isfile(os.path.join(path, ".metadata")):
-        raise _unreadable(path, "it is incomplete: it has no .metadata, the index DCP writes last")
+        raise unreadable_checkpoint(path, "it is incomplete: it has no .metadata, the index DCP writes last")
     ckpt = load_checkpoint_file(os.path.join(path, "meta.pt") if sharded else path, map_location, mmap)
     missing = (SHARDED_KEYS if sharded else CHECKPOINT_KEYS) - set(ckpt if isinstance(ckpt, dict) else ())
     if missing:
-        raise _unreadable(path, f"it is not a checkpoint of train.py: it has no {', '.join(sorted(missing))}")
+        raise unreadable_checkpoint(path, f"it is not a checkpoint of train.py: it has no {', '.join(sorted(missing))}")
     ckpt["model_args"] = upgrade_model_args(ckpt["model_args"])
     return ckpt
-
-
-def load_model(source, **overrides):
-    """The model of `source` on the CPU in float32, the one loader of sample.py, eval.py, analyze.py,
-    export.py and train.py's fine-tuning. A checkpoint file, or a run directory holding ckpt.pt, is read
-    here (load_checkpoint_file, which names a damaged file's other checkpoints): this repo's train.py's
-    (model_args in GPTConfig's names, upgrade_model_args) or the official code's (model_args with
-    num_heads, renamed by pretrained.from_official). Every other source, GPT-2 or a Hugging Face or export
-    directory, is pretrained.load_pretrained's (pretrained.py lists them all).
-
-    overrides: GPTConfig fields, as pretrained.build_pretrained takes them. Returns the GPT, its `config`
-    the resolved GPTConfig and `loaded_from` a pretrained.LoadedFrom. Raises PretrainedError, for a
-    directory holding only a sharded checkpoint one that says how to make a file of it (sharded_hint)."""
-    # imported here: pretrained reads its torch files through this module
-    from nonlinear_queries.pretrained import (
-        GPT2_SIZES,
-        LoadedFrom,
-        PretrainedError,
-        build_pretrained,
-        from_official,
-        load_pretrained,
-    )
-
-    path = None
-    if source not in GPT2_SIZES:
-        if os.path.isfile(source):
-            path = source
-        elif os.path.isfile(os.path.join(source, "ckpt.pt")):  # a run directory (its config.json is train.py's)
-            path = os.path.join(source, "ckpt.pt")
-        elif os.path.isdir(source) and sharded_hint(source):
-            raise PretrainedError(sharded_hint(source))
-    if path is None:
-        return load_pretrained(source, **overrides)
-    try:
-        ckpt = load_checkpoint_file(path)
-    except CheckpointError as e:
-        raise PretrainedError(str(e)) from None
-    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
-        found = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise PretrainedError(f"{path} is not a checkpoint: expected a dict with 'model' (a state dict) and "
-                              f"'model_args', as this repo's train.py and the official code write; found {found}")
-    args = ckpt["model_args"]
-    if "num_heads" in args:
-        weights = from_official(ckpt, path)
-    elif "n_head" in args:
-        weights = (upgrade_model_args(args), ckpt["model"],
-                   LoadedFrom("ckpt", path, ckpt.get("step"), ckpt.get("config")))
-    else:
-        raise PretrainedError(f"{path}: model_args has neither n_head (this repo's train.py) nor num_heads (the "
-                              f"official code); its keys: {sorted(args)}")
-    return build_pretrained(*weights, source, overrides)
 
 
 def load_training_state(ckpt, path, model, optimizers, scaler=None):
@@ -492,19 +390,6 @@ def load_training_state(ckpt, path, model, optimizers, scaler=None):
         load_optimizer_states(optimizers, ckpt["optimizer"])
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
-
-
-def sharded_hint(directory):
-    """A sentence saying how to make ckpt.pt when `directory` is a run holding only a sharded
-    checkpoint (ckpt.dcp), or is a sharded checkpoint itself; '' otherwise."""
-    if os.path.exists(os.path.join(directory, "ckpt.dcp")):
-        command = f"python -m nonlinear_queries.checkpoint --out_dir={directory}"
-    elif os.path.isfile(os.path.join(directory, ".metadata")):
-        command = f"python -m nonlinear_queries.checkpoint --checkpoint={directory} --to=PATH.pt"
-    else:
-        return ""
-    return (f"{directory} holds a sharded checkpoint (written under parallelism=fsdp); make one file of it with: "
-            f"{command}")
 
 
 def consolidate(path, to):

@@ -1,7 +1,7 @@
 """
 Downstream evaluation through EleutherAI's lm-evaluation-harness (lm-eval 0.4; Gao et al.,
 "A framework for few-shot language model evaluation", Zenodo 2023): any of its
-tasks, or tasks defined from local files, for any model checkpoint.load_model loads (eval.py)
+tasks, or tasks defined from local files, for any model pretrained.load_model loads (eval.py)
 or for the model being trained (train.py's eval_tasks). The tasks, their prompts and their
 metrics are lm-eval's; this module only scores text with our GPT.
 
@@ -40,8 +40,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from model import GPT
-from nonlinear_queries.checkpoint import load_model
 from nonlinear_queries.hub import DataError, check_hub_reachable, hub_endpoint, hub_offline
+from nonlinear_queries.pretrained import load_model
 from nonlinear_queries.runtime import setup
 from nonlinear_queries.tokenizer import run_tokenizer
 from nonlinear_queries.training import should_eval
@@ -71,7 +71,7 @@ class EvalError(DataError):
 class GPTLM(TemplateLM):
     """Our GPT as an lm-eval model, for the three request types of lm_eval.api.model.LM.
 
-    pretrained: a source checkpoint.load_model reads (a run's out_dir, a checkpoint, gpt2, a Hugging
+    pretrained: a source pretrained.load_model reads (a run's out_dir, a checkpoint, gpt2, a Hugging
     Face or export.py directory), whose tokenizer is the run's own (tokenizer.run_tokenizer); or a
     GPT object, with its `tokenizer` (the model in training). batch_size: sequences per forward
     pass. device, dtype: as runtime.setup ('auto': CUDA with bfloat16 autocast if available, else

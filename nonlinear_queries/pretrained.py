@@ -1,10 +1,10 @@
 """
-Other people's weights in, and this repo's out. In: load_pretrained(source, **overrides) for
-OpenAI's GPT-2 and Hugging Face or export directories, and from_official for the official code's
-checkpoints. The programs load every source, this repo's runs included, with
-checkpoint.load_model: it reads checkpoint files itself (the official code's too, handing their
-dict to from_official) and every other source with load_pretrained. Out: export(model,
-directory), which export.py calls. The formats are described in docs/pretrained.md.
+Models in from every source, and this repo's out. In: load_model(source, **overrides), the one
+loader of every program (sample.py, eval.py, analyze.py, export.py, train.py's fine-tuning): it
+reads checkpoint files itself, this repo's runs' and the official code's (handing their dict to
+from_official), and every other source with load_pretrained, OpenAI's GPT-2 and Hugging Face or
+export directories. Out: export(model, directory), which export.py calls. The formats are
+described in docs/pretrained.md.
 
 A source is one of the following; its kind is read from the files, not from its name:
 - 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl': OpenAI's GPT-2 from the local Hugging Face
@@ -15,19 +15,20 @@ A source is one of the following; its kind is read from the files, not from its 
   q | k | v here: split into the query's W_Q and c_kv), has biases everywhere, gelu_new and
   vocab 50257
 - a checkpoint file of the official code (arXiv:2603.13381's repository), read by
-  checkpoint.load_model: a dict with 'model' (its state dict, keys perhaps prefixed by
+  load_model: a dict with 'model' (its state dict, keys perhaps prefixed by
   torch.compile's '_orig_mod.') and 'model_args' (num_heads, head_size, mlp_hidden_size,
   tie_weights, bias, scale, query_mode in original | identity | residual | residual_gelu); its
   attention names attn.c_attn (rows q | k | v for original and residual, k | v otherwise),
   attn.residual_rmsnorm_input, attn.residual_in (W1), attn.residual_out (W2),
   attn.residual_layernorm_output
 - a checkpoint of this repo's train.py (ckpt.pt: 'model', 'model_args' with this repo's
-  GPTConfig names, 'step', 'config', ...), or a run directory holding one: checkpoint.load_model's
+  GPTConfig names, 'step', 'config', ...), or a run directory holding one: load_model's (a run
+  holding only a sharded checkpoint, ckpt.dcp, gets sharded_hint's sentence)
 - a directory written by export.py in this repo's own format (config.json with
   "format": "nonlinear-queries" and the model_args)
 
 Loading never unpickles arbitrary objects: files are read with safetensors or with
-checkpoint.load_checkpoint_file (torch.load(weights_only=True)), which admits only tensors and
+checkpoint_file.load_checkpoint_file (torch.load(weights_only=True)), which admits only tensors and
 plain containers. Every failure is a PretrainedError whose message says what was expected.
 """
 
@@ -43,7 +44,7 @@ from torch import nn
 
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.atomic import atomic_path, write_json
-from nonlinear_queries.checkpoint import CheckpointError, load_checkpoint_file
+from nonlinear_queries.checkpoint_file import CheckpointError, load_checkpoint_file, upgrade_model_args
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 REPO_FORMAT = "nonlinear-queries"  # config.json's "format" in export.py's own format
@@ -93,6 +94,60 @@ class LoadedFrom:
     path: str
     step: int | None = None
     run_config: dict | None = None
+
+
+def load_model(source, **overrides):
+    """The model of `source` on the CPU in float32, the one loader of sample.py, eval.py, analyze.py,
+    export.py and train.py's fine-tuning; `source` is any of the module docstring's. A checkpoint file, or
+    a run directory holding ckpt.pt, is read here (checkpoint_file.load_checkpoint_file, which names a
+    damaged file's other checkpoints): this repo's train.py's (model_args in GPTConfig's names,
+    checkpoint_file.upgrade_model_args) or the official code's (model_args with num_heads, renamed by
+    from_official). Every other source, GPT-2 or a Hugging Face or export directory, is load_pretrained's.
+
+    overrides: GPTConfig fields, as build_pretrained takes them. Returns the GPT, its `config` the
+    resolved GPTConfig and `loaded_from` a LoadedFrom. Raises PretrainedError, for a directory holding
+    only a sharded checkpoint one that says how to make a file of it (sharded_hint)."""
+    path = None
+    if source not in GPT2_SIZES:
+        if os.path.isfile(source):
+            path = source
+        elif os.path.isfile(os.path.join(source, "ckpt.pt")):  # a run directory (its config.json is train.py's)
+            path = os.path.join(source, "ckpt.pt")
+        elif os.path.isdir(source) and sharded_hint(source):
+            raise PretrainedError(sharded_hint(source))
+    if path is None:
+        return load_pretrained(source, **overrides)
+    try:
+        ckpt = load_checkpoint_file(path)
+    except CheckpointError as e:
+        raise PretrainedError(str(e)) from None
+    if not (isinstance(ckpt, dict) and all(isinstance(ckpt.get(k), dict) for k in ("model", "model_args"))):
+        found = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise PretrainedError(f"{path} is not a checkpoint: expected a dict with 'model' (a state dict) and "
+                              f"'model_args', as this repo's train.py and the official code write; found {found}")
+    args = ckpt["model_args"]
+    if "num_heads" in args:
+        weights = from_official(ckpt, path)
+    elif "n_head" in args:
+        weights = (upgrade_model_args(args), ckpt["model"],
+                   LoadedFrom("ckpt", path, ckpt.get("step"), ckpt.get("config")))
+    else:
+        raise PretrainedError(f"{path}: model_args has neither n_head (this repo's train.py) nor num_heads (the "
+                              f"official code); its keys: {sorted(args)}")
+    return build_pretrained(*weights, source, overrides)
+
+
+def sharded_hint(directory):
+    """A sentence saying how to make ckpt.pt when `directory` is a run holding only a sharded
+    checkpoint (ckpt.dcp), or is a sharded checkpoint itself; '' otherwise."""
+    if os.path.exists(os.path.join(directory, "ckpt.dcp")):
+        command = f"python -m nonlinear_queries.checkpoint --out_dir={directory}"
+    elif os.path.isfile(os.path.join(directory, ".metadata")):
+        command = f"python -m nonlinear_queries.checkpoint --checkpoint={directory} --to=PATH.pt"
+    else:
+        return ""
+    return (f"{directory} holds a sharded checkpoint (written under parallelism=fsdp); make one file of it with: "
+            f"{command}")
 
 
 def load_pretrained(source, **overrides):
@@ -163,7 +218,7 @@ def apply_overrides(loaded, overrides, source):
 def read_source(source):
     """(model_args, state_dict, LoadedFrom) of `source`, a GPT-2 name or a directory: GPTConfig keyword
     arguments, and the weights under this repo's names for the model those arguments build. A checkpoint
-    file, or a run directory (ckpt.pt), is checkpoint.load_model's, which hands every other source here."""
+    file, or a run directory (ckpt.pt), is load_model's, which hands every other source here."""
     if source in GPT2_SIZES:
         return read_directory(hub_snapshot(source), kind="gpt2")
     if os.path.isdir(source):
@@ -172,7 +227,7 @@ def read_source(source):
         raise PretrainedError(f"{source} holds neither config.json (a Hugging Face GPT-2 directory or export.py's "
                               f"output) nor ckpt.pt (a run directory of train.py)")
     if os.path.isfile(source):
-        raise PretrainedError(f"{source} is a file: checkpoint files are read by checkpoint.load_model")
+        raise PretrainedError(f"{source} is a file: checkpoint files are read by load_model")
     raise PretrainedError(f"{source!r} is none of {', '.join(GPT2_SIZES)} and no file or directory")
 
 
@@ -204,7 +259,7 @@ def _read_json(path):
 
 
 def read_torch_weights(path):
-    """The tensors of a pytorch_model.bin, read by checkpoint.load_checkpoint_file (tensors and plain
+    """The tensors of a pytorch_model.bin, read by checkpoint_file.load_checkpoint_file (tensors and plain
     containers only); PretrainedError if the file is missing, truncated, corrupt or holds other objects."""
     try:
         return load_checkpoint_file(path)
@@ -306,7 +361,7 @@ def state_dict_from_hf(hf, n_embd, tie_weights):
 
 def from_official(ckpt, path):
     """(model_args, state_dict, LoadedFrom) of an official-code checkpoint (the dict that
-    checkpoint.load_model read from `path`), under this repo's names.
+    load_model read from `path`), under this repo's names.
     The softmax scale is model_args' `scale`: attn_scale 0 where it is the query module's own."""
     args = {**OFFICIAL_DEFAULTS, **ckpt["model_args"]}
     mode = OFFICIAL_QUERY_MODES.get(args["query_mode"])
@@ -437,7 +492,7 @@ def export(model, directory):
     transformers.GPT2LMHeadModel.from_pretrained(directory) loads, computing the same logits;
     returns None. Otherwise in this repo's format (its state dict, a tied LM head stored once;
     config.json {"format": "nonlinear-queries", "model_args": ...}), which
-    checkpoint.load_model(directory) loads; returns the reason Hugging Face cannot hold the model.
+    load_model(directory) loads; returns the reason Hugging Face cannot hold the model.
     """
     check_export_dir(directory)
     reason = hf_incompatibility(model.config)

@@ -47,7 +47,7 @@ class TrainConfig(GPTConfig):
     diagnostics: bool = True
     diagnostics_batches: int = 1  # val batches the diagnostics run on, the first of the eval_iters
     # 'scratch'; 'resume' (from out_dir/ckpt.pt, or from resume_from); or a pretrained model to fine-tune,
-    # anything checkpoint.load_model reads (pretrained.py): gpt2[-medium|-large|-xl], a Hugging Face GPT-2
+    # anything pretrained.load_model reads: gpt2[-medium|-large|-xl], a Hugging Face GPT-2
     # directory, a checkpoint of the official code or of this repo
     init_from: str = "scratch"
     resume_from: str = ""  # a checkpoint file to resume from instead of out_dir/ckpt.pt; implies init_from='resume'

@@ -17,12 +17,11 @@ from nonlinear_queries.checkpoint import (
     Checkpointer,
     CheckpointError,
     check_resumable,
-    load_model,
     read_checkpoint,
     save_checkpoint,
-    step_checkpoints,
 )
-from nonlinear_queries.pretrained import PretrainedError
+from nonlinear_queries.checkpoint_file import step_checkpoints
+from nonlinear_queries.pretrained import PretrainedError, load_model
 
 NOT_LOADED = ("it is damaged, not a PyTorch file, or it holds pickled Python objects other than tensors and plain "
               "containers, which are never loaded")

@@ -30,12 +30,12 @@ from model import GPT, GPTConfig
 from nonlinear_queries import runtime
 from nonlinear_queries.checkpoint import (
     CheckpointError,
-    load_model,
     load_training_state,
     read_checkpoint,
     save_sharded_checkpoint,
 )
 from nonlinear_queries.optimizers import build_optimizers, muon_parameters
+from nonlinear_queries.pretrained import load_model
 from nonlinear_queries.runtime import SetupError, parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
 
@@ -148,7 +148,7 @@ def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakesp
     assert os.readlink(out / "ckpt.dcp") == "ckpt_000008.dcp"
 
     # one command makes ckpt.pt of it: the one-process run's checkpoint, weights and optimizer states,
-    # which sample.py and export.py read (checkpoint.load_model)
+    # which sample.py and export.py read (pretrained.load_model)
     proc = run_script("-m nonlinear_queries.checkpoint", f"--out_dir={out}")
     assert f"wrote {out / 'ckpt.pt'}: the checkpoint of step 8" in proc.stdout
     made, want = (torch.load(d / "ckpt.pt", weights_only=True) for d in (out, one_process))

@@ -1,0 +1,118 @@
+"""The import graph runs one way: no module of the package and no program at the repo's root imports
+itself back through others (no circle, a function's import included: none dodges one), and a program that
+only reads a model imports no training code (optimizers, batches, torch.distributed.checkpoint)."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+# what only training needs: its optimizers, its batches, and DCP (torch.distributed.checkpoint, sharded checkpoints)
+TRAINING_ONLY = ("nonlinear_queries.optimizers", "nonlinear_queries.batches", "torch.distributed.checkpoint")
+
+
+def repo_modules():
+    """{module name: path} of the package's modules (nonlinear_queries itself its __init__.py) and the
+    programs at the repo's root (model.py among them)."""
+    modules = {f[:-3]: os.path.join(REPO, f) for f in os.listdir(REPO) if f.endswith(".py")}
+    package = os.path.join(REPO, "nonlinear_queries")
+    for f in os.listdir(package):
+        if f.endswith(".py"):
+            name = "nonlinear_queries" if f == "__init__.py" else f"nonlinear_queries.{f[:-3]}"
+            modules[name] = os.path.join(package, f)
+    return modules
+
+
+def import_nodes(path):
+    """The import statements of the Python file at `path`, wherever they stand (a function's too)."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+
+
+def imported(node, name, modules):
+    """The modules of `modules` that the import statement `node` in the module `name` loads."""
+    if isinstance(node, ast.Import):
+        candidates = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:  # relative: from the package the module `name` stands in
+            package = name if name == "nonlinear_queries" else name.rpartition(".")[0]
+            base = ".".join(p for p in (package, base) if p)
+        # `from nonlinear_queries import runtime` loads nonlinear_queries.runtime
+        candidates = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+    return {c for c in candidates if c in modules and c != name}
+
+
+def import_graph():
+    """{module: {module it imports: line of the import}} over repo_modules."""
+    modules = repo_modules()
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {}
+        for node in import_nodes(path):
+            for target in imported(node, name, modules):
+                graph[name].setdefault(target, node.lineno)
+    return graph
+
+
+def find_circle(graph):
+    """One circle of `graph` as [a, b, ..., a], or None where there is none (a depth-first search)."""
+    done, path = set(), []
+
+    def visit(name):
+        if name in path:
+            return path[path.index(name):] + [name]
+        if name in done:
+            return None
+        path.append(name)
+        for target in sorted(graph[name]):
+            circle = visit(target)
+            if circle:
+                return circle
+        path.pop()
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        circle = visit(name)
+        if circle:
+            return circle
+    return None
+
+
+def test_the_import_graph_has_no_circle():
+    graph = import_graph()
+    assert "nonlinear_queries.checkpoint" in graph and "sample" in graph  # the walk read the package and the root
+    circle = find_circle(graph)
+    assert circle is None, "an import circle: " + " -> ".join(
+        f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
+
+
+def test_the_loader_of_models_stands_on_the_sources_side():
+    # pretrained (every source) reads files through checkpoint_file; checkpoint (the training state) never
+    # loads a model, and neither of the two imports the other
+    graph = import_graph()
+    assert "nonlinear_queries.checkpoint_file" in graph["nonlinear_queries.pretrained"]
+    assert "nonlinear_queries.checkpoint" not in graph["nonlinear_queries.pretrained"]
+    assert "nonlinear_queries.pretrained" not in graph["nonlinear_queries.checkpoint"]
+
+
+@pytest.mark.parametrize("program", ["sample.py", "export.py"])
+def test_a_program_that_only_reads_a_model_imports_no_training_code(program):
+    # the program's own import statements, run in a fresh interpreter (the program itself would run)
+    with open(os.path.join(REPO, program)) as f:
+        source = f.read()
+    statements = [ast.get_source_segment(source, node) for node in import_nodes(os.path.join(REPO, program))]
+    code = "\n".join([*statements, "import sys", "print('\\n'.join(sorted(sys.modules)))"])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stdout.split()
+    assert "nonlinear_queries.pretrained" in loaded  # the statements did load the program's modules
+    found = [m for m in loaded if any(m == t or m.startswith(t + ".") for t in TRAINING_ONLY)]
+    assert found == [], f"{program} imports training code: {found}"
