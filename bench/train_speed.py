@@ -54,7 +54,6 @@ compiled graph (common.fresh_compiler): a variant that would fall back to eager 
 """
 
 import argparse
-import ast
 import multiprocessing
 import os
 import statistics
@@ -81,7 +80,7 @@ from model import GPT, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
 from nonlinear_queries.runtime import compile_kwargs, mfu, peak_flops
-from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
+from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
 from nonlinear_queries.training import DivergenceGuard, apply_updates, train_step
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size, gradient_accumulation_steps
@@ -126,19 +125,13 @@ def variants(args):
 
 
 def inductor_options(text):
-    """({name: value}, text) of --inductor's NAME=VALUE[,NAME=VALUE]: values are Python literals (True, 0,
-    'x'), else strings. Raises argparse.ArgumentTypeError for a malformed pair, or for a name or a type
-    that inductor refuses (checked by compiling a Linear with them, as torch.compile checks them)."""
-    options = {}
-    for pair in text.split(","):
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
-            raise argparse.ArgumentTypeError(f"--inductor takes NAME=VALUE pairs, e.g. online_softmax=False; got "
-                                             f"{pair!r}")
-        try:
-            options[name.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[name.strip()] = value.strip()
+    """({name: value}, text) of --inductor's NAME=VALUE[,NAME=VALUE], as TrainConfig's compile_options
+    (train_config.parse_compile_options). Raises argparse.ArgumentTypeError for a malformed pair, or for a
+    name or a type that inductor refuses (checked by compiling a Linear with them, as torch.compile checks them)."""
+    try:
+        options = parse_compile_options(text, "--inductor")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     try:
         torch.compile(torch.nn.Linear(1, 1), options=options)
     except RuntimeError as e:  # torch.compile's own check of each option's name and type

@@ -10,12 +10,14 @@ fused projection (model.py): h = x diag(g) W1 comes out of the [K | V | W1] matm
     y = a W2 + b2                        cuBLAS, as before
     q = anchor + LN(y) w + b             anchor x (res_gelu) or x W_Q        torch.ops.nlq.layer_norm_residual
 
-Each op is one kernel per direction, one program per row (a token), so no loop has a runtime
-bound (triton 3.6's interpreter fails those under numpy 2.4), with every statistic in float32 and
-GELU exact (erf). The ½ of eq. 2 stays folded into the softmax scale (ResGELUQuery.scale_mult).
+Each op is one kernel per direction, each program a tile of whole rows (tokens; TILE_ELEMENTS
+elements, 4 rows of 768), so no loop has a runtime bound (triton 3.6's interpreter fails those
+under numpy 2.4), with every statistic in float32 and GELU exact (erf). The ½ of eq. 2 stays
+folded into the softmax scale (ResGELUQuery.scale_mult).
 rms_gelu reads h in place, a strided view of the fused projection's output, and its backward
 writes GELU' times 1/rms(x) as h's gradient, so no kernel runs GELU's backward over the K and V
-columns (the cat that autograd's split backward then makes is a copy: bench/RESULTS.md's +21 ms).
+columns (the cat that autograd's split backward then makes only copies; bench/RESULTS.md's +21 ms
+was GELU's backward fused into that cat, over all 2.5 C columns).
 
 Why a hook and not an import: model.py is a single file that imports nothing of this package, so
 ResGELUQuery has a `kernels` attribute, None by default (plain PyTorch), which use_kernels sets to
@@ -38,97 +40,107 @@ from torch.nn import functional as F
 
 SQRT1_2 = 0.7071067811865476  # 1/sqrt(2): GELU(u) = u Phi(u), Phi(u) = (1 + erf(u / sqrt(2))) / 2
 INV_SQRT_2PI = 0.3989422804014327  # 1/sqrt(2 pi): Phi'(u) = exp(-u^2 / 2) / sqrt(2 pi)
-LN_BLOCK_ROWS = 32  # rows per program of layer_norm_residual's backward: its partial sums of dw and db
+TILE_ELEMENTS = 4096  # elements of a program's tile: BLOCK_M rows of the padded width, 4 rows at C = 768
+LN_TILES = 8  # tiles per program of layer_norm_residual's backward, whose partial sums of dw and db it writes
+
+
+def _block_m(width):
+    """Rows per program for rows of `width` elements padded to a power of two: TILE_ELEMENTS in all."""
+    return max(1, TILE_ELEMENTS // triton.next_power_of_2(width))
 
 
 @triton.jit
-def _rms_gelu_fwd(X, H, B1, A, RSTD, stride_x, stride_h, stride_a, C, R, eps,
-                  HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_gelu_fwd(X, H, B1, A, RSTD, stride_x, stride_h, stride_a, N, C, R, eps,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
     cols_c = tl.arange(0, BLOCK_C)
-    x = tl.load(X + row * stride_x + cols_c, mask=cols_c < C, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / C + eps)
+    mask_c = row_mask[:, None] & (cols_c < C)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / C + eps)
     cols = tl.arange(0, BLOCK_R)
-    mask = cols < R
-    u = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32) * rstd
+    mask = row_mask[:, None] & (cols < R)[None, :]
+    u = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32) * rstd[:, None]
     if HAS_BIAS:
-        u += tl.load(B1 + cols, mask=mask, other=0.0).to(tl.float32)
+        u += tl.load(B1 + cols, mask=cols < R, other=0.0).to(tl.float32)[None, :]
     a = 0.5 * u * (1.0 + tl.math.erf(u * SQRT1_2))
-    tl.store(A + row * stride_a + cols, a.to(A.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row, rstd)
+    tl.store(A + rows[:, None] * stride_a + cols[None, :], a.to(A.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
 @triton.jit
-def _rms_gelu_bwd(X, H, B1, DA, RSTD, DX, DH, DU, stride_x, stride_h, stride_da, stride_dx, stride_dh, C, R,
-                  HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    rstd = tl.load(RSTD + row)
+def _rms_gelu_bwd(X, H, B1, DA, RSTD, DX, DH, DU, stride_x, stride_h, stride_da, stride_dx, stride_dh, N, C, R,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     cols = tl.arange(0, BLOCK_R)
-    mask = cols < R
-    h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
-    u = h * rstd
+    mask = row_mask[:, None] & (cols < R)[None, :]
+    h = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = h * rstd[:, None]
     if HAS_BIAS:
-        u += tl.load(B1 + cols, mask=mask, other=0.0).to(tl.float32)
+        u += tl.load(B1 + cols, mask=cols < R, other=0.0).to(tl.float32)[None, :]
     # GELU'(u) = Phi(u) + u Phi'(u)
-    du = tl.load(DA + row * stride_da + cols, mask=mask, other=0.0).to(tl.float32) * (
+    du = tl.load(DA + rows[:, None] * stride_da + cols[None, :], mask=mask, other=0.0).to(tl.float32) * (
         0.5 * (1.0 + tl.math.erf(u * SQRT1_2)) + u * INV_SQRT_2PI * tl.exp(-0.5 * u * u))
-    tl.store(DH + row * stride_dh + cols, (du * rstd).to(DH.dtype.element_ty), mask=mask)
+    tl.store(DH + rows[:, None] * stride_dh + cols[None, :], (du * rstd[:, None]).to(DH.dtype.element_ty), mask=mask)
     if HAS_BIAS:
-        tl.store(DU + row * R + cols, du, mask=mask)
+        tl.store(DU + rows[:, None] * R + cols[None, :], du, mask=mask)
     # d rstd / d x_i = -rstd^3 x_i / C
-    drstd = tl.sum(du * h, axis=0)
+    scale = -tl.sum(du * h, axis=1) * rstd * rstd * rstd / C
     cols_c = tl.arange(0, BLOCK_C)
-    mask_c = cols_c < C
-    x = tl.load(X + row * stride_x + cols_c, mask=mask_c, other=0.0).to(tl.float32)
-    dx = -drstd * rstd * rstd * rstd / C * x
-    tl.store(DX + row * stride_dx + cols_c, dx.to(DX.dtype.element_ty), mask=mask_c)
+    mask_c = row_mask[:, None] & (cols_c < C)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+    tl.store(DX + rows[:, None] * stride_dx + cols_c[None, :], (scale[:, None] * x).to(DX.dtype.element_ty),
+             mask=mask_c)
 
 
 @triton.jit
-def _layer_norm_residual_fwd(ANCHOR, Y, W, B, OUT, MEAN, RSTD, stride_anchor, stride_y, stride_out, C, eps,
-                             HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _layer_norm_residual_fwd(ANCHOR, Y, W, B, OUT, MEAN, RSTD, stride_anchor, stride_y, stride_out, N, C, eps,
+                             HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
     cols = tl.arange(0, BLOCK_C)
-    mask = cols < C
-    y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(y, axis=0) / C
-    d = tl.where(mask, y - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
-    out = d * rstd * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    mask = row_mask[:, None] & (cols < C)[None, :]
+    y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(y, axis=1) / C
+    d = tl.where(mask, y - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / C + eps)
+    out = d * rstd[:, None] * tl.load(W + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
-        out += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
-    out += tl.load(ANCHOR + row * stride_anchor + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(OUT + row * stride_out + cols, out.to(OUT.dtype.element_ty), mask=mask)
-    tl.store(MEAN + row, mean)
-    tl.store(RSTD + row, rstd)
+        out += tl.load(B + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+    out += tl.load(ANCHOR + rows[:, None] * stride_anchor + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(OUT + rows[:, None] * stride_out + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
 @triton.jit
 def _layer_norm_residual_bwd(DOUT, Y, W, MEAN, RSTD, DY, DW_PART, DB_PART, stride_dout, stride_y, stride_dy, N, C,
-                             BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
-    block = tl.program_id(0)
+                             TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    program = tl.program_id(0)
     cols = tl.arange(0, BLOCK_C)
     mask_c = cols < C
     w = tl.load(W + cols, mask=mask_c, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_C], dtype=tl.float32)
     db = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for i in tl.static_range(BLOCK_ROWS):
-        row = block.to(tl.int64) * BLOCK_ROWS + i
-        mask = mask_c & (row + 0 * cols < N)  # a block-shaped mask: the interpreter takes no scalar bool in a &
-        dout = tl.load(DOUT + row * stride_dout + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
-        # a row past N (the last block's tail) reads row N - 1's statistics and adds nothing: its dout is 0
-        mean = tl.load(MEAN + tl.minimum(row, N - 1))
-        rstd = tl.load(RSTD + tl.minimum(row, N - 1))
-        yhat = tl.where(mask, (y - mean) * rstd, 0.0)
-        g = dout * w
-        # LayerNorm's backward: dy = rstd (g - mean(g) - yhat mean(g yhat))
-        dy = rstd * (g - tl.sum(g, axis=0) / C - yhat * (tl.sum(g * yhat, axis=0) / C))
-        tl.store(DY + row * stride_dy + cols, dy.to(DY.dtype.element_ty), mask=mask)
-        dw += dout * yhat
-        db += dout
-    tl.store(DW_PART + block * C + cols, dw, mask=mask_c)
-    tl.store(DB_PART + block * C + cols, db, mask=mask_c)
+    for t in tl.static_range(TILES):
+        rows = (program.to(tl.int64) * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < N
+        mask = row_mask[:, None] & mask_c[None, :]
+        dout = tl.load(DOUT + rows[:, None] * stride_dout + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        yhat = tl.where(mask, (y - mean[:, None]) * rstd[:, None], 0.0)
+        g = dout * w[None, :]
+        # LayerNorm's backward: dy = rstd (g - mean(g) - yhat mean(g yhat)), means over the C features
+        dy = rstd[:, None] * (g - tl.sum(g, axis=1)[:, None] / C - yhat * (tl.sum(g * yhat, axis=1)[:, None] / C))
+        tl.store(DY + rows[:, None] * stride_dy + cols[None, :], dy.to(DY.dtype.element_ty), mask=mask)
+        dw += tl.sum(dout * yhat, axis=0)
+        db += tl.sum(dout, axis=0)
+    tl.store(DW_PART + program * C + cols, dw, mask=mask_c)
+    tl.store(DB_PART + program * C + cols, db, mask=mask_c)
 
 
 def use_triton(t):
@@ -169,9 +181,10 @@ def rms_gelu(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
     R = h.size(1)
     a = torch.empty(N, R, dtype=h.dtype, device=h.device)
     rstd = torch.empty(N, dtype=torch.float32, device=x.device)
-    _rms_gelu_fwd[(N,)](
-        x, h, h if b1 is None else b1, a, rstd, x.stride(0), h.stride(0), a.stride(0), C, R, eps,
-        HAS_BIAS=b1 is not None, BLOCK_C=triton.next_power_of_2(C), BLOCK_R=triton.next_power_of_2(R))
+    block_m = _block_m(C)
+    _rms_gelu_fwd[(triton.cdiv(N, block_m),)](
+        x, h, h if b1 is None else b1, a, rstd, x.stride(0), h.stride(0), a.stride(0), N, C, R, eps,
+        HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C), BLOCK_R=triton.next_power_of_2(R))
     return a, rstd
 
 
@@ -203,9 +216,10 @@ def rms_gelu_backward(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
     R = h.size(1)
     dx, dh = torch.empty_like(x), torch.empty(N, R, dtype=h.dtype, device=h.device)
     du = torch.empty(N if b1 is not None else 0, R, dtype=torch.float32, device=h.device)
-    _rms_gelu_bwd[(N,)](
+    block_m = _block_m(C)
+    _rms_gelu_bwd[(triton.cdiv(N, block_m),)](
         x, h, h if b1 is None else b1, da, rstd, dx, dh, du, x.stride(0), h.stride(0), da.stride(0), dx.stride(0),
-        dh.stride(0), C, R, HAS_BIAS=b1 is not None, BLOCK_C=triton.next_power_of_2(C),
+        dh.stride(0), N, C, R, HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C),
         BLOCK_R=triton.next_power_of_2(R))
     return dx, dh, du
 
@@ -258,9 +272,10 @@ def layer_norm_residual(anchor: torch.Tensor, y: torch.Tensor, weight: torch.Ten
     N, C = y.shape
     out = torch.empty(N, C, dtype=torch.promote_types(anchor.dtype, weight.dtype), device=y.device)
     mean, rstd = (torch.empty(N, dtype=torch.float32, device=y.device) for _ in range(2))
-    _layer_norm_residual_fwd[(N,)](
+    block_m = _block_m(C)
+    _layer_norm_residual_fwd[(triton.cdiv(N, block_m),)](
         anchor, y, weight, weight if bias is None else bias, out, mean, rstd, anchor.stride(0), y.stride(0),
-        out.stride(0), C, eps, HAS_BIAS=bias is not None, BLOCK_C=triton.next_power_of_2(C))
+        out.stride(0), N, C, eps, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C))
     return out, mean, rstd
 
 
@@ -283,18 +298,19 @@ def layer_norm_residual_backward_reference(dout, y, weight, mean, rstd):
 def layer_norm_residual_backward(dout: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
                                  rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """layer_norm_residual's backward but the anchor's gradient (dout itself): dout (N, C) to dy (N, C)
-    in y's dtype, and the float32 gradients of the weight and the bias, (C,) each: per-block partial
-    sums of LN_BLOCK_ROWS rows written by the kernel, summed here."""
+    in y's dtype, and the float32 gradients of the weight and the bias, (C,) each: the kernel writes the
+    partial sums of each program's LN_TILES tiles of rows, summed here."""
     dout, y = _rows(dout), _rows(y)
     if not use_triton(y):
         return layer_norm_residual_backward_reference(dout, y, weight, mean, rstd)
     N, C = y.shape
-    blocks = triton.cdiv(N, LN_BLOCK_ROWS)
+    block_m = _block_m(C)
+    blocks = triton.cdiv(N, LN_TILES * block_m)
     dy = torch.empty_like(y)
     dw_part, db_part = (torch.empty(blocks, C, dtype=torch.float32, device=y.device) for _ in range(2))
     _layer_norm_residual_bwd[(blocks,)](
         dout, y, weight, mean, rstd, dy, dw_part, db_part, dout.stride(0), y.stride(0), dy.stride(0), N, C,
-        BLOCK_ROWS=LN_BLOCK_ROWS, BLOCK_C=triton.next_power_of_2(C))
+        TILES=LN_TILES, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C))
     return dy, dw_part.sum(0), db_part.sum(0)
 
 

@@ -14,13 +14,16 @@ import pytest
 import torch
 import triton
 
+from helpers import losses_by_step, train_in_process, val_losses_by_step
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries import kernels
 
 EPS = 1e-5
-# a row count beyond one block of layer_norm_residual's backward (32 rows) and not a multiple of it; widths
-# that are not powers of two, so every block's masked tail is exercised
-N, C, R = 70, 40, 21
+# widths that are not powers of two and a row count that is not a multiple of a program's rows, so every tile's
+# masked tail is exercised: at C = 40 a program takes 64 rows, at C = 600 4 rows, and layer_norm_residual's
+# backward sums the partials of 3 programs of 32 rows
+N = 70
+SHAPES = [(40, 21), (600, 300)]
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2 ** -6, atol=2e-2)}
 
 
@@ -44,7 +47,8 @@ def rounded(*shape, dtype, scale=1.0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias):
+@pytest.mark.parametrize("C, R", SHAPES)
+def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias, C, R):
     torch.manual_seed(0)
     x, x64 = rounded(N, C, dtype=dtype)
     # h read in place as the W1 columns of a fused projection's output, (N, 2 C + R), as model.py's fused path has it
@@ -70,7 +74,8 @@ def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_layer_norm_residual_matches_float64_outputs_and_gradients(path, dtype, bias):
+@pytest.mark.parametrize("C", [c for c, _ in SHAPES])
+def test_layer_norm_residual_matches_float64_outputs_and_gradients(path, dtype, bias, C):
     torch.manual_seed(1)
     anchor, anchor64 = rounded(N, C, dtype=dtype)
     y, y64 = rounded(N, C, dtype=dtype, scale=4.0)
@@ -169,3 +174,17 @@ def test_use_kernels_leaves_other_activations_and_unnormed_f_to_pytorch():
         model = GPT(GPTConfig(**TINY, query_mode="res_gelu", **settings))
         assert kernels.use_kernels(model) == 0
         assert all(block.attn.query.kernels is None for block in model.transformer.h)
+
+
+@pytest.mark.slow
+def test_train_py_with_kernels_trains_as_without(shakespeare_dir, tmp_path):
+    """TrainConfig's `kernels` reaches the model through train.py: the same losses, step for step."""
+    runs = {}
+    for flag in ("False", "True"):
+        out = tmp_path / flag
+        assert train_in_process(shakespeare_dir, out, "--query_mode=res_gelu", f"--kernels={flag}", "--max_iters=3",
+                                "--eval_interval=3") == 0
+        runs[flag] = losses_by_step(out), val_losses_by_step(out)
+    assert list(runs["True"][0]) == [1, 2, 3]
+    for got, want in zip(runs["True"], runs["False"]):
+        assert got == pytest.approx(want, rel=1e-5)
