@@ -188,3 +188,36 @@ def test_train_py_with_kernels_trains_as_without(shakespeare_dir, tmp_path):
     assert list(runs["True"][0]) == [1, 2, 3]
     for got, want in zip(runs["True"], runs["False"]):
         assert got == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_kernels_under_sharding_checkpointing_and_compile(parallelism):
+    """The ops in a model that parallelize() checkpoints, compiles (dynamo and AOTAutograd) and shards as
+    train.py does, FSDP2 in a process group of one included: the plain model's loss and gradients."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from nonlinear_queries.runtime import parallelize, setup
+
+    rt = setup("cpu", "float32", parallelism="fsdp")  # a group of one; under ddp, DDP around the model
+    try:
+        cfg = GPTConfig(**TINY, query_mode="res_gelu")
+        torch.manual_seed(5)
+        plain = GPT(cfg)
+        fast = GPT(cfg)
+        fast.load_state_dict(plain.state_dict())
+        kernels.use_kernels(fast)
+        model, train_model = parallelize(fast, rt, parallelism, compile=True, activation_checkpointing=True,
+                                         backend="aot_eager")
+        idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
+        want = plain(idx, targets)[1]
+        got = train_model(idx, targets)[1]
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for (name, p), q in zip(plain.named_parameters(), model.parameters()):
+            grad = q.grad.full_tensor() if isinstance(q.grad, DTensor) else q.grad
+            torch.testing.assert_close(grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    finally:
+        dist.destroy_process_group()
