@@ -617,6 +617,10 @@ class GPT(nn.Module):
     that no μP rule classifies, and from forward for return_logits=False without targets.
     """
 
+    # the training loss's optional fast path: a function (logits (N, V), targets (N,)) -> F.cross_entropy's mean,
+    # which may overwrite the logits with their gradient; set by nonlinear_queries.kernels.use_kernels
+    cross_entropy = None
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -743,7 +747,10 @@ class GPT(nn.Module):
         if targets is None:
             return self.logits(x[:, [-1], :]), None
         logits = self.logits(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
+        # with return_logits=False nothing else holds the logits, so a fast path may overwrite them with their
+        # gradient in the backward (`cross_entropy`, the package's kernel; None = torch's)
+        loss_fn = F.cross_entropy if self.cross_entropy is None or return_logits else self.cross_entropy
+        loss = loss_fn(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
         return (logits if return_logits else None), loss
 
     def logits(self, x):

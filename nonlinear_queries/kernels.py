@@ -336,6 +336,120 @@ def _layer_norm_residual_grad(ctx, dout, _mean, _rstd):
 layer_norm_residual.register_autograd(_layer_norm_residual_grad, setup_context=_layer_norm_residual_setup)
 
 
+@triton.jit
+def _cross_entropy_fwd(LOGITS, TARGETS, LOSS, LSE, stride_logits, ignore_index, V: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = LOGITS + row * stride_logits
+    # the log-sum-exp in one pass over the row, its running maximum rescaling the running sum (online softmax)
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], dtype=tl.float32)
+    for start in range(0, V, BLOCK_V):  # V is a constexpr: a loop of fixed trip count
+        cols = start + tl.arange(0, BLOCK_V)
+        z = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        m = m_new
+    lse = m + tl.log(total)
+    target = tl.load(TARGETS + row)
+    valid = target != ignore_index
+    z_target = tl.load(base + tl.where(valid, target, 0)).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - z_target, 0.0))
+    tl.store(LSE + row, lse)
+
+
+@triton.jit
+def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, stride_logits, stride_dloss, ignore_index, V: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = LOGITS + row * stride_logits
+    lse = tl.load(LSE + row)
+    target = tl.load(TARGETS + row)
+    # the row's loss gradient, read on the device: 1 / (valid rows x micro-steps) as autograd made it
+    dloss = tl.where(target != ignore_index, tl.load(DLOSS + row * stride_dloss), 0.0)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        mask = cols < V
+        z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+        grad = (tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)) * dloss
+        tl.store(base + cols, grad.to(LOGITS.dtype.element_ty), mask=mask)  # in place of the logits
+
+
+CE_BLOCK_V = 4096  # logits per chunk of a row: 13 chunks of GPT-2's 50,304
+
+
+def cross_entropy_rows_reference(logits, targets, ignore_index):
+    """The PyTorch path of cross_entropy_rows, in float32."""
+    lse = torch.logsumexp(logits.float(), dim=-1)
+    valid = targets != ignore_index
+    z_target = logits.float().gather(1, torch.where(valid, targets, 0)[:, None])[:, 0]
+    return torch.where(valid, lse - z_target, 0.0), lse
+
+
+@torch.library.custom_op("nlq::cross_entropy_rows", mutates_args=())
+def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor,
+                       ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's cross-entropy -log softmax(logits)[target] in nats, and its log-sum-exp, (N,) each in
+    float32 whatever the logits' dtype; 0 loss for a row whose target is ignore_index. logits: (N, V);
+    targets: (N,) int64. One kernel: one pass over each row (online log-sum-exp, Milakov & Gimelshein
+    2018) and a read of its target's logit."""
+    logits = _rows(logits)
+    if not use_triton(logits):
+        return cross_entropy_rows_reference(logits, targets, ignore_index)
+    N, V = logits.shape
+    loss, lse = (torch.empty(N, dtype=torch.float32, device=logits.device) for _ in range(2))
+    _cross_entropy_fwd[(N,)](logits, targets, loss, lse, logits.stride(0), ignore_index, V=V,
+                             BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+    return loss, lse
+
+
+@cross_entropy_rows.register_fake
+def _(logits, targets, ignore_index):
+    N = logits.numel() // logits.size(-1)
+    return logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
+
+
+@torch.library.custom_op("nlq::cross_entropy_rows_backward_", mutates_args=("logits",))
+def cross_entropy_rows_backward_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                                 ignore_index: int) -> None:
+    """cross_entropy_rows' backward, written in place of the logits (N, V): (softmax(logits) - onehot(target))
+    times dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row.
+    No copy of the logits' size is made, and nothing is read on the host."""
+    if not use_triton(logits):
+        valid = (targets != ignore_index)[:, None]
+        grad = torch.exp(logits.float() - lse[:, None])
+        grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
+        logits.copy_(torch.where(valid, grad * dloss[:, None], 0.0))
+        return
+    N, V = logits.shape
+    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, logits.stride(0), dloss.stride(0), ignore_index, V=V,
+                             BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+
+
+def _cross_entropy_setup(ctx, inputs, output):
+    logits, targets, ignore_index = inputs
+    ctx.save_for_backward(logits, targets, output[1])
+    ctx.ignore_index = ignore_index
+
+
+def _cross_entropy_grad(ctx, dloss, _):
+    logits, targets, lse = ctx.saved_tensors
+    torch.ops.nlq.cross_entropy_rows_backward_(logits, targets, lse, dloss, ctx.ignore_index)
+    return logits, None, None
+
+
+cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+
+
+def cross_entropy(logits, targets, ignore_index=-100):
+    """The mean cross-entropy in nats over the rows whose target is not ignore_index, in float32, as
+    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows. logits: (N, V), which the
+    backward overwrites with their gradient: for a caller that keeps no other use of them (GPT.forward
+    with return_logits=False); targets: (N,) int64. No host read: the count of rows is a device tensor."""
+    loss, _ = torch.ops.nlq.cross_entropy_rows(logits, targets, ignore_index)
+    return loss.sum() / (targets != ignore_index).sum()
+
+
 def res_gelu_f(query, anchor, x, h):
     """anchor + f(x) for a ResGELUQuery `query` (gelu, with its norms) through the ops: what
     model.py's ResGELUQuery.anchored_f computes in plain PyTorch. anchor, x: (..., C);
@@ -347,11 +461,13 @@ def res_gelu_f(query, anchor, x, h):
 
 
 def use_kernels(model):
-    """Put the ops into every query module of `model` (a GPT) that computes res_gelu's f with GELU and
-    its norms (res_gelu, anchored_res_gelu; not res_linear, an ablation's activation or
-    query_norm=False, which stay plain PyTorch). Returns the number of modules changed."""
+    """Put the ops into `model` (a GPT): its training loss through cross_entropy (GPT.cross_entropy), and
+    f through res_gelu_f in every query module that computes res_gelu's f with GELU and its norms
+    (res_gelu, anchored_res_gelu; not res_linear, an ablation's activation or query_norm=False, which
+    stay plain PyTorch). Returns the number of query modules changed."""
     from model import ResGELUQuery
 
+    model.cross_entropy = cross_entropy
     changed = 0
     for module in model.modules():
         if isinstance(module, ResGELUQuery) and module.act is F.gelu and module.norm:

@@ -100,6 +100,27 @@ def test_layer_norm_residual_matches_float64_outputs_and_gradients(path, dtype, 
         torch.testing.assert_close(got.double(), want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [64, 5000])
+def test_cross_entropy_matches_float64_loss_and_gradient_in_place(path, dtype, V):
+    # V = 5000: two chunks of 4096 logits, the second masked; rows 3 and 40 ignored (ignore_index, as padding)
+    torch.manual_seed(6)
+    leaf, leaf64 = rounded(N, V, dtype=dtype, scale=3.0)
+    targets = torch.randint(0, V, (N,))
+    targets[[3, 40]] = -100
+    logits = leaf * 1  # a non-leaf, as the LM head's output is: the backward overwrites it with the gradient
+    loss = kernels.cross_entropy(logits, targets)
+    kept = targets != -100
+    loss64 = (torch.logsumexp(leaf64, -1) - leaf64.gather(1, targets.clamp(min=0)[:, None])[:, 0])[kept].mean()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-6, atol=1e-6)
+    (loss / 4).backward()  # 4 micro-steps: the scale reaches the kernel as the rows' loss gradient
+    (loss64 / 4).backward()
+    assert leaf.grad.dtype == dtype and not leaf.grad[[3, 40]].any()
+    torch.testing.assert_close(leaf.grad.double(), leaf64.grad, rtol=TOL[dtype]["rtol"], atol=1e-7)
+    torch.testing.assert_close(logits.detach().double(), leaf64.grad, rtol=TOL[dtype]["rtol"], atol=1e-7)
+
+
 def test_ops_pass_torch_library_opcheck():
     """The fake (meta) implementations, the schemas and the autograd registrations agree with the ops,
     which is what torch.compile and FSDP rely on (torch.library.opcheck, on the PyTorch path)."""
@@ -110,6 +131,7 @@ def test_ops_pass_torch_library_opcheck():
     torch.library.opcheck(torch.ops.nlq.layer_norm_residual,
                           (torch.randn(6, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
                            torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True), EPS))
+    torch.library.opcheck(torch.ops.nlq.cross_entropy_rows, (torch.randn(6, 8) * 1, torch.randint(0, 8, (6,)), -100))
 
 
 TINY = dict(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=64)
@@ -117,11 +139,12 @@ TINY = dict(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=64)
 
 def one_step(model, idx, targets):
     """The logits, the gradients of one training step on (idx, targets), and the loss after it (SGD: AdamW's
-    first step would turn a gradient that is zero up to rounding, as K's bias has, into a step of its sign)."""
-    logits, loss = model(idx, targets)
-    loss.backward()
+    first step would turn a gradient that is zero up to rounding, as K's bias has, into a step of its sign).
+    The step asks for the loss alone, as train_step does, which is when the cross-entropy kernel runs."""
+    logits = model(idx, targets)[0].detach()
+    model(idx, targets, return_logits=False)[1].backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
-    return logits.detach(), {k: v.grad for k, v in model.named_parameters()}, model(idx, targets)[1].detach()
+    return logits, {k: v.grad for k, v in model.named_parameters()}, model(idx, targets)[1].detach()
 
 
 @pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
@@ -161,7 +184,7 @@ def test_model_with_kernels_under_autocast_and_aot_autograd():
     idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, want = plain(idx, targets)
-        _, got = compiled(idx, targets)
+        _, got = compiled(idx, targets, return_logits=False)  # the loss alone, as train_step: the CE kernel too
     want.backward()
     got.backward()
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
@@ -212,7 +235,7 @@ def test_kernels_under_sharding_checkpointing_and_compile(parallelism):
                                          backend="aot_eager")
         idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
         want = plain(idx, targets)[1]
-        got = train_model(idx, targets)[1]
+        got = train_model(idx, targets, return_logits=False)[1]
         want.backward()
         got.backward()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
