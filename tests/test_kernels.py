@@ -200,15 +200,20 @@ def test_use_kernels_leaves_other_activations_and_unnormed_f_to_pytorch():
 
 
 @pytest.mark.slow
-def test_train_py_with_kernels_trains_as_without(shakespeare_dir, tmp_path):
-    """TrainConfig's `kernels` reaches the model through train.py: the same losses, step for step."""
+def test_train_py_with_kernels_trains_as_without(shakespeare_dir, tmp_path, monkeypatch):
+    """TrainConfig's `kernels` reaches the model through train.py: the same losses, step for step. The ops take
+    their PyTorch path here (the interpreter's cross-entropy over GPT-2's 50,304 logits takes minutes); the tests
+    above hold the kernels to it."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    changed = []
+    monkeypatch.setattr(kernels, "use_kernels", lambda model, put=kernels.use_kernels: changed.append(put(model)))
     runs = {}
     for flag in ("False", "True"):
         out = tmp_path / flag
         assert train_in_process(shakespeare_dir, out, "--query_mode=res_gelu", f"--kernels={flag}", "--max_iters=3",
                                 "--eval_interval=3") == 0
         runs[flag] = losses_by_step(out), val_losses_by_step(out)
-    assert list(runs["True"][0]) == [1, 2, 3]
+    assert changed == [2] and list(runs["True"][0]) == [1, 2, 3]  # both layers' res_gelu, once
     for got, want in zip(runs["True"], runs["False"]):
         assert got == pytest.approx(want, rel=1e-5)
 
