@@ -170,11 +170,16 @@ def rms_gelu(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
     """GELU(h / rms(x) + b1), res_gelu's f up to W2 on the fused projection (paper eq. 3; model.py's
     ResGELUQuery.f_from_fused): rms(x) = sqrt(mean(x^2) + eps) over x's C features, GELU exact (erf).
 
-    x: (N, C), any float dtype; h: (N, r), x diag(g) W1 (a strided view of the fused projection's
+    x: (..., C), any float dtype; h: (..., r), x diag(g) W1 (a strided view of the fused projection's
     output is read in place, its last dimension contiguous); b1: (r,) or None. Returns (a, rstd):
-    a (N, r) in h's dtype, rstd = 1 / rms(x) (N,) in float32, kept for the backward. Raises
+    a (..., r) in h's dtype, rstd = 1 / rms(x) (...) in float32, kept for the backward. Raises
     RuntimeError (torch's) for tensors on different devices."""
-    x, h = _rows(x), _rows(h)
+    a, rstd = _rms_gelu_rows(_rows(x), _rows(h), b1, eps)
+    return a.view(h.shape), rstd.view(x.shape[:-1])
+
+
+def _rms_gelu_rows(x, h, b1, eps):
+    """rms_gelu on x (N, C) and h (N, r)."""
     if not use_triton(x):
         return rms_gelu_reference(x, h, b1, eps)
     N, C = x.shape

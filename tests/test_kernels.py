@@ -125,11 +125,12 @@ def test_ops_pass_torch_library_opcheck():
     """The fake (meta) implementations, the schemas and the autograd registrations agree with the ops,
     which is what torch.compile and FSDP rely on (torch.library.opcheck, on the PyTorch path)."""
     torch.manual_seed(2)
-    x, p = torch.randn(6, 8), torch.randn(6, 20)
+    # (B, T, C) inputs, as the model passes them, and h a slice of the fused projection's output
+    x, p = torch.randn(2, 3, 8), torch.randn(2, 3, 20)
     b1 = torch.randn(4, requires_grad=True)
-    torch.library.opcheck(torch.ops.nlq.rms_gelu, (x.requires_grad_(), p[:, 16:].requires_grad_(), b1, EPS))
+    torch.library.opcheck(torch.ops.nlq.rms_gelu, (x.requires_grad_(), p[..., 16:].requires_grad_(), b1, EPS))
     torch.library.opcheck(torch.ops.nlq.layer_norm_residual,
-                          (torch.randn(6, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
+                          (torch.randn(2, 3, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
                            torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True), EPS))
     torch.library.opcheck(torch.ops.nlq.cross_entropy_rows, (torch.randn(6, 8) * 1, torch.randint(0, 8, (6,)), -100))
 
