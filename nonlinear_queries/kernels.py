@@ -211,10 +211,11 @@ def rms_gelu_backward_reference(x, h, b1, da, rstd):
 @torch.library.custom_op("nlq::rms_gelu_backward", mutates_args=())
 def rms_gelu_backward(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None, da: torch.Tensor,
                       rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rms_gelu's backward: da (N, r), the gradient of a, to (dx, dh, du): dx (N, C) the gradient of x
+    """rms_gelu's backward (x, h, da and rstd with any leading dimensions, read as N rows): da (N, r), the
+    gradient of a, to (dx, dh, du): dx (N, C) the gradient of x
     through rms(x) (x's other paths add theirs), dh (N, r) = GELU'(u) da / rms(x), and du (N, r) =
     GELU'(u) da in float32, whose column sums are b1's gradient ((0, r) without b1)."""
-    x, h, da = _rows(x), _rows(h), _rows(da)
+    x, h, da, rstd = _rows(x), _rows(h), _rows(da), rstd.reshape(-1)
     if not use_triton(x):
         return rms_gelu_backward_reference(x, h, b1, da, rstd)
     N, C = x.shape
