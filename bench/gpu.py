@@ -186,7 +186,7 @@ def tests_result(status, output, cuda):
     """(result, measured) of the test step: pytest's own summary; on a device without CUDA the
     tests are only collected."""
     if not cuda:
-        collected = re.search(r"(\d+) tests? collected", output)
+        collected = re.search(r"(\d+)(?:/\d+)? tests? collected", output)  # "4/49 tests collected" under -k
         if status in (0, 5):
             return "not run", f"{collected[1] if collected else 'no'} tests collected; they need CUDA"
         return "fail", "collection failed"
@@ -223,7 +223,8 @@ def main():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda, cuda:1, ...; cpu to check this script")
     p.add_argument("--out", default="out-gpu/gpu_check.log", help="log file, appended to")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    p.add_argument("--steps", default="tests,train_speed,sample_speed",  # kernel_tests: a part of tests
+                   help=f"comma-separated, of {', '.join(STEPS)}")
     p.add_argument("--train_speed_args", default="", help="more flags for bench/train_speed.py")
     p.add_argument("--sample_speed_args", default="", help="more flags for bench/sample_speed.py")
     p.add_argument("--kernels", action="store_true", help=f"issue 65's run: --steps={KERNEL_STEPS} with train_speed's "
