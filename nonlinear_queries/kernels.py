@@ -156,7 +156,7 @@ def _rows(t):
 
 
 def rms_gelu_reference(x, h, b1, eps):
-    """The PyTorch path of rms_gelu: (a, rstd) as rms_gelu returns them, computed in float32."""
+    """The PyTorch path of rms_gelu on rows, x (N, C) and h (N, r): (a, rstd), computed in float32."""
     rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
     u = h.float() * rstd[:, None]
     if b1 is not None:
