@@ -34,8 +34,8 @@ compiled forward returning the logits with the loss (GPT.forward's return_logits
 tangent of the logits' size in every micro-batch's backward). --profile prints, under the table,
 each row's top 40 kernels over one step (torch.profiler: self device time per kernel on a GPU, self
 CPU time per operator on the CPU), each beside the operator that launched it and that operator's
-input shapes, so a cuBLAS kernel names its matmul and a fill its tensor, and a matmul row its GFLOP
-(2 M K N per call) and TFLOP/s. --recipe picks the
+input shapes, so a cuBLAS kernel names its matmul and a fill its tensor, and a matmul row its TFLOP
+(2 M K N per call, over its calls) and TFLOP/s. --recipe picks the
 model options and the optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
 config/modern/baseline.py (docs/modern.md: Muon for the blocks' matrices); the
 size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
@@ -460,10 +460,10 @@ def main():
         what = "self CUDA time per kernel" if cuda else "self CPU time per operator"
         for row, kernels in {row: top_kernels(step, device) for row, step in steps.items()}.items():
             print(f"\n### top kernels: {row} (one step, {what})\n")
-            print("| kernel | launched by (input shapes) | calls | self ms | share | GFLOP | TFLOP/s |")
+            print("| kernel | launched by (input shapes) | calls | self ms | share | TFLOP | TFLOP/s |")
             print("|---|---|---|---|---|---|---|")
             for kernel, by, calls, ms, share, flops in kernels:
-                rate = f"{flops / 1e9:,.1f} | {flops / ms / 1e9:,.1f}" if flops else "- | -"
+                rate = f"{flops / 1e12:.4g} | {flops / ms / 1e9:.4g}" if flops else "- | -"  # tiny or GPT-2 sized
                 print(f"| {kernel.replace('|', '/')[:100]} | {by.replace('|', '/')[:100]} | {calls} | {ms:.2f} "
                       f"| {100 * share:.1f}% | {rate} |")
 
