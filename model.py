@@ -22,6 +22,8 @@ to QUERY_MODULES; nothing else is needed. Joining the fused input projection is 
 (`fused_weight` and `from_fused`; a module without them computes its query from x after K and V's
 matmul, and loses about 1% of an H200 step: issue 44's measurement for res_gelu). A module of the form
 q = anchor + f overrides `decompose` to return both (the diagnostics' query_cos and query_f_ratio).
+res_gelu's f has an optional fast path, ResGELUQuery.kernels, which this file leaves None (plain PyTorch) and
+the package fills with Triton kernels (nonlinear_queries/kernels.py, TrainConfig's `kernels`).
 """
 
 import math
@@ -286,11 +288,18 @@ class ResGELUQuery(QueryModule):
         self.w2 = nn.Linear(config.query_bottleneck, config.n_embd, bias=config.bias)
         self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias) if self.norm else nn.Identity()
 
+    # an optional fast path: a function (module, anchor, x, h) -> anchor + f(x), the same math as
+    # anchored_f's; None computes it here in plain PyTorch. model.py imports nothing of the package, so
+    # the package sets it (nonlinear_queries.kernels.use_kernels, TrainConfig's `kernels`: Triton ops)
+    kernels = None
+
     def f(self, x):
         """The bottleneck f(x) of eq. 3; x: (..., C) -> (..., C)."""
         return self.ln(self.w2(self.act(self.w1(self.rms(x)))))
 
     def forward(self, x):
+        if self.kernels is not None:  # the fast path takes f's first matmul from outside, as the fused one gives it
+            return self.from_fused(x, F.linear(x, self.fused_weight()))
         return x + self.f(x)
 
     def decompose(self, x):
@@ -308,8 +317,15 @@ class ResGELUQuery(QueryModule):
             h = h + self.w1.bias
         return self.ln(self.w2(self.act(h)))
 
+    def anchored_f(self, anchor, x, h):
+        """anchor + f(x), anchor (..., C), from x (..., C) and h = x @ fused_weight().T (..., r): through
+        `kernels` when set, else f_from_fused."""
+        if self.kernels is not None:
+            return self.kernels(self, anchor, x, h)
+        return anchor + self.f_from_fused(x, h)
+
     def from_fused(self, x, h):
-        return x + self.f_from_fused(x, h)
+        return self.anchored_f(x, x, h)
 
 
 class ResLinearQuery(ResGELUQuery):
@@ -349,6 +365,8 @@ class AnchoredResGELUQuery(ResGELUQuery):
         nn.init.zeros_(self.ln.weight)
 
     def forward(self, x):
+        if self.kernels is not None:
+            return self.from_fused(x, F.linear(x, self.fused_weight()))
         return self.w_q(x) + self.f(x)
 
     def decompose(self, x):
@@ -361,7 +379,7 @@ class AnchoredResGELUQuery(ResGELUQuery):
         q, h = h.split([x.size(-1), h.size(-1) - x.size(-1)], dim=-1)
         if self.w_q.bias is not None:
             q = q + self.w_q.bias
-        return q + self.f_from_fused(x, h)
+        return self.anchored_f(q, x, h)
 
 
 QUERY_MODULES = {
@@ -599,6 +617,10 @@ class GPT(nn.Module):
     that no μP rule classifies, and from forward for return_logits=False without targets.
     """
 
+    # the training loss's optional fast path: a function (logits (N, V), targets (N,)) -> F.cross_entropy's mean,
+    # which may overwrite the logits with their gradient; set by nonlinear_queries.kernels.use_kernels
+    cross_entropy = None
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -725,7 +747,10 @@ class GPT(nn.Module):
         if targets is None:
             return self.logits(x[:, [-1], :]), None
         logits = self.logits(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
+        # with return_logits=False nothing else holds the logits, so a fast path may overwrite them with their
+        # gradient in the backward (`cross_entropy`, the package's kernel; None = torch's)
+        loss_fn = F.cross_entropy if self.cross_entropy is None or return_logits else self.cross_entropy
+        loss = loss_fn(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
         return (logits if return_logits else None), loss
 
     def logits(self, x):

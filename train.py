@@ -79,7 +79,7 @@ from nonlinear_queries.runtime import (
     teardown,
 )
 from nonlinear_queries.stopping import Interrupted, StopFlag
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.train_config import TrainConfig, parse_compile_options
 from nonlinear_queries.training import (
     DivergenceGuard,
     apply_updates,
@@ -256,10 +256,15 @@ def train(cfg, config_files, rt):
         downstream = DownstreamEval(cfg, rt)
     checkpoints.check(model_settings, data_fingerprint, data.files())
 
+    if cfg.kernels:  # res_gelu's f as Triton ops, put in before compile and sharding see the model (kernels.py)
+        from nonlinear_queries.kernels import use_kernels
+
+        use_kernels(raw_model)
     # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
     # the optimizers are built on what the processes hold (under FSDP, the shards)
     model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
-                                     mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat)
+                                     mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat,
+                                     options=parse_compile_options(cfg.compile_options))
     params = list(raw_model.parameters())
     optimizers = build_optimizers(raw_model, cfg, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")

@@ -50,10 +50,19 @@ collects tests/test_cuda.py, whose tests need CUDA; tests/test_gpu_script.py run
         --train_speed_args="--block_size=16 --batch_size=2 --warmup=1 --no-compile --no_mlp475" \
         --sample_speed_args="--prompt_len=4 --new_tokens=8 --batch_sizes=1"
 
+Issue 65's prepared run, for a GPU at hand for 15 minutes: the Triton ops' GPU tests, then
+train_speed's rows of linear and res_gelu with and without them (--kernels of train_speed) at
+96 x 5, profiled, planned to take under 9 minutes and so leave time to rerun once (not yet
+timed on a GPU):
+
+    python bench/gpu.py --kernels --out=out-gpu/kernels.log
+
 The steps, run in the repo root:
 - tests:        python -m pytest -v -rA -p no:logging --durations=0 tests/test_cuda.py
                 (with TEST_CUDA_DEVICE=DEVICE; -rA prints what each test printed, -p no:logging
                 keeps torch.compile's debug log out of it)
+- kernel_tests: the same on tests/test_cuda.py -k "kernel_ops or with_kernels" (the Triton ops'
+                tests; --kernels)
 - train_speed:  python bench/train_speed.py --size=gpt2 --compile --device=DEVICE [flags] --profile
                 (--profile: each variant's top kernels over one step, printed under the table)
 - sample_speed: python bench/sample_speed.py --device=DEVICE [flags]
@@ -88,7 +97,13 @@ import torch
 
 from common import REPO, device_name
 
-STEPS = {"tests": "tests/test_cuda.py", "train_speed": "bench/train_speed.py", "sample_speed": "bench/sample_speed.py"}
+STEPS = {"tests": "tests/test_cuda.py", "kernel_tests": "tests/test_cuda.py -k kernel_ops or with_kernels",
+         "train_speed": "bench/train_speed.py", "sample_speed": "bench/sample_speed.py"}
+# --kernels (issue 65): the Triton ops' GPU tests, then linear and res_gelu with and without the ops at the H200's
+# 96 x 5 split, profiled; four compiled variants of five rounds, planned to fit 9 minutes (not yet timed on a GPU)
+KERNEL_STEPS = "kernel_tests,train_speed"
+KERNEL_TRAIN_SPEED_ARGS = ("--modes=linear,res_gelu --no_mlp475 --kernels --rounds=5 --batch_size=96 "
+                           "--gradient_accumulation_steps=5")
 TABLES = {"train_speed": "variant", "sample_speed": "query_mode"}  # first header cell of each bench's table
 # (what, variant, column of train_speed's table, ">=" or "<=", bound); "vs linear" is a step-time ratio
 TARGETS = [
@@ -171,7 +186,7 @@ def tests_result(status, output, cuda):
     """(result, measured) of the test step: pytest's own summary; on a device without CUDA the
     tests are only collected."""
     if not cuda:
-        collected = re.search(r"(\d+) tests? collected", output)
+        collected = re.search(r"(\d+)(?:/\d+)? tests? collected", output)  # "4/49 tests collected" under -k
         if status in (0, 5):
             return "not run", f"{collected[1] if collected else 'no'} tests collected; they need CUDA"
         return "fail", "collection failed"
@@ -208,10 +223,16 @@ def main():
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda, cuda:1, ...; cpu to check this script")
     p.add_argument("--out", default="out-gpu/gpu_check.log", help="log file, appended to")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    p.add_argument("--steps", default="tests,train_speed,sample_speed",  # kernel_tests: a part of tests
+                   help=f"comma-separated, of {', '.join(STEPS)}")
     p.add_argument("--train_speed_args", default="", help="more flags for bench/train_speed.py")
     p.add_argument("--sample_speed_args", default="", help="more flags for bench/sample_speed.py")
+    p.add_argument("--kernels", action="store_true", help=f"issue 65's run: --steps={KERNEL_STEPS} with train_speed's "
+                   f"{KERNEL_TRAIN_SPEED_ARGS} (before --train_speed_args)")
     args, shared = p.parse_known_args()
+    if args.kernels:
+        args.steps = KERNEL_STEPS
+        args.train_speed_args = f"{KERNEL_TRAIN_SPEED_ARGS} {args.train_speed_args}"
     steps = args.steps.split(",")
     if set(steps) - set(STEPS):
         p.error(f"unknown steps {', '.join(sorted(set(steps) - set(STEPS)))}; valid: {', '.join(STEPS)}")
@@ -226,6 +247,9 @@ def main():
     commands = {
         "tests": [python, "-m", "pytest", "-v", "-rA", "-p", "no:logging", "--durations=0", STEPS["tests"]] if cuda
         else [python, "-m", "pytest", "--collect-only", "-q", STEPS["tests"]],
+        "kernel_tests": [python, "-m", "pytest", "-v", "-rA", "-p", "no:logging", "--durations=0", "-k",
+                         "kernel_ops or with_kernels", STEPS["tests"]] if cuda
+        else [python, "-m", "pytest", "--collect-only", "-q", "-k", "kernel_ops or with_kernels", STEPS["tests"]],
         "train_speed": [python, STEPS["train_speed"], "--size=gpt2", "--compile", f"--device={args.device}",
                         *shared, "--profile", *shlex.split(args.train_speed_args)],
         "sample_speed": [python, STEPS["sample_speed"], f"--device={args.device}", *shared,
@@ -233,9 +257,9 @@ def main():
     }
     results, outputs, rows = [], {}, {}
     for step in steps:
-        env = {"TEST_CUDA_DEVICE": args.device} if step == "tests" else {}
+        env = {"TEST_CUDA_DEVICE": args.device} if step in ("tests", "kernel_tests") else {}
         status, outputs[step], seconds = run_step(commands[step], env, log)
-        if step == "tests":
+        if step in ("tests", "kernel_tests"):
             result, measured = tests_result(status, outputs[step], cuda)
         else:
             rows[step] = table(outputs[step], TABLES[step])

@@ -26,12 +26,16 @@ lowered as copies (TrainConfig's compile_pointwise_cat=False), the lever measure
 default. --inductor=NAME=VALUE[,NAME=VALUE] (repeatable) adds linear and res_gelu compiled with
 those torch._inductor.config options on top of the mode's, a row each ("res_gelu
 online_softmax=False"): a compiler setting tried beside the default in one process, the model
-unchanged. --with_logits adds linear and res_gelu stepped as before issue 44's change, the
+unchanged. --kernels adds linear and res_gelu with the Triton ops of TrainConfig's kernels
+(nonlinear_queries/kernels.py: the cross-entropy, and res_gelu's f), and with --unfused also
+"res_gelu unfused kernels", W1 (its gain folded) out of the fused projection. --with_logits adds
+linear and res_gelu stepped as before issue 44's change, the
 compiled forward returning the logits with the loss (GPT.forward's return_logits: a zero-filled
 tangent of the logits' size in every micro-batch's backward). --profile prints, under the table,
-each row's top kernels over one step (torch.profiler: self device time per kernel on a GPU, self
+each row's top 40 kernels over one step (torch.profiler: self device time per kernel on a GPU, self
 CPU time per operator on the CPU), each beside the operator that launched it and that operator's
-input shapes, so a cuBLAS kernel names its matmul and a fill its tensor. --recipe picks the
+input shapes, so a cuBLAS kernel names its matmul and a fill its tensor, and a matmul row its TFLOP
+(2 M K N per call, over its calls) and TFLOP/s. --recipe picks the
 model options and the optimizers: 'gpt2' those of config/baseline.py (the paper's: AdamW), 'modern' those of
 config/modern/baseline.py (docs/modern.md: Muon for the blocks' matrices); the
 size comes from --size, whichever the recipe. The variants take turns within each round (A B C ... C B A), so a shared
@@ -54,7 +58,6 @@ compiled graph (common.fresh_compiler): a variant that would fall back to eager 
 """
 
 import argparse
-import ast
 import multiprocessing
 import os
 import statistics
@@ -81,7 +84,7 @@ from model import GPT, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
 from nonlinear_queries.runtime import compile_kwargs, mfu, peak_flops
-from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
+from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
 from nonlinear_queries.training import DivergenceGuard, apply_updates, train_step
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size, gradient_accumulation_steps
@@ -109,8 +112,10 @@ def variants(args):
     GPT-2 small; its own AdamW groups, logits x 1/m), with --cat_copies linear and res_gelu compiled
     with TrainConfig's compile_pointwise_cat=False, with each --inductor linear and res_gelu compiled
     with its inductor options, and with --with_logits linear and res_gelu whose compiled forward
-    returns the logits (compile_pointwise_cat, inductor_options and return_logits are keys build()
-    takes out of the GPTConfig overrides)."""
+    returns the logits, and with --kernels linear and res_gelu through kernels.use_kernels (and with
+    --unfused too res_gelu unfused with them: K and V in one matmul, W1 with its folded gain in its own)
+    (compile_pointwise_cat, inductor_options, return_logits and kernels are keys build() takes out of the
+    GPTConfig overrides)."""
     modes = args.modes.split(",")
     out = {mode: {"query_mode": mode} for mode in modes}
     if not args.no_mlp475:
@@ -119,26 +124,23 @@ def variants(args):
     levers += [("cat copies", {"compile_pointwise_cat": False})] * args.cat_copies
     levers += [(text, {"inductor_options": options}) for text, options in args.inductor]
     levers += [("with logits", {"return_logits": True})] * args.with_logits
+    levers += [("kernels", {"kernels": True})] * args.kernels
     for suffix, override in levers:  # each lever a row of linear and one of res_gelu
         for mode in [m for m in ("linear", "res_gelu") if m in modes]:
             out[f"{mode} {suffix}"] = {"query_mode": mode, **override}
+    if args.kernels and args.unfused and "res_gelu" in modes:  # W1 out of the fused projection, its gain folded
+        out["res_gelu unfused kernels"] = {"query_mode": "res_gelu", "fused_qkv": False, "kernels": True}
     return out
 
 
 def inductor_options(text):
-    """({name: value}, text) of --inductor's NAME=VALUE[,NAME=VALUE]: values are Python literals (True, 0,
-    'x'), else strings. Raises argparse.ArgumentTypeError for a malformed pair, or for a name or a type
-    that inductor refuses (checked by compiling a Linear with them, as torch.compile checks them)."""
-    options = {}
-    for pair in text.split(","):
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
-            raise argparse.ArgumentTypeError(f"--inductor takes NAME=VALUE pairs, e.g. online_softmax=False; got "
-                                             f"{pair!r}")
-        try:
-            options[name.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[name.strip()] = value.strip()
+    """({name: value}, text) of --inductor's NAME=VALUE[,NAME=VALUE], as TrainConfig's compile_options
+    (train_config.parse_compile_options). Raises argparse.ArgumentTypeError for a malformed pair, or for a
+    name or a type that inductor refuses (checked by compiling a Linear with them, as torch.compile checks them)."""
+    try:
+        options = parse_compile_options(text, "--inductor")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     try:
         torch.compile(torch.nn.Linear(1, 1), options=options)
     except RuntimeError as e:  # torch.compile's own check of each option's name and type
@@ -151,11 +153,13 @@ def build(args, overrides, device):
     starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes, with
     inductor's cats as copies where overrides has compile_pointwise_cat=False and with the inductor options
     of overrides' inductor_options (runtime.compile_kwargs); return_logits=True returns the logits
-    (returning_logits)."""
+    (returning_logits); kernels=True puts in the Triton ops (nonlinear_queries/kernels.py: res_gelu's f and
+    the cross-entropy) as TrainConfig's kernels does."""
     overrides = dict(overrides)
     pointwise_cat = overrides.pop("compile_pointwise_cat", True)
     extra = overrides.pop("inductor_options", None)
     return_logits = overrides.pop("return_logits", False)
+    kernels = overrides.pop("kernels", False)
     options, cfg = recipe(args.recipe)
     n_layer, n_head, n_embd, block_size, _, _ = SIZES[args.size]
     config = GPTConfig(**{**options, **overrides}, n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head,
@@ -163,6 +167,10 @@ def build(args, overrides, device):
                        vocab_size=args.vocab_size or 50304)
     torch.manual_seed(0)
     model = GPT(config).to(device)
+    if kernels:
+        from nonlinear_queries.kernels import use_kernels
+
+        use_kernels(model)
     optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
     compiled = model
     if args.compile:
@@ -260,25 +268,43 @@ def input_shapes(event):
     return ", ".join("x".join(map(str, shape)) for shape in event.input_shapes if shape)
 
 
+def matmul_flops(name, shapes):
+    """FLOPs of one call of a matmul operator from its input shapes (2 M K N for (M, K) @ (K, N), times the
+    batch for bmm): aten::mm, aten::addmm (bias first) and aten::bmm; None for any other operator."""
+    if name == "aten::mm" and len(shapes) >= 2:
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return 2 * m * k * n
+    if name == "aten::addmm" and len(shapes) >= 3:
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return 2 * m * k * n
+    if name == "aten::bmm" and len(shapes) >= 2:
+        (b, m, k), (_, _, n) = shapes[0], shapes[1]
+        return 2 * b * m * k * n
+    return None
+
+
 def launched_by(events):
-    """{(kernel, launcher): [calls, device us]} from a profile's CPU operators (torch.autograd.profiler_util.
-    FunctionEvent): each kernel that an operator launched (its .kernels, linked by the profiler's correlation
-    ids), under the operator's name and input shapes, e.g. ('nvjet_..._splitK_NTN', 'aten::mm (768x98304,
-    98304x384)'); a Triton kernel, whose launch inductor records under the kernel's own name with its
-    arguments, under its arguments' shapes alone."""
+    """{(kernel, launcher): [calls, device us, FLOPs]} from a profile's CPU operators (torch.autograd.
+    profiler_util.FunctionEvent): each kernel that an operator launched (its .kernels, linked by the profiler's
+    correlation ids), under the operator's name and input shapes, e.g. ('nvjet_..._splitK_NTN', 'aten::mm
+    (768x98304, 98304x384)'); a Triton kernel, whose launch inductor records under the kernel's own name with
+    its arguments, under its arguments' shapes alone. FLOPs: a matmul operator's (matmul_flops) go to its
+    first kernel, the product's (a split-K's reduction, launched second, gets none); 0 for the rest."""
     out = {}
     for event in events:
-        for kernel in event.kernels:
+        flops = matmul_flops(event.name, [s for s in event.input_shapes if s]) or 0
+        for i, kernel in enumerate(event.kernels):
             shapes = input_shapes(event)
             launcher = shapes if event.name == kernel.name else f"{event.name} ({shapes})"
-            row = out.setdefault((kernel.name, launcher), [0, 0.0])
+            row = out.setdefault((kernel.name, launcher), [0, 0.0, 0])
             row[0] += 1
             row[1] += kernel.duration
+            row[2] += flops if i == 0 else 0
     return out
 
 
-def top_kernels(step, device, top=20):
-    """[(name, launched by, calls, self ms, share of the step's self time)] of the `top` rows of one step(),
+def top_kernels(step, device, top=40):
+    """[(name, launched by, calls, self ms, share of the step's self time, FLOPs)] of the `top` rows of one step(),
     by self device time on a GPU (a row per CUDA kernel and the operator that launched it, with that
     operator's input shapes: launched_by), by self CPU time on the CPU (a row per operator and its input
     shapes); torch.profiler with record_shapes.
@@ -286,7 +312,8 @@ def top_kernels(step, device, top=20):
     On a GPU only the device's own events count: a CPU operator's self device time is that of the kernels it
     launched (aten::mm's cuBLAS kernels, a Triton kernel's launch), which are rows of their own, so counting
     both would give those kernels twice (torch.autograd.profiler_util.FunctionEvent.self_device_time_total).
-    A kernel's time that no operator claims (none seen so far) is its own row, launched by '-'."""
+    A kernel's time that no operator claims (none seen so far) is its own row, launched by '-'. FLOPs: a
+    matmul row's over its calls (matmul_flops), 0 for any other row."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -301,16 +328,17 @@ def top_kernels(step, device, top=20):
         rows = launched_by(e for e in prof.events() if e.device_type == DeviceType.CPU)
         for name, (calls, us) in kernels.items():  # what no operator claimed
             claimed = [row for (kernel, _), row in rows.items() if kernel == name]
-            left = (calls - sum(c for c, _ in claimed), us - sum(t for _, t in claimed))
+            left = [calls - sum(row[0] for row in claimed), us - sum(row[1] for row in claimed), 0]
             if left[0] > 0:
-                rows[(name, "-")] = list(left)
+                rows[(name, "-")] = left
         total = sum(us for _, us in kernels.values())
     else:
-        rows = {(e.key, input_shapes(e)): [e.count, e.self_cpu_time_total]
+        rows = {(e.key, input_shapes(e)): [e.count, e.self_cpu_time_total,
+                                           e.count * (matmul_flops(e.key, [s for s in e.input_shapes if s]) or 0)]
                 for e in prof.key_averages(group_by_input_shape=True) if e.self_cpu_time_total > 0}
-        total = sum(us for _, us in rows.values())
+        total = sum(row[1] for row in rows.values())
     ranked = sorted(rows.items(), key=lambda item: item[1][1], reverse=True)[:top]
-    return [(name, by, calls, us / 1000, us / total) for (name, by), (calls, us) in ranked]
+    return [(name, by, calls, us / 1000, us / total, flops) for (name, by), (calls, us, flops) in ranked]
 
 
 def cpu_peak_mib(args, overrides, split, plain=False):
@@ -349,11 +377,15 @@ def main():
                    "--compile; repeatable, a row each)")
     p.add_argument("--with_logits", action="store_true", help="also time linear and res_gelu with the compiled "
                    "forward returning the logits, as before issue 44's change")
+    p.add_argument("--kernels", action="store_true", help="also time linear and res_gelu with the Triton ops "
+                   "(TrainConfig's kernels: res_gelu's f and the cross-entropy); with --unfused also res_gelu "
+                   "unfused with them (W1 out of the fused projection)")
     p.add_argument("--peak_flops", type=float, default=0.0, help="device peak FLOP/s for MFU; 0 = from the GPU's name")
     p.add_argument("--compile_mode", choices=COMPILE_MODES, default="default", help="torch.compile's mode")
     p.add_argument("--splits", default="", help="micro-batch x accumulation splits of one global batch, a row "
                    "each, e.g. 12x4,24x2,48x1; default: --batch_size x --gradient_accumulation_steps")
-    p.add_argument("--profile", action="store_true", help="print each row's top kernels over one step")
+    p.add_argument("--profile", action="store_true", help="print each row's top 40 kernels over one "
+                   "step, a matmul's with its FLOPs and TFLOP/s")
     p.add_argument("--plain", action="store_true", help="add 'linear plain': linear's model and compiled graph "
                    "stepped by a minimal loop, the reference for train.py's path")
     args = p.parse_args()
@@ -428,11 +460,12 @@ def main():
         what = "self CUDA time per kernel" if cuda else "self CPU time per operator"
         for row, kernels in {row: top_kernels(step, device) for row, step in steps.items()}.items():
             print(f"\n### top kernels: {row} (one step, {what})\n")
-            print("| kernel | launched by (input shapes) | calls | self ms | share |")
-            print("|---|---|---|---|---|")
-            for kernel, by, calls, ms, share in kernels:
+            print("| kernel | launched by (input shapes) | calls | self ms | share | TFLOP | TFLOP/s |")
+            print("|---|---|---|---|---|---|---|")
+            for kernel, by, calls, ms, share, flops in kernels:
+                rate = f"{flops / 1e12:.4g} | {flops / ms / 1e9:.4g}" if flops else "- | -"  # tiny or GPT-2 sized
                 print(f"| {kernel.replace('|', '/')[:100]} | {by.replace('|', '/')[:100]} | {calls} | {ms:.2f} "
-                      f"| {100 * share:.1f}% |")
+                      f"| {100 * share:.1f}% | {rate} |")
 
 
 if __name__ == "__main__":

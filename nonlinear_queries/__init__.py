@@ -5,6 +5,7 @@ which imports nothing from here. One concern per module:
 
 - configurator, train_config: config files parsed (never executed), `--key=value`, the checked TrainConfig
 - runtime: device, dtype, process group, DDP/FSDP2 wrapping, compile, MFU
+- kernels: res_gelu's f and the cross-entropy as Triton custom ops, with a PyTorch path (TrainConfig's kernels)
 - batches: token memmaps and the fixed-seed index streams every variant shares
 - training: one optimizer step, evaluation, the learning-rate schedule, divergence
 - optimizers: AdamW (and Muon for the modern recipe), μP's per-group rates

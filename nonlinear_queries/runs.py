@@ -221,9 +221,9 @@ def run_header(step, script, **facts):
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
     "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "compile_mode", "compile_pointwise_cat", "backend", "peak_flops", "device", "eval_tasks", "eval_tasks_interval",
-    "eval_tasks_limit", "eval_tasks_include_path", "parallelism", "activation_checkpointing", "diagnostics",
-    "diagnostics_batches",
+    "compile_mode", "compile_pointwise_cat", "compile_options", "kernels", "backend", "peak_flops", "device",
+    "eval_tasks", "eval_tasks_interval", "eval_tasks_limit", "eval_tasks_include_path", "parallelism",
+    "activation_checkpointing", "diagnostics", "diagnostics_batches",
 }
 
 

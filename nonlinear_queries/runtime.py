@@ -159,7 +159,7 @@ def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True, optio
     (TrainConfig's compile_pointwise_cat): {'mode': mode}, or with pointwise_cat=False under inductor,
     {'options': the mode's inductor options (torch._inductor.list_mode_options) with cat lowered as
     copies}, since torch.compile takes a mode or options, not both. `options`, {name: value} of
-    torch._inductor.config (bench/train_speed.py --inductor), join the mode's last.
+    torch._inductor.config (TrainConfig's compile_options, bench/train_speed.py --inductor), join the mode's last.
 
     Why the option: inductor lowers a cat of computed tensors to one kernel that loads every input
     under a mask, so each input's math runs over every element of the output. In res_gelu's fused
@@ -181,7 +181,7 @@ def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True, optio
 
 
 def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor",
-                mode="default", pointwise_cat=True):
+                mode="default", pointwise_cat=True, options=None):
     """Spread `model` (a GPT, on rt.device) over the processes of rt. Returns (model, train_model):
     the module that evaluates, and the module the training step calls.
 
@@ -196,8 +196,9 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     compile=True: torch.compile with `backend` (tests pass a counting one) in `mode` (TrainConfig's
     compile_mode: 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune'; a backend
     other than inductor gets a mode other than 'default' as its `mode` keyword); pointwise_cat=False
-    lowers inductor's cats as copies (compile_kwargs). Under ddp the whole model is compiled, one
-    graph. Under fsdp each Block is compiled on its own (one graph that every block reuses) and so
+    lowers inductor's cats as copies and `options` ({name: value} of torch._inductor.config, TrainConfig's
+    compile_options) join the mode's (compile_kwargs), under ddp and fsdp alike. Under ddp the whole model
+    is compiled, one graph. Under fsdp each Block is compiled on its own (one graph that every block reuses) and so
     is the root, in two graphs: the embeddings, and the LM head with the cross-entropy. FSDP's hooks
     around each block are not traced (dynamo breaks the root's graph there), and the final norm,
     called after the loop over the blocks, runs eager.
@@ -220,7 +221,7 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     if activation_checkpointing:
         for block in model.transformer.h:
             block.forward = checkpointed(block.forward)
-    kwargs = compile_kwargs(mode, backend, pointwise_cat)
+    kwargs = compile_kwargs(mode, backend, pointwise_cat, options)
     if parallelism == "fsdp":
         if compile:
             for block in model.transformer.h:

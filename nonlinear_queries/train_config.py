@@ -3,6 +3,7 @@ TrainConfig: every setting of train.py, with its default and its check. Its own 
 so that sweep.py can check a whole grid of configs before the first run starts.
 """
 
+import ast
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -109,6 +110,12 @@ class TrainConfig(GPTConfig):
     # inductor's lowering of a cat: True (its default) one kernel that runs every input's math under a mask; False
     # each input writes its own slice (runtime.compile_kwargs: tried for res_gelu's backward); exact either way
     compile_pointwise_cat: bool = True
+    # inductor's options (torch._inductor.config names) as NAME=VALUE[,NAME=VALUE], e.g. 'online_softmax=False',
+    # joined to compile_mode's own and passed to torch.compile under ddp and fsdp (runtime.compile_kwargs); '' = none
+    compile_options: str = ""
+    # res_gelu's f through Triton kernels registered as custom ops (nonlinear_queries/kernels.py): on CUDA, or on
+    # the CPU under TRITON_INTERPRET=1; elsewhere the ops' PyTorch path. The same math; other query modes unchanged
+    kernels: bool = False
     seed: int = 1337  # model init and dropout
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
     # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
@@ -153,6 +160,7 @@ class TrainConfig(GPTConfig):
             raise ValueError(f"max_iters={self.max_iters} trains no step, so the run would end without a checkpoint; "
                              f"to evaluate a model without training it, pass --eval_only=True (one evaluation, no "
                              f"checkpoint written)")
+        parse_compile_options(self.compile_options)
         if self.eval_batch_size < 0:
             raise ValueError(f"eval_batch_size must be >= 0 (0 = batch_size), got {self.eval_batch_size}")
         if self.backend not in ("auto", "nccl", "gloo"):
@@ -206,3 +214,21 @@ class TrainConfig(GPTConfig):
             return f.name in self.set_keys if self.set_keys is not None else getattr(self, f.name) != f.default
 
         return {f.name: getattr(self, f.name) for f in fields(GPTConfig) if given(f)}
+
+
+def parse_compile_options(text, what="compile_options"):
+    """{name: value} of compile_options' NAME=VALUE[,NAME=VALUE] ('' gives {}): each value a Python literal
+    (False, 0, 'x'), else the string as written. Raises ValueError for a pair without '=' or a name; the
+    names and types are inductor's to check (torch.compile refuses an unknown one when it compiles). `what`
+    names the setting in the message."""
+    options = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{what} takes NAME=VALUE pairs separated by commas, e.g. "
+                             f"'online_softmax=False'; got {pair!r} in {text!r}")
+        try:
+            options[name.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[name.strip()] = value.strip()
+    return options

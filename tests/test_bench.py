@@ -53,7 +53,14 @@ def test_train_speed_times_splits_of_one_global_batch_and_profiles_each_row():
         tokens = str(2 * 16 if "2x2" in name else 4 * 16)
         matmuls = [k["launched by (input shapes)"] for k in kernels if k["kernel"] == "aten::mm"]
         assert matmuls and all(tokens in re.findall(r"\d+", shapes) for shapes in matmuls), (name, matmuls)
-        assert 1 <= len(kernels) <= 20
+        for k in kernels:  # a matmul row's TFLOP is 2 M K N per call over its calls, its TFLOP/s that over its time
+            if k["kernel"] == "aten::mm":
+                (m, n_k), (_, n) = (map(int, dims.split("x")) for dims in k["launched by (input shapes)"].split(", "))
+                assert float(k["TFLOP"]) == pytest.approx(2 * m * n_k * n * int(k["calls"]) / 1e12, rel=1e-3)
+                assert float(k["TFLOP/s"]) > 0
+            else:
+                assert k["TFLOP"] == k["TFLOP/s"] == "-"
+        assert 1 <= len(kernels) <= 40
         shares = [float(k["share"].rstrip("%")) for k in kernels]
         assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1
     bad = run_script("bench/train_speed.py", *TINY_MODEL, "--splits=2x2,2x1", check=False)
@@ -81,7 +88,7 @@ def test_cat_copies_rows_compile_with_inductors_cats_as_copies_and_the_same_mode
     args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
                                  vocab_size=64, compile=True, compile_mode="default", modes="linear,res_gelu",
                                  no_mlp475=True, unfused=False, mup=False, cat_copies=True, inductor=[],
-                                 with_logits=False))
+                                 with_logits=False, kernels=False))
     specs = train_speed.variants(args)
     assert list(specs) == ["linear", "res_gelu", "linear cat copies", "res_gelu cat copies"]
     calls = []
@@ -104,7 +111,8 @@ def test_inductor_rows_compile_with_their_options_and_the_same_model(monkeypatch
     args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
                                  vocab_size=64, compile=True, compile_mode="max-autotune-no-cudagraphs",
                                  modes="linear,res_gelu", no_mlp475=True, unfused=False, mup=False,
-                                 cat_copies=False, inductor=[(text, options)], with_logits=False))
+                                 cat_copies=False, inductor=[(text, options)], with_logits=False,
+                                 kernels=False))
     specs = train_speed.variants(args)
     assert list(specs) == ["linear", "res_gelu", f"linear {text}", f"res_gelu {text}"]
     calls = []
@@ -123,12 +131,34 @@ def test_inductor_rows_compile_with_their_options_and_the_same_model(monkeypatch
     assert bad.returncode == 2 and "--inductor changes how inductor compiles: add --compile" in bad.stderr
 
 
+def test_kernels_rows_put_the_ops_in_and_compute_what_the_rows_without_do():
+    # --kernels: linear and res_gelu with kernels.use_kernels (with --unfused also res_gelu unfused with them, W1
+    # out of the fused projection); the same model and, through the ops, the same training step
+    args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
+                                 vocab_size=64, compile=False, modes="linear,res_gelu", no_mlp475=True, unfused=True,
+                                 mup=False, cat_copies=False, inductor=[], with_logits=False, kernels=True))
+    specs = train_speed.variants(args)
+    assert list(specs) == ["linear", "res_gelu", "linear unfused", "res_gelu unfused", "linear kernels",
+                           "res_gelu kernels", "res_gelu unfused kernels"]
+    after = {}
+    for name in ("res_gelu", "res_gelu kernels", "res_gelu unfused kernels"):
+        model, compiled, optimizers = train_speed.build(args, specs[name], "cpu")
+        assert (model.cross_entropy is not None) == ("kernels" in name)
+        assert (model.transformer.h[0].attn.query.kernels is not None) == ("kernels" in name)
+        train_speed.make_step(model, compiled, optimizers, train_speed.micro_batches((2, 2), model.config, "cpu"),
+                              "float32", torch.autocast("cpu", enabled=False))()
+        after[name] = [p.detach().clone() for p in model.parameters()]
+    for name in ("res_gelu kernels", "res_gelu unfused kernels"):
+        for a, b in zip(after[name], after["res_gelu"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_with_logits_rows_step_as_before_the_loss_alone():
     # --with_logits: the model called as train_step called it before issue 44's change, the logits returned
     # with the loss whatever train_step asks; the same loss and update as the row without them
     args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
                                  vocab_size=64, compile=False, modes="linear,res_gelu", no_mlp475=True, unfused=False,
-                                 mup=False, cat_copies=False, inductor=[], with_logits=True))
+                                 mup=False, cat_copies=False, inductor=[], with_logits=True, kernels=False))
     specs = train_speed.variants(args)
     assert list(specs) == ["linear", "res_gelu", "linear with logits", "res_gelu with logits"]
     after = []
@@ -159,12 +189,16 @@ def test_launched_by_sums_each_kernel_under_the_operator_and_shapes_that_launche
               op("triton_poi_fused_gelu_4", [[96, 1024, 3072], [96, 1024, 3072], []],
                  [("triton_poi_fused_gelu_4", 500.0)]),
               op("aten::add", [[4], [4]], [])]
+    # a matmul's FLOPs, 2 M K N a call, go to its first kernel (a split-K's reduction, second, gets none)
     assert train_speed.launched_by(events) == {
-        ("splitK", "aten::mm (768x98304, 98304x384)"): [2, 820.0],
-        ("splitK", "aten::mm (98304x768, 768x2304)"): [1, 300.0],
-        ("reduce", "aten::mm (98304x768, 768x2304)"): [1, 5.0],
-        ("FillFunctor", "aten::fill_ (98304x50304)"): [1, 2000.0],
-        ("triton_poi_fused_gelu_4", "96x1024x3072, 96x1024x3072"): [1, 500.0]}
+        ("splitK", "aten::mm (768x98304, 98304x384)"): [2, 820.0, 2 * 2 * 768 * 98304 * 384],
+        ("splitK", "aten::mm (98304x768, 768x2304)"): [1, 300.0, 2 * 98304 * 768 * 2304],
+        ("reduce", "aten::mm (98304x768, 768x2304)"): [1, 5.0, 0],
+        ("FillFunctor", "aten::fill_ (98304x50304)"): [1, 2000.0, 0],
+        ("triton_poi_fused_gelu_4", "96x1024x3072, 96x1024x3072"): [1, 500.0, 0]}
+    assert train_speed.matmul_flops("aten::addmm", [[2304], [98304, 768], [768, 2304]]) == 2 * 98304 * 768 * 2304
+    assert train_speed.matmul_flops("aten::bmm", [[12, 64, 32], [12, 32, 16]]) == 2 * 12 * 64 * 32 * 16
+    assert train_speed.matmul_flops("aten::add", [[4], [4]]) is None
 
 
 def test_the_plain_step_makes_the_update_train_py_makes():

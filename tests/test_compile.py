@@ -23,7 +23,7 @@ from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.optimizers import build_optimizers
 from nonlinear_queries.runtime import compile_kwargs, parallelize, setup
-from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig
+from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
@@ -228,6 +228,38 @@ def test_compile_pointwise_cat_reaches_inductor_as_its_cat_options_in_every_mode
     assert train_in_process(shakespeare_dir, tmp_path / "out", "--compile=True", "--compile_pointwise_cat=False",
                             "--max_iters=2", "--log_interval=1", "--eval_interval=2") == 0
     assert calls == [{"backend": "inductor", "options": copies}]
+
+
+def test_compile_options_are_parsed_and_reach_torch_compile_under_ddp(shakespeare_dir, tmp_path, monkeypatch):
+    from torch._inductor import list_mode_options
+
+    assert parse_compile_options("") == {}
+    assert parse_compile_options(" online_softmax=False, max_autotune_gemm_backends=ATEN,x=2") == {
+        "online_softmax": False, "max_autotune_gemm_backends": "ATEN", "x": 2}
+    with pytest.raises(ValueError, match="compile_options takes NAME=VALUE pairs separated by commas"):
+        TrainConfig(compile_options="online_softmax")
+    # train.py hands the key to torch.compile with the mode's options (recorded, then compiled by dynamo alone)
+    calls, compile_ = [], torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda model, **kwargs: calls.append(kwargs) or compile_(model, backend="eager"))
+    assert train_in_process(shakespeare_dir, tmp_path / "out", "--compile=True",
+                            "--compile_options=online_softmax=False", "--compile_mode=max-autotune-no-cudagraphs",
+                            "--max_iters=2", "--log_interval=1", "--eval_interval=2") == 0
+    assert calls == [{"backend": "inductor",
+                      "options": {**list_mode_options("max-autotune-no-cudagraphs"), "online_softmax": False}}]
+
+
+def test_compile_options_reach_every_compiled_unit_under_fsdp(process_group_of_one, monkeypatch):
+    from torch._inductor import list_mode_options
+
+    calls, compile_ = [], torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kwargs: calls.append(kwargs) or compile_(self, backend="eager"))
+    parallelize(GPT(GPTConfig(**TINY)), process_group_of_one, "fsdp", compile=True, mode="max-autotune-no-cudagraphs",
+                options={"online_softmax": False})
+    want = {"backend": "inductor",
+            "options": {**list_mode_options("max-autotune-no-cudagraphs"), "online_softmax": False}}
+    assert calls == [want] * (TINY["n_layer"] + 1)  # each block, then the root
 
 
 def logits_fills(step, logits_shape):

@@ -56,6 +56,7 @@ import pytest
 import torch
 from test_eval import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
 from torch.distributed.tensor import DTensor
+from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from helpers import REPO, last_logged_step, read_metrics, run_script
@@ -396,6 +397,79 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
     assert errs[worst] <= BF16_GRAD_RTOL, (worst, errs[worst])
     if DEVICE_TYPE == "cuda":
         assert cat_elements in numels and numels_c and cat_elements not in numels_c, (numels, numels_c)
+
+
+# ---------------------------------------------------------------------------------------
+# the Triton ops (nonlinear_queries/kernels.py), compiled for this GPU; tests/test_kernels.py holds them to
+# float64 on the CPU under Triton's interpreter, which does not compile them
+
+
+@pytest.mark.skipif(DEVICE_TYPE != "cuda", reason="the Triton kernels compile for CUDA; on the CPU the ops take their "
+                    "PyTorch path (tests/test_kernels.py runs the kernels there under the interpreter)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
+    # res_gelu's f at C = 768, r = 384 over a row count that no tile size divides, and the cross-entropy over
+    # GPT-2's 50,304 logits; outputs and every input gradient against float64 transcriptions of the same math
+    from nonlinear_queries import kernels
+
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def pair(*shape, scale=1.0):
+        t = (torch.randn(*shape, generator=g, device=DEVICE, dtype=torch.float64) * scale).to(dtype)
+        return t.requires_grad_(), t.detach().double().requires_grad_()
+
+    N, C, R, eps = 4099, 768, 384, 1e-5
+    (x, x64), (p, p64), (b1, b164) = pair(N, C), pair(N, 2 * C + R, scale=3.0), pair(R)
+    a, _ = torch.ops.nlq.rms_gelu(x, p[:, 2 * C:], b1, eps)
+    u64 = p64[:, 2 * C:] * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) + b164
+    a64 = 0.5 * u64 * (1 + torch.erf(u64 / 2 ** 0.5))
+    (anchor, anchor64), (w, w64), (b, b64) = pair(N, C), pair(C), pair(C)
+    y = a @ p[:C, :R].detach().T  # any matmul of a: W2's place
+    y64 = a64 @ p64[:C, :R].detach().T
+    out, _, _ = torch.ops.nlq.layer_norm_residual(anchor, y, w, b, eps)
+    out64 = anchor64 + F.layer_norm(y64, (C,), w64, b64, eps)
+    assert rel_err(out.double(), out64) <= (1e-5 if dtype == torch.float32 else 1e-2)
+    dout = torch.randn(N, C, generator=g, device=DEVICE, dtype=torch.float64)
+    out.backward(dout.to(dtype))
+    out64.backward(dout.to(dtype).double())
+    for name, got, want in [("x", x.grad, x64.grad), ("p", p.grad, p64.grad), ("b1", b1.grad, b164.grad),
+                            ("anchor", anchor.grad, anchor64.grad), ("w", w.grad, w64.grad), ("b", b.grad, b64.grad)]:
+        print(f"{dtype} {name}: relative error {rel_err(got.double(), want):.2e}")
+        assert rel_err(got.double(), want) <= (1e-5 if dtype == torch.float32 else 2e-2), name
+    (logits, logits64), targets = pair(257, 50304, scale=4.0), torch.randint(0, 50304, (257,), device=DEVICE)
+    loss = kernels.cross_entropy(logits * 1, targets)
+    loss64 = F.cross_entropy(logits64, targets)
+    (loss / 5).backward()
+    (loss64 / 5).backward()
+    assert loss.dtype == torch.float32 and abs(loss.item() - loss64.item()) <= 1e-5 * loss64.item()
+    assert rel_err(logits.grad.double(), logits64.grad) <= (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("query_mode", ["linear", "res_gelu", "anchored_res_gelu"])
+def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query_mode):
+    # TrainConfig's kernels: the compiled bf16 step (inductor around the custom ops) with the Triton ops against
+    # the same step without them, loss and every gradient
+    from nonlinear_queries.kernels import use_kernels
+
+    rt = setup(DEVICE, "bfloat16", join_process_group=False)
+    idx, targets = tokens(4, 128, 50257, seed=7), tokens(4, 128, 50257, seed=8)
+    results = []
+    for with_kernels in (False, True):
+        torch._dynamo.reset()
+        model = spread(GPT(GPTConfig(**SMALL, query_mode=query_mode)), seed=6).to(DEVICE)
+        if with_kernels:
+            assert use_kernels(model) == (SMALL["n_layer"] if "res_gelu" in query_mode else 0)
+        train_model = parallelize(model, rt, compile=True)[1]
+        with rt.autocast:
+            loss = train_model(idx, targets, return_logits=False)[1]
+        loss.backward()
+        results.append((loss.item(), {name: p.grad for name, p in model.named_parameters()}))
+    (loss, grads), (loss_k, grads_k) = results
+    errs = {name: rel_err(grads_k[name], grads[name]) for name in grads}
+    worst = max(errs, key=errs.get)
+    print(f"{query_mode} with kernels: loss {loss_k:.6f} against {loss:.6f}, worst gradient {worst} {errs[worst]:.2e}")
+    assert abs(loss_k - loss) <= BF16_RTOL * loss
+    assert errs[worst] <= BF16_GRAD_RTOL, (worst, errs[worst])
 
 
 def test_fsdp_on_one_gpu_computes_what_autocast_computes():

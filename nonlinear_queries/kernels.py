@@ -1,0 +1,482 @@
+"""
+res_gelu's f as Triton kernels, registered as custom ops (issue 65): the fast path that
+TrainConfig's `kernels` puts into a model (use_kernels), with a plain-PyTorch implementation
+of the same ops as the CPU path and the reference.
+
+f of the paper's eq. 2-3, Q = (x + f(x)) / 2 with f(x) = LN(GELU(RMSNorm(x) W1) W2), on the
+fused projection (model.py): h = x diag(g) W1 comes out of the [K | V | W1] matmul, and
+
+    a = GELU(h / rms(x) + b1)            rms(x) = sqrt(mean(x^2) + eps)     torch.ops.nlq.rms_gelu
+    y = a W2 + b2                        cuBLAS, as before
+    q = anchor + LN(y) w + b             anchor x (res_gelu) or x W_Q        torch.ops.nlq.layer_norm_residual
+
+Each op is one kernel per direction, each program a tile of whole rows (tokens; TILE_ELEMENTS
+elements, 4 rows of 768), so no loop has a runtime bound (triton 3.6's interpreter fails those
+under numpy 2.4), with every statistic in float32 and GELU exact (erf). The ½ of eq. 2 stays
+folded into the softmax scale (ResGELUQuery.scale_mult).
+rms_gelu reads h in place, a strided view of the fused projection's output, and its backward
+writes GELU' times 1/rms(x) as h's gradient, so no kernel runs GELU's backward over the K and V
+columns (the cat that autograd's split backward then makes only copies; bench/RESULTS.md's +21 ms
+was GELU's backward fused into that cat, over all 2.5 C columns).
+
+Why a hook and not an import: model.py is a single file that imports nothing of this package, so
+ResGELUQuery has a `kernels` attribute, None by default (plain PyTorch), which use_kernels sets to
+res_gelu_f; a query module that never heard of it needs only its forward, as before.
+
+Where each op runs: a CUDA tensor goes to the compiled Triton kernels; a CPU tensor goes to the
+same kernels under Triton's interpreter when TRITON_INTERPRET=1 is in the environment (the tests:
+tests/conftest.py sets it on a machine without CUDA, before anything imports triton, because
+triton.jit reads it when a function is decorated, tl.sum and the other jit'd builtins at triton's
+import included), and otherwise to the PyTorch reference (rms_gelu_reference,
+layer_norm_residual_reference), which computes the same math in float32.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.nn import functional as F
+
+SQRT1_2 = 0.7071067811865476  # 1/sqrt(2): GELU(u) = u Phi(u), Phi(u) = (1 + erf(u / sqrt(2))) / 2
+INV_SQRT_2PI = 0.3989422804014327  # 1/sqrt(2 pi): Phi'(u) = exp(-u^2 / 2) / sqrt(2 pi)
+TILE_ELEMENTS = 4096  # elements of a program's tile: BLOCK_M rows of the padded width, 4 rows at C = 768
+LN_TILES = 8  # tiles per program of layer_norm_residual's backward, whose partial sums of dw and db it writes
+
+
+def _block_m(width):
+    """Rows per program for rows of `width` elements padded to a power of two: TILE_ELEMENTS in all."""
+    return max(1, TILE_ELEMENTS // triton.next_power_of_2(width))
+
+
+@triton.jit
+def _rms_gelu_fwd(X, H, B1, A, RSTD, stride_x, stride_h, stride_a, N, C, R, eps,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
+    cols_c = tl.arange(0, BLOCK_C)
+    mask_c = row_mask[:, None] & (cols_c < C)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / C + eps)
+    cols = tl.arange(0, BLOCK_R)
+    mask = row_mask[:, None] & (cols < R)[None, :]
+    u = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32) * rstd[:, None]
+    if HAS_BIAS:
+        u += tl.load(B1 + cols, mask=cols < R, other=0.0).to(tl.float32)[None, :]
+    a = 0.5 * u * (1.0 + tl.math.erf(u * SQRT1_2))
+    tl.store(A + rows[:, None] * stride_a + cols[None, :], a.to(A.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _rms_gelu_bwd(X, H, B1, DA, RSTD, DX, DH, DU, stride_x, stride_h, stride_da, stride_dx, stride_dh, N, C, R,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+    cols = tl.arange(0, BLOCK_R)
+    mask = row_mask[:, None] & (cols < R)[None, :]
+    h = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    u = h * rstd[:, None]
+    if HAS_BIAS:
+        u += tl.load(B1 + cols, mask=cols < R, other=0.0).to(tl.float32)[None, :]
+    # GELU'(u) = Phi(u) + u Phi'(u)
+    du = tl.load(DA + rows[:, None] * stride_da + cols[None, :], mask=mask, other=0.0).to(tl.float32) * (
+        0.5 * (1.0 + tl.math.erf(u * SQRT1_2)) + u * INV_SQRT_2PI * tl.exp(-0.5 * u * u))
+    tl.store(DH + rows[:, None] * stride_dh + cols[None, :], (du * rstd[:, None]).to(DH.dtype.element_ty), mask=mask)
+    if HAS_BIAS:
+        tl.store(DU + rows[:, None] * R + cols[None, :], du, mask=mask)
+    # d rstd / d x_i = -rstd^3 x_i / C
+    scale = -tl.sum(du * h, axis=1) * rstd * rstd * rstd / C
+    cols_c = tl.arange(0, BLOCK_C)
+    mask_c = row_mask[:, None] & (cols_c < C)[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
+    tl.store(DX + rows[:, None] * stride_dx + cols_c[None, :], (scale[:, None] * x).to(DX.dtype.element_ty),
+             mask=mask_c)
+
+
+@triton.jit
+def _layer_norm_residual_fwd(ANCHOR, Y, W, B, OUT, MEAN, RSTD, stride_anchor, stride_y, stride_out, N, C, eps,
+                             HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < N
+    cols = tl.arange(0, BLOCK_C)
+    mask = row_mask[:, None] & (cols < C)[None, :]
+    y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(y, axis=1) / C
+    d = tl.where(mask, y - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / C + eps)
+    out = d * rstd[:, None] * tl.load(W + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        out += tl.load(B + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
+    out += tl.load(ANCHOR + rows[:, None] * stride_anchor + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(OUT + rows[:, None] * stride_out + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layer_norm_residual_bwd(DOUT, Y, W, MEAN, RSTD, DY, DW_PART, DB_PART, stride_dout, stride_y, stride_dy, N, C,
+                             TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    program = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_C)
+    mask_c = cols < C
+    w = tl.load(W + cols, mask=mask_c, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_C], dtype=tl.float32)
+    db = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for t in tl.static_range(TILES):
+        rows = (program.to(tl.int64) * TILES + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < N
+        mask = row_mask[:, None] & mask_c[None, :]
+        dout = tl.load(DOUT + rows[:, None] * stride_dout + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        yhat = tl.where(mask, (y - mean[:, None]) * rstd[:, None], 0.0)
+        g = dout * w[None, :]
+        # LayerNorm's backward: dy = rstd (g - mean(g) - yhat mean(g yhat)), means over the C features
+        dy = rstd[:, None] * (g - tl.sum(g, axis=1)[:, None] / C - yhat * (tl.sum(g * yhat, axis=1)[:, None] / C))
+        tl.store(DY + rows[:, None] * stride_dy + cols[None, :], dy.to(DY.dtype.element_ty), mask=mask)
+        dw += tl.sum(dout * yhat, axis=0)
+        db += tl.sum(dout, axis=0)
+    tl.store(DW_PART + program * C + cols, dw, mask=mask_c)
+    tl.store(DB_PART + program * C + cols, db, mask=mask_c)
+
+
+def use_triton(t):
+    """Whether the ops run Triton kernels on t's device: CUDA, or the CPU under TRITON_INTERPRET=1 (read
+    at each call, so a test can ask for the PyTorch path by removing it)."""
+    return t.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _rows(t):
+    """t as (rows, last dimension) with unit stride along the last (a view where the strides allow)."""
+    t = t.reshape(-1, t.size(-1))
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def rms_gelu_reference(x, h, b1, eps):
+    """The PyTorch path of rms_gelu on rows, x (N, C) and h (N, r): (a, rstd), computed in float32."""
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+    u = h.float() * rstd[:, None]
+    if b1 is not None:
+        u = u + b1.float()
+    return F.gelu(u).to(h.dtype), rstd
+
+
+@torch.library.custom_op("nlq::rms_gelu", mutates_args=())
+def rms_gelu(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GELU(h / rms(x) + b1), res_gelu's f up to W2 on the fused projection (paper eq. 3; model.py's
+    ResGELUQuery.f_from_fused): rms(x) = sqrt(mean(x^2) + eps) over x's C features, GELU exact (erf).
+
+    x: (..., C), any float dtype; h: (..., r), x diag(g) W1 (a strided view of the fused projection's
+    output is read in place, its last dimension contiguous); b1: (r,) or None. Returns (a, rstd):
+    a (..., r) in h's dtype, rstd = 1 / rms(x) (...) in float32, kept for the backward. Raises
+    RuntimeError (torch's) for tensors on different devices."""
+    a, rstd = _rms_gelu_rows(_rows(x), _rows(h), b1, eps)
+    return a.view(h.shape), rstd.view(x.shape[:-1])
+
+
+def _rms_gelu_rows(x, h, b1, eps):
+    """rms_gelu on x (N, C) and h (N, r)."""
+    if not use_triton(x):
+        return rms_gelu_reference(x, h, b1, eps)
+    N, C = x.shape
+    R = h.size(1)
+    a = torch.empty(N, R, dtype=h.dtype, device=h.device)
+    rstd = torch.empty(N, dtype=torch.float32, device=x.device)
+    block_m = _block_m(C)
+    _rms_gelu_fwd[(triton.cdiv(N, block_m),)](
+        x, h, h if b1 is None else b1, a, rstd, x.stride(0), h.stride(0), a.stride(0), N, C, R, eps,
+        HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C), BLOCK_R=triton.next_power_of_2(R))
+    return a, rstd
+
+
+@rms_gelu.register_fake
+def _(x, h, b1, eps):
+    return h.new_empty(h.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def rms_gelu_backward_reference(x, h, b1, da, rstd):
+    """The PyTorch path of rms_gelu_backward, in float32."""
+    u = h.float() * rstd[:, None]
+    if b1 is not None:
+        u = u + b1.float()
+    du = da.float() * (0.5 * (1 + torch.erf(u * SQRT1_2)) + u * INV_SQRT_2PI * torch.exp(-0.5 * u * u))
+    dx = -(du * h.float()).sum(-1, keepdim=True) * rstd[:, None] ** 3 / x.size(-1) * x.float()
+    return dx.to(x.dtype), (du * rstd[:, None]).to(h.dtype), du if b1 is not None else du.new_empty(0, du.size(1))
+
+
+@torch.library.custom_op("nlq::rms_gelu_backward", mutates_args=())
+def rms_gelu_backward(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None, da: torch.Tensor,
+                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rms_gelu's backward (x, h, da and rstd with any leading dimensions, read as N rows): da (N, r), the
+    gradient of a, to (dx, dh, du): dx (N, C) the gradient of x
+    through rms(x) (x's other paths add theirs), dh (N, r) = GELU'(u) da / rms(x), and du (N, r) =
+    GELU'(u) da in float32, whose column sums are b1's gradient ((0, r) without b1)."""
+    x, h, da, rstd = _rows(x), _rows(h), _rows(da), rstd.reshape(-1)
+    if not use_triton(x):
+        return rms_gelu_backward_reference(x, h, b1, da, rstd)
+    N, C = x.shape
+    R = h.size(1)
+    dx, dh = torch.empty_like(x), torch.empty(N, R, dtype=h.dtype, device=h.device)
+    du = torch.empty(N if b1 is not None else 0, R, dtype=torch.float32, device=h.device)
+    block_m = _block_m(C)
+    _rms_gelu_bwd[(triton.cdiv(N, block_m),)](
+        x, h, h if b1 is None else b1, da, rstd, dx, dh, du, x.stride(0), h.stride(0), da.stride(0), dx.stride(0),
+        dh.stride(0), N, C, R, HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C),
+        BLOCK_R=triton.next_power_of_2(R))
+    return dx, dh, du
+
+
+@rms_gelu_backward.register_fake
+def _(x, h, b1, da, rstd):
+    N, R = rstd.numel(), h.size(-1)
+    du = da.new_empty(N if b1 is not None else 0, R, dtype=torch.float32)
+    return x.new_empty(N, x.size(-1)), h.new_empty(N, R), du
+
+
+def _rms_gelu_setup(ctx, inputs, output):
+    x, h, b1, _ = inputs
+    ctx.save_for_backward(x, h, b1, output[1])
+    ctx.shapes = x.shape, h.shape
+
+
+def _rms_gelu_grad(ctx, da, _):
+    x, h, b1, rstd = ctx.saved_tensors
+    dx, dh, du = rms_gelu_backward(x, h, b1, da, rstd)
+    db1 = du.sum(0).to(b1.dtype) if b1 is not None else None
+    return dx.view(ctx.shapes[0]), dh.view(ctx.shapes[1]), db1, None
+
+
+rms_gelu.register_autograd(_rms_gelu_grad, setup_context=_rms_gelu_setup)
+
+
+def layer_norm_residual_reference(anchor, y, weight, bias, eps):
+    """The PyTorch path of layer_norm_residual: (out, mean, rstd) as it returns them, in float32."""
+    y32 = y.float()
+    mean = y32.mean(-1)
+    rstd = torch.rsqrt((y32 - mean[:, None]).pow(2).mean(-1) + eps)
+    out = anchor.float() + F.layer_norm(y32, y.shape[-1:], weight.float(), None if bias is None else bias.float(), eps)
+    return out.to(torch.promote_types(anchor.dtype, weight.dtype)), mean, rstd
+
+
+@torch.library.custom_op("nlq::layer_norm_residual", mutates_args=())
+def layer_norm_residual(anchor: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """anchor + LayerNorm(y) (Ba et al. 2016) with weight and bias: the close of res_gelu's query,
+    anchor + f(x) (paper eq. 2-3, f's LN over W2's output y; anchor x, or x W_Q for anchored_res_gelu).
+
+    anchor, y: (N, C); weight, bias: (C,) (bias may be None). Returns (out, mean, rstd): out (N, C) in
+    the promotion of anchor's and weight's dtypes (float32 under autocast, whose weights are float32,
+    as torch's LayerNorm gives there), y's mean and 1 / sqrt(var + eps) per row (N,) in float32 for
+    the backward. Statistics in float32 whatever y's dtype."""
+    anchor, y = _rows(anchor), _rows(y)
+    if not use_triton(y):
+        return layer_norm_residual_reference(anchor, y, weight, bias, eps)
+    N, C = y.shape
+    out = torch.empty(N, C, dtype=torch.promote_types(anchor.dtype, weight.dtype), device=y.device)
+    mean, rstd = (torch.empty(N, dtype=torch.float32, device=y.device) for _ in range(2))
+    block_m = _block_m(C)
+    _layer_norm_residual_fwd[(triton.cdiv(N, block_m),)](
+        anchor, y, weight, weight if bias is None else bias, out, mean, rstd, anchor.stride(0), y.stride(0),
+        out.stride(0), N, C, eps, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C))
+    return out, mean, rstd
+
+
+@layer_norm_residual.register_fake
+def _(anchor, y, weight, bias, eps):
+    N = y.numel() // y.size(-1)
+    return (y.new_empty(N, y.size(-1), dtype=torch.promote_types(anchor.dtype, weight.dtype)),
+            y.new_empty(N, dtype=torch.float32), y.new_empty(N, dtype=torch.float32))
+
+
+def layer_norm_residual_backward_reference(dout, y, weight, mean, rstd):
+    """The PyTorch path of layer_norm_residual_backward, in float32."""
+    yhat = (y.float() - mean[:, None]) * rstd[:, None]
+    g = dout.float() * weight.float()
+    dy = rstd[:, None] * (g - g.mean(-1, keepdim=True) - yhat * (g * yhat).mean(-1, keepdim=True))
+    return dy.to(y.dtype), (dout.float() * yhat).sum(0), dout.float().sum(0)
+
+
+@torch.library.custom_op("nlq::layer_norm_residual_backward", mutates_args=())
+def layer_norm_residual_backward(dout: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                                 rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """layer_norm_residual's backward but the anchor's gradient (dout itself): dout (N, C) to dy (N, C)
+    in y's dtype, and the float32 gradients of the weight and the bias, (C,) each: the kernel writes the
+    partial sums of each program's LN_TILES tiles of rows, summed here."""
+    dout, y = _rows(dout), _rows(y)
+    if not use_triton(y):
+        return layer_norm_residual_backward_reference(dout, y, weight, mean, rstd)
+    N, C = y.shape
+    block_m = _block_m(C)
+    blocks = triton.cdiv(N, LN_TILES * block_m)
+    dy = torch.empty_like(y)
+    dw_part, db_part = (torch.empty(blocks, C, dtype=torch.float32, device=y.device) for _ in range(2))
+    _layer_norm_residual_bwd[(blocks,)](
+        dout, y, weight, mean, rstd, dy, dw_part, db_part, dout.stride(0), y.stride(0), dy.stride(0), N, C,
+        TILES=LN_TILES, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C))
+    return dy, dw_part.sum(0), db_part.sum(0)
+
+
+@layer_norm_residual_backward.register_fake
+def _(dout, y, weight, mean, rstd):
+    C = y.size(-1)
+    return y.new_empty(y.numel() // C, C), y.new_empty(C, dtype=torch.float32), y.new_empty(C, dtype=torch.float32)
+
+
+def _layer_norm_residual_setup(ctx, inputs, output):
+    anchor, y, weight, bias, _ = inputs
+    ctx.save_for_backward(y, weight, output[1], output[2])
+    ctx.has_bias, ctx.anchor_shape, ctx.anchor_dtype = bias is not None, anchor.shape, anchor.dtype
+
+
+def _layer_norm_residual_grad(ctx, dout, _mean, _rstd):
+    y, weight, mean, rstd = ctx.saved_tensors
+    dy, dw, db = layer_norm_residual_backward(dout, y, weight, mean, rstd)
+    return (dout.to(ctx.anchor_dtype).view(ctx.anchor_shape), dy.view(y.shape), dw.to(weight.dtype),
+            db.to(weight.dtype) if ctx.has_bias else None, None)
+
+
+layer_norm_residual.register_autograd(_layer_norm_residual_grad, setup_context=_layer_norm_residual_setup)
+
+
+@triton.jit
+def _cross_entropy_fwd(LOGITS, TARGETS, LOSS, LSE, stride_logits, ignore_index, V: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = LOGITS + row * stride_logits
+    # the log-sum-exp in one pass over the row, its running maximum rescaling the running sum (online softmax)
+    m = tl.full([], float("-inf"), tl.float32)
+    total = tl.zeros([], dtype=tl.float32)
+    for start in range(0, V, BLOCK_V):  # V is a constexpr: a loop of fixed trip count
+        cols = start + tl.arange(0, BLOCK_V)
+        z = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        total = total * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        m = m_new
+    lse = m + tl.log(total)
+    target = tl.load(TARGETS + row)
+    valid = target != ignore_index
+    z_target = tl.load(base + tl.where(valid, target, 0)).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - z_target, 0.0))
+    tl.store(LSE + row, lse)
+
+
+@triton.jit
+def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, stride_logits, stride_dloss, ignore_index, V: tl.constexpr,
+                       BLOCK_V: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = LOGITS + row * stride_logits
+    lse = tl.load(LSE + row)
+    target = tl.load(TARGETS + row)
+    # the row's loss gradient, read on the device: 1 / (valid rows x micro-steps) as autograd made it
+    dloss = tl.where(target != ignore_index, tl.load(DLOSS + row * stride_dloss), 0.0)
+    for start in range(0, V, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        mask = cols < V
+        z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+        grad = (tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)) * dloss
+        tl.store(base + cols, grad.to(LOGITS.dtype.element_ty), mask=mask)  # in place of the logits
+
+
+CE_BLOCK_V = 4096  # logits per chunk of a row: 13 chunks of GPT-2's 50,304
+
+
+def cross_entropy_rows_reference(logits, targets, ignore_index):
+    """The PyTorch path of cross_entropy_rows, in float32."""
+    lse = torch.logsumexp(logits.float(), dim=-1)
+    valid = targets != ignore_index
+    z_target = logits.float().gather(1, torch.where(valid, targets, 0)[:, None])[:, 0]
+    return torch.where(valid, lse - z_target, 0.0), lse
+
+
+@torch.library.custom_op("nlq::cross_entropy_rows", mutates_args=())
+def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor,
+                       ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's cross-entropy -log softmax(logits)[target] in nats, and its log-sum-exp, (N,) each in
+    float32 whatever the logits' dtype; 0 loss for a row whose target is ignore_index. logits: (N, V);
+    targets: (N,) int64. One kernel: one pass over each row (online log-sum-exp, Milakov & Gimelshein
+    2018) and a read of its target's logit."""
+    logits = _rows(logits)
+    if not use_triton(logits):
+        return cross_entropy_rows_reference(logits, targets, ignore_index)
+    N, V = logits.shape
+    loss, lse = (torch.empty(N, dtype=torch.float32, device=logits.device) for _ in range(2))
+    _cross_entropy_fwd[(N,)](logits, targets, loss, lse, logits.stride(0), ignore_index, V=V,
+                             BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+    return loss, lse
+
+
+@cross_entropy_rows.register_fake
+def _(logits, targets, ignore_index):
+    N = logits.numel() // logits.size(-1)
+    return logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
+
+
+@torch.library.custom_op("nlq::cross_entropy_rows_backward_", mutates_args=("logits",))
+def cross_entropy_rows_backward_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                                 ignore_index: int) -> None:
+    """cross_entropy_rows' backward, written in place of the logits (N, V): (softmax(logits) - onehot(target))
+    times dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row.
+    No copy of the logits' size is made, and nothing is read on the host."""
+    if not use_triton(logits):
+        valid = (targets != ignore_index)[:, None]
+        grad = torch.exp(logits.float() - lse[:, None])
+        grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
+        logits.copy_(torch.where(valid, grad * dloss[:, None], 0.0))
+        return
+    N, V = logits.shape
+    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, logits.stride(0), dloss.stride(0), ignore_index, V=V,
+                             BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+
+
+def _cross_entropy_setup(ctx, inputs, output):
+    logits, targets, ignore_index = inputs
+    ctx.save_for_backward(logits, targets, output[1])
+    ctx.ignore_index = ignore_index
+
+
+def _cross_entropy_grad(ctx, dloss, _):
+    logits, targets, lse = ctx.saved_tensors
+    torch.ops.nlq.cross_entropy_rows_backward_(logits, targets, lse, dloss, ctx.ignore_index)
+    return logits, None, None
+
+
+cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+
+
+def cross_entropy(logits, targets, ignore_index=-100):
+    """The mean cross-entropy in nats over the rows whose target is not ignore_index, in float32, as
+    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows. logits: (N, V), which the
+    backward overwrites with their gradient: for a caller that keeps no other use of them (GPT.forward
+    with return_logits=False); targets: (N,) int64. No host read: the count of rows is a device tensor."""
+    loss, _ = torch.ops.nlq.cross_entropy_rows(logits, targets, ignore_index)
+    return loss.sum() / (targets != ignore_index).sum()
+
+
+def res_gelu_f(query, anchor, x, h):
+    """anchor + f(x) for a ResGELUQuery `query` (gelu, with its norms) through the ops: what
+    model.py's ResGELUQuery.anchored_f computes in plain PyTorch. anchor, x: (..., C);
+    h: (..., r) = x diag(g) W1 (query.fused_weight()'s rows). Returns (..., C)."""
+    a, _ = torch.ops.nlq.rms_gelu(x, h, query.w1.bias, query.rms.eps)
+    y = F.linear(a, query.w2.weight, query.w2.bias)
+    out, _, _ = torch.ops.nlq.layer_norm_residual(anchor, y, query.ln.weight, query.ln.bias, query.ln.eps)
+    return out.view(anchor.shape[:-1] + out.shape[-1:])
+
+
+def use_kernels(model):
+    """Put the ops into `model` (a GPT): its training loss through cross_entropy (GPT.cross_entropy), and
+    f through res_gelu_f in every query module that computes res_gelu's f with GELU and its norms
+    (res_gelu, anchored_res_gelu; not res_linear, an ablation's activation or query_norm=False, which
+    stay plain PyTorch). Returns the number of query modules changed."""
+    from model import ResGELUQuery
+
+    model.cross_entropy = cross_entropy
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, ResGELUQuery) and module.act is F.gelu and module.norm:
+            module.kernels = res_gelu_f
+            changed += 1
+    return changed

@@ -1,0 +1,252 @@
+"""res_gelu's f as Triton kernels (nonlinear_queries/kernels.py), held on the CPU against float64
+transcriptions of the same math: each op's outputs and every input gradient, through the Triton
+kernels under Triton's interpreter and through the PyTorch path; then the model with the kernels
+against the model without.
+
+The interpreter runs where TRITON_INTERPRET=1 was in the environment when triton was imported
+(tests/conftest.py sets it on a machine without CUDA); the ops read it at each call, so a test asks
+for their PyTorch path by removing it. On a GPU machine tests/test_cuda.py runs the kernels. Under
+the interpreter a float32 -> bfloat16 store truncates instead of rounding to nearest, so bfloat16
+results are compared with a tolerance of 2 ulps (2^-6 relative).
+"""
+
+import pytest
+import torch
+import triton
+
+from helpers import losses_by_step, train_in_process, val_losses_by_step
+from model import GPT, QUERY_MODULES, GPTConfig
+from nonlinear_queries import kernels
+
+EPS = 1e-5
+# widths that are not powers of two and a row count that is not a multiple of a program's rows, so every tile's
+# masked tail is exercised: at C = 40 a program takes 64 rows, at C = 600 4 rows, and layer_norm_residual's
+# backward sums the partials of 3 programs of 32 rows
+N = 70
+SHAPES = [(40, 21), (600, 300)]
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2 ** -6, atol=2e-2)}
+
+
+@pytest.fixture(params=["triton", "pytorch"])
+def path(request, monkeypatch):
+    """Each op through its Triton kernels (under the interpreter) or through its PyTorch path."""
+    if request.param == "triton":
+        if not triton.knobs.runtime.interpret:
+            pytest.skip("Triton's interpreter is off: TRITON_INTERPRET=1 must be set before triton is imported "
+                        "(tests/conftest.py sets it where there is no CUDA)")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    return request.param
+
+
+def rounded(*shape, dtype, scale=1.0):
+    """A random tensor in `dtype` that requires grad, and its float64 copy (the same values) that does."""
+    t = (torch.randn(*shape, dtype=torch.float64) * scale).to(dtype)
+    return t.requires_grad_(), t.detach().double().requires_grad_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("C, R", SHAPES)
+def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias, C, R):
+    torch.manual_seed(0)
+    x, x64 = rounded(N, C, dtype=dtype)
+    # h read in place as the W1 columns of a fused projection's output, (N, 2 C + R), as model.py's fused path has it
+    p, p64 = rounded(N, 2 * C + R, dtype=dtype, scale=3.0)
+    h, h64 = p[:, 2 * C:], p64[:, 2 * C:]
+    b1, b164 = rounded(R, dtype=dtype) if bias else (None, None)
+    a, rstd = torch.ops.nlq.rms_gelu(x, h, b1, EPS)
+    # eq. 3's GELU(RMSNorm(x) W1) with the gain folded into W1: h / rms(x), in float64
+    rstd64 = torch.rsqrt(x64.pow(2).mean(-1) + EPS)
+    u64 = h64 * rstd64[:, None] + (b164 if bias else 0)
+    a64 = 0.5 * u64 * (1 + torch.erf(u64 / 2 ** 0.5))
+    assert a.dtype == dtype and rstd.dtype == torch.float32
+    torch.testing.assert_close(a.double(), a64, **TOL[dtype])
+    torch.testing.assert_close(rstd.double(), rstd64, rtol=1e-6, atol=0)
+    da = torch.randn(N, R, dtype=torch.float64).to(dtype)
+    a.backward(da)
+    a64.backward(da.double())
+    for got, want in [(x.grad, x64.grad), (p.grad, p64.grad)] + ([(b1.grad, b164.grad)] if bias else []):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), want, **TOL[dtype])
+    assert not p.grad[:, :2 * C].any()  # the K and V columns get nothing from f
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("C", [c for c, _ in SHAPES])
+def test_layer_norm_residual_matches_float64_outputs_and_gradients(path, dtype, bias, C):
+    torch.manual_seed(1)
+    anchor, anchor64 = rounded(N, C, dtype=dtype)
+    y, y64 = rounded(N, C, dtype=dtype, scale=4.0)
+    w, w64 = rounded(C, dtype=dtype)
+    b, b64 = rounded(C, dtype=dtype) if bias else (None, None)
+    out, mean, rstd = torch.ops.nlq.layer_norm_residual(anchor, y, w, b, EPS)
+    # anchor + LN(y) w + b, eq. 2-3's x + f(x) with f's closing LayerNorm, written out in float64
+    mean64 = y64.mean(-1, keepdim=True)
+    rstd64 = torch.rsqrt((y64 - mean64).pow(2).mean(-1, keepdim=True) + EPS)
+    out64 = anchor64 + (y64 - mean64) * rstd64 * w64 + (b64 if bias else 0)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), out64, **TOL[dtype])
+    torch.testing.assert_close(mean.double(), mean64[:, 0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rstd.double(), rstd64[:, 0], rtol=1e-5, atol=0)
+    dout = torch.randn(N, C, dtype=torch.float64).to(dtype)
+    out.backward(dout)
+    out64.backward(dout.double())
+    pairs = [(anchor.grad, anchor64.grad), (y.grad, y64.grad), (w.grad, w64.grad)]
+    for got, want in pairs + ([(b.grad, b64.grad)] if bias else []):
+        assert got.dtype == dtype
+        # dw and db sum 70 rows of products: bfloat16's rounding of the inputs enters each term once
+        torch.testing.assert_close(got.double(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [64, 5000])
+def test_cross_entropy_matches_float64_loss_and_gradient_in_place(path, dtype, V):
+    # V = 5000: two chunks of 4096 logits, the second masked; rows 3 and 40 ignored (ignore_index, as padding)
+    torch.manual_seed(6)
+    leaf, leaf64 = rounded(N, V, dtype=dtype, scale=3.0)
+    targets = torch.randint(0, V, (N,))
+    targets[[3, 40]] = -100
+    logits = leaf * 1  # a non-leaf, as the LM head's output is: the backward overwrites it with the gradient
+    loss = kernels.cross_entropy(logits, targets)
+    kept = targets != -100
+    loss64 = (torch.logsumexp(leaf64, -1) - leaf64.gather(1, targets.clamp(min=0)[:, None])[:, 0])[kept].mean()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-6, atol=1e-6)
+    (loss / 4).backward()  # 4 micro-steps: the scale reaches the kernel as the rows' loss gradient
+    (loss64 / 4).backward()
+    assert leaf.grad.dtype == dtype and not leaf.grad[[3, 40]].any()
+    torch.testing.assert_close(leaf.grad.double(), leaf64.grad, rtol=TOL[dtype]["rtol"], atol=1e-7)
+    torch.testing.assert_close(logits.detach().double(), leaf64.grad, rtol=TOL[dtype]["rtol"], atol=1e-7)
+
+
+def test_ops_pass_torch_library_opcheck():
+    """The fake (meta) implementations, the schemas and the autograd registrations agree with the ops,
+    which is what torch.compile and FSDP rely on (torch.library.opcheck, on the PyTorch path)."""
+    torch.manual_seed(2)
+    # (B, T, C) inputs, as the model passes them, and h a slice of the fused projection's output
+    x, p = torch.randn(2, 3, 8), torch.randn(2, 3, 20)
+    b1 = torch.randn(4, requires_grad=True)
+    torch.library.opcheck(torch.ops.nlq.rms_gelu, (x.requires_grad_(), p[..., 16:].requires_grad_(), b1, EPS))
+    torch.library.opcheck(torch.ops.nlq.layer_norm_residual,
+                          (torch.randn(2, 3, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
+                           torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True), EPS))
+    torch.library.opcheck(torch.ops.nlq.cross_entropy_rows, (torch.randn(6, 8) * 1, torch.randint(0, 8, (6,)), -100))
+
+
+TINY = dict(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=64)
+
+
+def one_step(model, idx, targets):
+    """The logits, the gradients of one training step on (idx, targets), and the loss after it (SGD: AdamW's
+    first step would turn a gradient that is zero up to rounding, as K's bias has, into a step of its sign).
+    The step asks for the loss alone, as train_step does, which is when the cross-entropy kernel runs."""
+    logits = model(idx, targets)[0].detach()
+    model(idx, targets, return_logits=False)[1].backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    return logits, {k: v.grad for k, v in model.named_parameters()}, model(idx, targets)[1].detach()
+
+
+@pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
+@pytest.mark.parametrize("fused_qkv", [True, False])
+def test_model_with_kernels_computes_what_the_model_without_does(path, query_mode, fused_qkv):
+    """Logits and one training step, every query mode, fused and unfused projection: use_kernels
+    changes res_gelu and anchored_res_gelu only, and not what they compute."""
+    cfg = GPTConfig(**TINY, query_mode=query_mode, fused_qkv=fused_qkv, bias=query_mode == "anchored_res_gelu")
+    torch.manual_seed(3)
+    plain = GPT(cfg)
+    if query_mode == "anchored_res_gelu":  # f starts at zero there; move its LN off zero so f is seen
+        with torch.no_grad():
+            for block in plain.transformer.h:
+                block.attn.query.ln.weight.normal_()
+    fast = GPT(cfg)
+    fast.load_state_dict(plain.state_dict())
+    assert kernels.use_kernels(fast) == (cfg.n_layer if query_mode in ("res_gelu", "anchored_res_gelu") else 0)
+    idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
+    want_logits, want_grads, want_loss = one_step(plain, idx, targets)
+    got_logits, got_grads, got_loss = one_step(fast, idx, targets)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    for name, want in want_grads.items():
+        torch.testing.assert_close(got_grads[name], want, rtol=1e-4, atol=1e-6, msg=name)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+
+
+def test_model_with_kernels_under_autocast_and_aot_autograd():
+    """bf16 autocast (the GPU's setting: x float32, the projection bfloat16) and dynamo with AOTAutograd,
+    which traces the ops through their fake implementations: the same loss and gradients as the plain model."""
+    cfg = GPTConfig(**TINY, query_mode="res_gelu")
+    torch.manual_seed(4)
+    plain = GPT(cfg)
+    fast = GPT(cfg)
+    fast.load_state_dict(plain.state_dict())
+    kernels.use_kernels(fast)
+    compiled = torch.compile(fast, backend="aot_eager", fullgraph=True)
+    idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, want = plain(idx, targets)
+        _, got = compiled(idx, targets, return_logits=False)  # the loss alone, as train_step: the CE kernel too
+    want.backward()
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+def test_use_kernels_leaves_other_activations_and_unnormed_f_to_pytorch():
+    for settings in (dict(query_activation="relu"), dict(query_norm=False)):
+        model = GPT(GPTConfig(**TINY, query_mode="res_gelu", **settings))
+        assert kernels.use_kernels(model) == 0
+        assert all(block.attn.query.kernels is None for block in model.transformer.h)
+
+
+@pytest.mark.slow
+def test_train_py_with_kernels_trains_as_without(shakespeare_dir, tmp_path, monkeypatch):
+    """TrainConfig's `kernels` reaches the model through train.py: the same losses, step for step. The ops take
+    their PyTorch path here (the interpreter's cross-entropy over GPT-2's 50,304 logits takes minutes); the tests
+    above hold the kernels to it."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    changed = []
+    monkeypatch.setattr(kernels, "use_kernels", lambda model, put=kernels.use_kernels: changed.append(put(model)))
+    runs = {}
+    for flag in ("False", "True"):
+        out = tmp_path / flag
+        assert train_in_process(shakespeare_dir, out, "--query_mode=res_gelu", f"--kernels={flag}", "--max_iters=3",
+                                "--eval_interval=3") == 0
+        runs[flag] = losses_by_step(out), val_losses_by_step(out)
+    assert changed == [2] and list(runs["True"][0]) == [1, 2, 3]  # both layers' res_gelu, once
+    for got, want in zip(runs["True"], runs["False"]):
+        assert got == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_kernels_under_sharding_checkpointing_and_compile(parallelism):
+    """The ops in a model that parallelize() checkpoints, compiles (dynamo and AOTAutograd) and shards as
+    train.py does, FSDP2 in a process group of one included: the plain model's loss and gradients."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from nonlinear_queries.runtime import parallelize, setup
+
+    rt = setup("cpu", "float32", parallelism="fsdp")  # a group of one; under ddp, DDP around the model
+    try:
+        cfg = GPTConfig(**TINY, query_mode="res_gelu")
+        torch.manual_seed(5)
+        plain = GPT(cfg)
+        fast = GPT(cfg)
+        fast.load_state_dict(plain.state_dict())
+        kernels.use_kernels(fast)
+        model, train_model = parallelize(fast, rt, parallelism, compile=True, activation_checkpointing=True,
+                                         backend="aot_eager")
+        idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
+        want = plain(idx, targets)[1]
+        got = train_model(idx, targets, return_logits=False)[1]
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for (name, p), q in zip(plain.named_parameters(), model.parameters()):
+            grad = q.grad.full_tensor() if isinstance(q.grad, DTensor) else q.grad
+            torch.testing.assert_close(grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    finally:
+        dist.destroy_process_group()
