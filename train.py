@@ -309,7 +309,11 @@ def train(cfg, config_files, rt):
                           f"(layer {diag['attn_logit_max'].index(top)}), attention entropy "
                           f"{sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
         if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
-            for record in downstream.evaluate(raw_model, state.step):  # on rank 0, the other ranks waiting for it
+            # on rank 0, the other ranks waiting for it; a signal gives the tasks up between batches
+            records = downstream.evaluate(raw_model, state.step, should_stop=lambda: stop.signal is not None)
+            if records is None:
+                out.print(f"step {state.step}: lm-eval tasks given up on a stop request")
+            for record in records or []:
                 out.print(downstream.describe(record))
                 out.log(record)
         if checkpoints.save(state, stopping, raw_model, optimizers, scaler, run_info):

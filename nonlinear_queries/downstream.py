@@ -62,6 +62,10 @@ LOCAL_TASK_HINT = (
 unreachable_hub = None  # why prepare_hub put this process offline, if it did
 
 
+class TasksStopped(Exception):
+    """A stop request (GPTLM's should_stop) gave the tasks up between two batches."""
+
+
 class EvalError(DataError):
     """A task that cannot run: an unknown name, a missing local file, or data on a hub that cannot be reached.
     A DataError, so train.py reports it like any other missing data, before the run starts."""
@@ -96,7 +100,7 @@ class GPTLM(TemplateLM):
     """
 
     def __init__(self, pretrained, batch_size=8, device="auto", dtype="auto", tokenizer=None,
-                 max_gen_toks=DEFAULT_MAX_GEN_TOKS, progress=True):
+                 max_gen_toks=DEFAULT_MAX_GEN_TOKS, progress=True, should_stop=None):
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -111,6 +115,7 @@ class GPTLM(TemplateLM):
         self.model, self.tokenizer, self.autocast = model, tokenizer, rt.autocast
         self._device = torch.device(rt.device)
         self.batch_size, self.max_gen_toks, self.progress = batch_size, max_gen_toks, progress
+        self.should_stop = should_stop or (lambda: False)  # asked before each batch: True raises TasksStopped
 
     @property
     def eot_token_id(self):
@@ -155,6 +160,8 @@ class GPTLM(TemplateLM):
         results = [None] * len(rows)
         for start in tqdm(range(0, len(order), self.batch_size), disable=disable_tqdm or not self.progress,
                           desc="loglikelihood batches"):
+            if self.should_stop():
+                raise TasksStopped
             batch = order[start : start + self.batch_size]
             idx = torch.zeros((len(batch), len(rows[batch[0]][0])), dtype=torch.long)
             for r, i in enumerate(batch):
@@ -191,6 +198,8 @@ class GPTLM(TemplateLM):
     def generate_until(self, requests, disable_tqdm=False):
         texts = []
         for request in tqdm(requests, disable=disable_tqdm or not self.progress, desc="generate_until"):
+            if self.should_stop():
+                raise TasksStopped
             context, gen_kwargs = request.args
             settings = dict(gen_kwargs)
             until = settings.pop("until", None) or []
@@ -373,24 +382,28 @@ class DownstreamEval:
         """Whether to run the tasks at `step`: as should_eval (training.py) with eval_tasks_interval."""
         return should_eval(step, self.schedule, start_step, resumed_after_eval, stopping)
 
-    def evaluate(self, model, step):
+    def evaluate(self, model, step, should_stop=None):
         """Run the tasks on `model` (the GPT, not a DDP or compiled wrapper) in eval mode, under the run's autocast,
         leaving it in training mode and every random generator as it was. Call it on every rank: rank 0 runs the
         tasks while the others wait for it at the barrier of a gloo group (torch.distributed.monitored_barrier,
         time-out TASKS_TIMEOUT), not in the next step's collective, whose time-out (NCCL's 10 minutes by default)
         a long task list would exceed. Returns, on rank 0, one record per task (and group): {"type": "downstream",
-        "step", "task", <metric>: value, "examples"}; [] on the other ranks."""
+        "step", "task", <metric>: value, "examples"}; [] on the other ranks. should_stop: asked by rank 0 before
+        each batch; once it says True the tasks are given up and rank 0 returns None (a signal: stopping.py; the
+        ranks then agree on the stop through the training step's vote)."""
         records = []
         if self.rt.master:
             lm = GPTLM(model, batch_size=self.cfg.batch_size, device=self.rt.device, dtype=self.rt.dtype,
-                       tokenizer=self.tokenizer, progress=False)
+                       tokenizer=self.tokenizer, progress=False, should_stop=should_stop)
             model.eval()
             try:
                 results = run_tasks(lm, self.names, self.manager, self.cfg.eval_tasks_limit, bootstrap_iters=0)
+                records = [{"type": "downstream", "step": step, "task": task, **metrics}
+                           for task, metrics in task_scores(results).items()]
+            except TasksStopped:
+                records = None
             finally:
                 model.train()
-            records = [{"type": "downstream", "step": step, "task": task, **metrics}
-                       for task, metrics in task_scores(results).items()]
         if self.group is not None:
             dist.monitored_barrier(self.group, timeout=TASKS_TIMEOUT)
         return records

@@ -31,7 +31,7 @@ from helpers import (
     val_losses_by_step,
 )
 from model import GPT, GPTConfig
-from nonlinear_queries.downstream import GPTLM
+from nonlinear_queries.downstream import GPTLM, TasksStopped
 from nonlinear_queries.pretrained import export
 from nonlinear_queries.tokenizer import GPT2Tokenizer
 
@@ -223,6 +223,25 @@ def test_generate_until_stops_at_stop_string(assets):
     requests = [Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": 40}), 0),
                 Instance("generate_until", {}, (context, {"until": ["no such text"], "max_gen_toks": 40}), 1)]
     assert lm.generate_until(requests) == [expected, greedy]
+
+
+def test_a_stop_request_gives_the_tasks_up_before_the_next_batch(assets):
+    _, model_dir, _ = assets
+    pairs = [(doc["query"], " " + choice) for doc in MULTIPLE_CHOICE for choice in doc["choices"]]
+    choices = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    asked = []
+
+    def stop_after_two_batches():
+        asked.append(None)
+        return len(asked) > 2
+
+    lm = GPTLM(model_dir, batch_size=1, device="cpu", progress=False, should_stop=stop_after_two_batches)
+    with pytest.raises(TasksStopped):
+        lm.loglikelihood(choices)
+    assert len(asked) == 3 < len(choices)  # two batches ran, the third was never started
+    generate = [Instance("generate_until", {}, ("The baker", {"until": ["."], "max_gen_toks": 4}), 0)]
+    with pytest.raises(TasksStopped):
+        lm.generate_until(generate)
 
 
 def closed_port():

@@ -172,15 +172,20 @@ def test_model_with_kernels_computes_what_the_model_without_does(path, query_mod
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
 
 
+def plain_and_fast(seed, query_mode="res_gelu"):
+    """Two TINY GPTs with the same weights (init seeded by `seed`): the plain one, and one with the kernels."""
+    torch.manual_seed(seed)
+    plain = GPT(GPTConfig(**TINY, query_mode=query_mode))
+    fast = GPT(GPTConfig(**TINY, query_mode=query_mode))
+    fast.load_state_dict(plain.state_dict())
+    kernels.use_kernels(fast)
+    return plain, fast
+
+
 def test_model_with_kernels_under_autocast_and_aot_autograd():
     """bf16 autocast (the GPU's setting: x float32, the projection bfloat16) and dynamo with AOTAutograd,
     which traces the ops through their fake implementations: the same loss and gradients as the plain model."""
-    cfg = GPTConfig(**TINY, query_mode="res_gelu")
-    torch.manual_seed(4)
-    plain = GPT(cfg)
-    fast = GPT(cfg)
-    fast.load_state_dict(plain.state_dict())
-    kernels.use_kernels(fast)
+    plain, fast = plain_and_fast(seed=4)
     compiled = torch.compile(fast, backend="aot_eager", fullgraph=True)
     idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -231,12 +236,7 @@ def test_kernels_under_sharding_checkpointing_and_compile(parallelism):
 
     rt = setup("cpu", "float32", parallelism="fsdp")  # a group of one; under ddp, DDP around the model
     try:
-        cfg = GPTConfig(**TINY, query_mode="res_gelu")
-        torch.manual_seed(5)
-        plain = GPT(cfg)
-        fast = GPT(cfg)
-        fast.load_state_dict(plain.state_dict())
-        kernels.use_kernels(fast)
+        plain, fast = plain_and_fast(seed=5)
         model, train_model = parallelize(fast, rt, parallelism, compile=True, activation_checkpointing=True,
                                          backend="aot_eager")
         idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)

@@ -303,6 +303,16 @@ def test_the_committed_ablations_are_all_done():
             "(widened: 1.2e-2, 2.4e-2)") in proc.stdout
 
 
+def write_tables_from_the_repo(s):
+    """study.write_tables(s) run from the repo's root, as study.py runs it (its commands name repo paths)."""
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        study.write_tables(s)
+    finally:
+        os.chdir(cwd)
+
+
 def test_the_ablations_study_writes_the_committed_tables(tmp_path):
     """Each table study.py writes for studies/ablations.toml is, line for line, what the command written above
     the committed table in results/ablations/README.md prints (test_results holds the README to that)."""
@@ -310,12 +320,7 @@ def test_the_ablations_study_writes_the_committed_tables(tmp_path):
     s.results_dir = str(tmp_path)
     for table in s.tables:
         table.figure = ""
-    cwd = os.getcwd()
-    try:
-        os.chdir(REPO)
-        study.write_tables(s)
-    finally:
-        os.chdir(cwd)
+    write_tables_from_the_repo(s)
     written = [[line for line in section.splitlines() if line.startswith("|")]
                for section in (tmp_path / "TABLES.md").read_text().split("\n## ")[1:]]
     committed = [t for t in TABLES if t[0] == "results/ablations/README.md"]
@@ -649,12 +654,7 @@ def test_the_gpt2_temperature_study_plans_its_arms_and_its_tables_print_the_decl
             with open(os.path.join(out, "metrics.jsonl"), "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in (header, {"type": "eval", "step": horizon.max_iters,
                                                                      "train_loss": value, "val_loss": value}))
-    cwd = os.getcwd()
-    try:
-        os.chdir(REPO)
-        study.write_tables(s)
-    finally:
-        os.chdir(cwd)
+    write_tables_from_the_repo(s)
     text = (tmp_path / "results" / "TABLES.md").read_text()
     rows = [cells for cells in (line.strip("|").split("|") for line in text.splitlines() if line.startswith("|"))]
     pooled = [[c.strip() for c in r] for r in rows if len(r) == 8 and r[1].strip() == "768"]
