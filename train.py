@@ -243,11 +243,11 @@ def train(cfg, config_files, rt):
     checkpoints = Checkpointer(cfg, rt)  # the checkpoint a resumed run continues, read; None for a new run
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
-    check_memory(cfg, rt, raw_model)
     model_args = {k: getattr(cfg, k) for k in model_config_keys()}
     B, T = cfg.batch_size, cfg.block_size
     tokens_per_iter = cfg.gradient_accumulation_steps * B * T
-    data = open_data(cfg)
+    data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
+    check_memory(cfg, rt, raw_model)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = None  # lm-eval's tasks (downstream.py), imported only when asked for; checked here, before the run
     if cfg.eval_tasks:

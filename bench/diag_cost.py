@@ -54,7 +54,7 @@ def main():
     tokens = rng.integers(0, min(size["vocab_size"], 50257), size=max(10 * B * T, 100_000)).astype(np.uint16)
     index = rng.integers(0, len(tokens) - T, size=(max(args.eval_batches, args.diag_batches), B))
     splits = {"train": (tokens, index[:args.eval_batches]), "val": (tokens, index[:args.eval_batches])}
-    one_process = SimpleNamespace(rank=0, world_size=1, distributed=False)
+    one_process = SimpleNamespace(rank=0, world_size=1, distributed=False, master=True)
     rows = []
     for mode in modes:
         torch.manual_seed(0)

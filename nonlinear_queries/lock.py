@@ -73,7 +73,7 @@ UNSUPPORTED = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
 
 
 _HELD = {}  # out_dir -> its open lock file, for the life of the process
-_CREATED = {}  # out_dir -> the paths hold_out_dir created (the lock file, out_dir itself), for release_new_out_dir
+_CREATED = {}  # out_dir -> (the paths hold_out_dir created: the lock file, out_dir itself; what out_dir held then)
 
 
 def lock_path(out_dir):
@@ -90,6 +90,7 @@ def hold_out_dir(out_dir):
         return
     created = [p for p in (lock_path(out_dir), out_dir) if not os.path.exists(p)]
     make_out_dir(out_dir)
+    found = _listing(out_dir)
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     try:  # out_dir_holder's probe holds the lock for microseconds: try for half a second
         f, holder = try_lock(lock_path(out_dir), f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
@@ -108,22 +109,29 @@ def hold_out_dir(out_dir):
                          f"mix their metrics and overwrite each other's checkpoints; wait for it to end (or stop it), "
                          f"or choose another --out_dir")
     _HELD[out_dir] = f
-    _CREATED[out_dir] = created
+    _CREATED[out_dir] = created, found
 
 
 def release_new_out_dir(out_dir):
-    """After a run that failed before writing anything: remove what hold_out_dir created, the lock file and
-    out_dir itself if it was new, so a failed start leaves no trace. Does nothing where out_dir holds more than
-    its lock file (a run that wrote something keeps its lock file, as every run does). Returns True if out_dir
-    is gone."""
-    if out_dir not in _HELD or set(os.listdir(out_dir)) - {os.path.basename(lock_path(out_dir))}:
+    """After a run that failed or stopped before writing anything: remove what hold_out_dir created, the lock
+    file and out_dir itself if it was new, so a failed start leaves no trace, also in an out_dir that holds
+    another run it refused to replace. Does nothing where out_dir's files differ from what hold_out_dir found
+    (a run that wrote something keeps its lock file, the mark of a run that did not end cleanly). Returns True
+    if out_dir is gone."""
+    if out_dir not in _HELD or _listing(out_dir) != _CREATED[out_dir][1]:
         return False
     f = _HELD.pop(out_dir)
-    created = _CREATED.pop(out_dir)
+    created, _ = _CREATED.pop(out_dir)
     if lock_path(out_dir) in created:
         os.remove(lock_path(out_dir))
     f.close()
     return _remove_created([p for p in created if p != lock_path(out_dir)])
+
+
+def _listing(out_dir):
+    """out_dir's entries and their modification times, less the lock file."""
+    with os.scandir(out_dir) as entries:
+        return {e.name: e.stat().st_mtime_ns for e in entries if e.name != os.path.basename(lock_path(out_dir))}
 
 
 def release_out_dir(out_dir):
