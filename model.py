@@ -1,29 +1,9 @@
 """
-GPT-2 with a pluggable attention query, for testing nonlinear queries in pretraining.
-
-Source: Karbevski, "Beyond Linearity in Attention Projections: The Case for Nonlinear
-Queries", arXiv:2603.13381 (2026); the baseline is nanoGPT's GPT-2 small. The choices,
-their sources and the parameter counts are tabled in docs/design.md.
-
-- pre-norm blocks, no biases, token embedding tied to the LM head (each switchable);
-  learned positions or RoPE; LayerNorm or RMSNorm; GELU, ReLU^2 or SwiGLU MLPs
-- causal softmax attention through F.scaled_dot_product_attention; K = x W_K and V = x W_V
-  are always linear in the block's normed input x; only the query Q is pluggable
-- the query is a QueryModule chosen by `query_mode` from QUERY_MODULES; res_gelu is the
-  paper's eq. 2-3, Q = (x + f(x)) / 2 with f(x) = LN(GELU(RMSNorm(x) W1) W2), and the 1/2
-  of every anchored mode is folded into the softmax scale, as in the official code
-- `fused_qkv` computes K, V and the query's first matmul in one matmul of x (same
-  parameters, another order of operations); generate() keeps a KV cache, exact because
-  K and V are linear in x
-
-Adding a query module: subclass QueryModule, write `forward(x) -> q` (both (B, T, C)),
-set `scale_mult` if the softmax scale 1/sqrt(head_dim) needs a factor, and add one entry
-to QUERY_MODULES; nothing else is needed. Joining the fused input projection is optional
-(`fused_weight` and `from_fused`; a module without them computes its query from x after K and V's
-matmul, and loses about 1% of an H200 step: issue 44's measurement for res_gelu). A module of the form
-q = anchor + f overrides `decompose` to return both (the diagnostics' query_cos and query_f_ratio).
-res_gelu's f has an optional fast path, ResGELUQuery.kernels, which this file leaves None (plain PyTorch) and
-the package fills with Triton kernels (nonlinear_queries/kernels.py, TrainConfig's `kernels`).
+GPT-2 (nanoGPT's GPT-2 small) with a pluggable attention query, for Karbevski, "Beyond Linearity in Attention
+Projections: The Case for Nonlinear Queries", arXiv:2603.13381 (2026). K = x W_K and V = x W_V stay linear in
+the block's normed input x; the query is the QueryModule that `query_mode` picks from QUERY_MODULES (res_gelu:
+eq. 2-3). Every choice, its source, the derivations and the parameter counts: docs/design.md. Adding a query
+module: README "Adding a query module".
 """
 
 import math
@@ -119,9 +99,7 @@ class GPTConfig:
 
     @property
     def mlp_hidden(self):
-        """Hidden width of the MLP: int(mlp_ratio * n_embd), or for a gated MLP (three matrices instead of
-        two) 2/3 of it rounded to the nearest multiple of 64 (at least 64), which keeps the parameter
-        count of the two-matrix MLP (exactly when 2/3 of it is a multiple of 64, as for GPT-2 small)."""
+        """MLP hidden width: int(mlp_ratio * n_embd); for a gated MLP 2/3 of it, rounded to a multiple of 64 (>= 64)."""
         hidden = int(self.mlp_ratio * self.n_embd)
         if self.mlp_activation in GATED_MLP_ACTIVATIONS:
             return max(64, round(hidden * 2 / 3 / 64) * 64)
@@ -134,11 +112,8 @@ class GPTConfig:
 
     @property
     def attn_scale_mult(self):
-        """μP's factor on the softmax scale 1/sqrt(head_dim): sqrt(base_head_dim / head_dim), so the scale is
-        sqrt(base_head_dim) / head_dim, proportional to 1/head_dim as μP asks (Yang et al. 2022, Tensor
-        Programs V: q and k grow correlated in training, so q.k grows like head_dim) and equal to SP's at the base head
-        size. Width grown by heads at a fixed head size (mup_base_head_dim = 0) keeps it 1: SP's scale. 1.0 under
-        SP."""
+        """μP's factor on the softmax scale: sqrt(mup_base_head_dim / head_dim), making it ∝ 1/head_dim (Tensor
+        Programs V; docs/width.md); 1.0 under SP and with mup_base_head_dim = 0."""
         if self.parametrization != "mup" or not self.mup_base_head_dim:
             return 1.0
         return math.sqrt(self.mup_base_head_dim / (self.n_embd // self.n_head))
@@ -160,24 +135,14 @@ def model_config_keys():
 
 
 # ---------------------------------------------------------------------------------------
-# Query modules. Each maps the ln_1 output x (B, T, C) to the query q (B, T, C), applied
-# per token before the split into heads, and sets `scale_mult`, a factor on the softmax
-# scale 1/sqrt(head_dim).
+# Query modules: per token, before the split into heads.
 
 
 class QueryModule(nn.Module):
-    """Base class of the query modules: forward(x) -> q, x and q both (B, T, C).
-
-    A module that starts with a linear map of x can take part in the fused input
-    projection: `fused_weight()` returns that map's rows, (n, C), which CausalSelfAttention
-    stacks under W_K and W_V, and `from_fused(x, h)` finishes the query from x and
-    h = x @ fused_weight().T, (B, T, n), adding the module's own biases (the stacked matmul
-    has none). By default a module takes no part (None).
-
-    `decompose(x)` splits the query for the diagnostics (diagnostics.py) as q = a + f: the
-    anchor a and the learned part f, each (B, T, C), f None where the module learns nothing;
-    None for a module without an anchor (the linear query).
-    """
+    """forward(x) -> q: x, the block's ln_1 output, and q both (B, T, C); softmax scale scale_mult / sqrt(head_dim).
+    Optional: fused_weight() -> rows (n, C) stacked under W_K, W_V, and from_fused(x, h) -> q from
+    h = x @ fused_weight().T (B, T, n), adding the module's biases (None: unfused); decompose(x) -> (anchor, f),
+    each (B, T, C), f None if nothing is learned, for the diagnostics (None: no anchor)."""
 
     scale_mult = 1.0
 
@@ -206,13 +171,7 @@ class LinearQuery(QueryModule):
 
 
 class IdentityQuery(QueryModule):
-    """Q = x / 2: W_Q set to the identity, which loses nothing by the reparametrization
-    invariance of multi-head attention (paper eq. 1). No parameters; the fused
-    projection is K and V alone (d -> 2d).
-
-    forward returns x with scale_mult = 1/2, the official code's scale 1/(2 sqrt(d_head)):
-    Q = (x + f(x)) / 2 of res_gelu with f = 0, so its runs load and compare exactly.
-    """
+    """Q = x / 2, W_Q fixed to the identity (eq. 1); forward returns x, the 1/2 in scale_mult. No parameters."""
 
     scale_mult = 0.5
 
@@ -227,11 +186,7 @@ class IdentityQuery(QueryModule):
 
 
 class ResidualQuery(LinearQuery):
-    """Linear residual query Q = (x + x W_Q) / 2 (the official code's `residual` mode). d^2 parameters.
-
-    forward returns x + x W_Q with scale_mult = 1/2, the official code's scale 1/(2 sqrt(d_head)):
-    Q = (x + f(x)) / 2 of res_gelu with f(x) = x W_Q, so its runs load and compare exactly.
-    """
+    """Q = (x + x W_Q) / 2 (the official code's `residual`); forward returns x + x W_Q, the 1/2 in scale_mult. d^2."""
 
     scale_mult = 0.5
 
@@ -255,27 +210,10 @@ QUERY_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "relu2": relu2}
 
 
 class ResGELUQuery(QueryModule):
-    """The paper's nonlinear query (arXiv:2603.13381, eq. 2-3):
-
-        Q(x) = (x + f(x)) / 2,   f(x) = LN(GELU(RMSNorm(x) W1) W2)
-
-    with W1: (C, r), W2: (r, C), r = C/2 by default, no biases; RMSNorm and LayerNorm
-    have learnable weights (no bias, eps 1e-5); GELU is the exact (erf) form.
-    Parameters: 2 C r + 2 C. With `bias`, W1, W2 and the LayerNorm get biases, as in the
-    official code (RMSNorm has none).
-
-    forward returns x + f(x) and sets scale_mult = 1/2: the paper's 1/2 is folded into
-    the softmax scale, as in the official code, which gives the same logits
-    (Q K^T / sqrt(d_head) with Q = (x + f)/2 equals (x + f) K^T / (2 sqrt(d_head))).
-
-    Ablations (the paper's open questions, docs/design.md): `query_activation` replaces GELU by
-    ReLU or ReLU^2; `query_norm=False` drops both norms, f(x) = act(x W1) W2 (2 C r
-    parameters); ResLinearQuery drops the activation.
-
-    Fused path (docs/design.md): RMSNorm(x) W1 = (x diag(g) W1) / rms(x), rms(x) = sqrt(mean(x^2)
-    + eps), so the first matmul joins K and V as the rows diag(g) W1 (d -> 2.5d in all)
-    and its r outputs are divided per token by rms(x). g stays its own parameter.
-    """
+    """Eq. 2-3: Q = (x + f(x)) / 2, f(x) = LN(GELU(RMSNorm(x) W1) W2); W1 (C, r), W2 (r, C), r = query_bottleneck;
+    norms eps 1e-5 with weights, GELU exact; 2Cr + 2C parameters (`bias`: W1, W2, LN get biases). forward returns
+    x + f(x), the 1/2 in scale_mult. Ablations: query_activation; query_norm=False, f = act(x W1) W2. Fused rows:
+    diag(g) W1 (docs/design.md)."""
 
     scale_mult = 0.5
 
@@ -329,9 +267,7 @@ class ResGELUQuery(QueryModule):
 
 
 class ResLinearQuery(ResGELUQuery):
-    """Ablation of res_gelu without its nonlinearity: Q(x) = (x + f(x)) / 2 with
-    f(x) = LN(RMSNorm(x) W1 W2), the same 2 C r + 2 C parameters. What remains nonlinear
-    is the two norms; with query_norm=False, Q is linear in x (a rank-r update of x/2)."""
+    """res_gelu without the activation: f(x) = LN(RMSNorm(x) W1 W2), 2Cr + 2C parameters."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -339,23 +275,9 @@ class ResLinearQuery(ResGELUQuery):
 
 
 class AnchoredResGELUQuery(ResGELUQuery):
-    """The paper's suggestion for pretrained models (§5): Q = (x W_Q + f(x)) / 2, res_gelu's f
-    anchored to a pretrained linear query's W_Q instead of to x. d^2 + 2 C r + 2 C parameters.
-
-    Meant for fine-tuning: nonlinear_queries.pretrained.load_pretrained(source,
-    query_mode='anchored_res_gelu') keeps a linear model's W_Q and adds f, and at step 0 computes
-    exactly that model's logits, which the formula as written would not, hence two departures:
-    - f's closing LayerNorm weight starts at 0 (its bias too), so f(x) = 0 until training
-      moves it, as LoRA starts its B at zero; with weight 1 (res_gelu's init) f would add a
-      unit-scale term to every pretrained query.
-    - the softmax scale is 2/sqrt(d_head): forward returns x W_Q + f(x) with scale_mult = 1,
-      so with f = 0 the logits are x W_Q K^T / sqrt(d_head), the pretrained ones; the halved
-      Q with the standard scale would halve every pretrained attention logit.
-    The gradient reaches f from step 0 through the LayerNorm's weight (and bias); W1, W2 and g
-    receive gradients once that weight has moved off zero.
-
-    Fused path: the rows [W_Q | diag(g) W1] join K and V (d -> 3.5 d).
-    """
+    """§5, for fine-tuning a linear model: Q = (x W_Q + f(x)) / 2, f as res_gelu's with its LN weight starting at 0;
+    forward returns x W_Q + f(x) with scale_mult 1 (scale 2/sqrt(d_head)), so step 0 gives the pretrained logits
+    (docs/design.md). d^2 + 2Cr + 2C parameters; fused rows [W_Q | diag(g) W1]."""
 
     scale_mult = 1.0
 
@@ -397,12 +319,8 @@ QUERY_MODULES = {
 
 
 class KVCache:
-    """Keys and values of one attention layer for incremental decoding.
-
-    Buffers of shape (B, kv_heads, max_len, head_dim) are allocated on the first `append`,
-    in the dtype and on the device of the keys they receive. `length` counts the
-    positions filled so far.
-    """
+    """One layer's keys and values for decoding: (B, kv_heads, max_len, head_dim) buffers, made at the first append
+    in its keys' dtype and device; `length` positions filled."""
 
     def __init__(self, max_len):
         self.max_len = max_len
@@ -410,9 +328,8 @@ class KVCache:
         self.k = self.v = None
 
     def append(self, k, v):
-        """Store k, v: (B, kv_heads, T, head_dim) at positions length .. length+T-1; return
-        the keys and values of all positions so far, (B, kv_heads, length+T, head_dim) each.
-        Raises ValueError past max_len."""
+        """Store k, v (B, kv_heads, T, head_dim) at positions length .. length+T-1; return every position's,
+        (B, kv_heads, length+T, head_dim) each. ValueError past max_len."""
         B, H, T, D = k.shape
         if self.length + T > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; cannot add {T} to {self.length}")
@@ -426,49 +343,26 @@ class KVCache:
 
 
 def rope_angles(head_dim, positions, theta, dtype=torch.float32):
-    """cos and sin of RoPE's rotation angles (Su et al. 2021, "RoFormer", eq. 34), (T, head_dim / 2) each in
-    `dtype`: pair i of a head at position p turns by p * theta^(-2i / head_dim) radians. positions: (T,) int.
-    The angles are computed in float64: in float32, p * theta^(-2i / head_dim) is off by ~p * 1e-7 rad."""
+    """cos, sin (T, head_dim / 2) in `dtype` of RoPE's angles (RoFormer eq. 34): pair i at position p (positions (T,)
+    int) turns p * theta^(-2i / head_dim) radians, computed in float64 (float32 is off by ~p * 1e-7 rad)."""
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
     angles = positions.double()[:, None] * inv_freq
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x, cos, sin):
-    """Rotate x: (B, H, T, head_dim) by the angles of rope_angles, (T, head_dim / 2) each. Dimension i is
-    paired with i + head_dim / 2 (the half-split layout), so that q.k of two rotated vectors depends on
-    their positions only through the difference. Computed in cos's precision at least (float32 under
-    bfloat16 autocast), returned in x's dtype."""
+    """x (B, H, T, head_dim) rotated by rope_angles' cos, sin, dimension i paired with i + head_dim / 2; computed in
+    cos's precision at least, returned in x's dtype."""
     x1, x2 = x.to(torch.promote_types(x.dtype, cos.dtype)).chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a pluggable query.
-
-    forward(x, kv_cache=None): x (B, T, C), the output of the block's ln_1; returns
-    (B, T, C). With a KVCache, x holds the T positions after the cached ones, and each
-    attends to every cached position and to itself and the new ones before it.
-
-    Projections: with `fused_qkv` one matmul of x with [W_K | W_V | query.fused_weight()]
-    gives K, V and the query module's first linear map (docs/design.md); otherwise, and always
-    when decoding with a KV cache, K and V come from c_kv (C -> 2 kv_heads head_dim) and Q
-    from the query module applied to x. Same parameters either way.
-
-    Grouped-query attention (`n_kv_head`, Ainslie et al. 2023): K and V have kv_heads heads
-    and query head h attends with key/value head h // (n_head / kv_heads); the query module
-    still gives all n_head heads. The KV cache holds kv_heads heads.
-
-    RoPE (`pos_encoding='rope'`): forward's `rope`, the (cos, sin) of rope_angles for the T
-    positions of x, rotates each head's q and k after qk_norm and before the cache.
-
-    qk_norm: q and k are RMS-normalized per head over head_dim, each with its own learnable
-    weight (head_dim,) shared by the heads, before the cache and the softmax, whose scale is
-    then 1/sqrt(head_dim) for every query mode (2 head_dim parameters per layer).
-
-    Softmax scale: `attn_scale` when set (> 0), else query.scale_mult / sqrt(head_dim), times μP's
-    GPTConfig.attn_scale_mult (1 under SP and at a fixed head size).
-    """
+    """forward(x, kv_cache=None, rope=None): x (B, T, C), the ln_1 output -> (B, T, C); with a KVCache x is the T
+    positions after the cached ones; rope: rope_angles' (cos, sin) for them. c_kv: C -> 2 kv_heads head_dim (GQA:
+    query head h uses K, V head h // (n_head / kv_heads)); `fused_qkv` stacks the query's rows under it, except when
+    decoding. qk_norm: RMSNorm over head_dim, weight (head_dim,). Softmax scale: attn_scale, else scale_mult (1 with
+    qk_norm) / sqrt(head_dim) times attn_scale_mult."""
 
     def __init__(self, config):
         super().__init__()
@@ -502,9 +396,8 @@ class CausalSelfAttention(nn.Module):
         return self.query.from_fused(x, h), k, v
 
     def heads(self, q, k, v, rope=None):
-        """Split the output of qkv() into heads and prepare q and k as the softmax sees them: q (B, T, C) ->
-        (B, n_head, T, head_dim); k, v (B, T, kv_heads head_dim) -> (B, kv_heads, T, head_dim); q and k
-        RMS-normalized with qk_norm, then rotated with rope (the (cos, sin) of rope_angles)."""
+        """qkv()'s output in heads, q (B, n_head, T, head_dim) and k, v (B, kv_heads, T, head_dim); q, k qk-normed,
+        then rotated."""
         B, T, C = q.size()
         head_dim = C // self.n_head
         q = q.view(B, T, self.n_head, head_dim).transpose(1, 2)
@@ -550,9 +443,8 @@ GATED_MLP_ACTIVATIONS = {"swiglu": F.silu}
 
 
 class MLP(nn.Module):
-    """Position-wise MLP C -> mlp_hidden -> C with the activation `mlp_activation` (exact GELU by
-    default): c_proj(act(c_fc(x))), or for a gated activation c_proj(act(c_gate(x)) * c_fc(x)), a
-    third matrix of C x mlp_hidden. x: (B, T, C) -> (B, T, C)."""
+    """x (B, T, C) -> c_proj(act(c_fc(x))), or gated c_proj(act(c_gate(x)) * c_fc(x)), (B, T, C); hidden width
+    mlp_hidden."""
 
     def __init__(self, config):
         super().__init__()
@@ -569,15 +461,14 @@ class MLP(nn.Module):
 
 
 def make_norm(config):
-    """The block and final norm chosen by `norm`: LayerNorm (bias with `bias`) or RMSNorm (Zhang &
-    Sennrich 2019), each with a learnable weight and eps 1e-5, over n_embd."""
+    """LayerNorm or RMSNorm (`norm`) over n_embd, learnable weight, eps 1e-5."""
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=1e-5)
     return nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)). rope: see CausalSelfAttention."""
+    """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
 
     def __init__(self, config):
         super().__init__()
@@ -592,30 +483,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 language model with the query module chosen by `config.query_mode`.
-
-    forward(idx, targets=None, kv_cache=None, return_logits=True): idx, targets are int64 (B, T)
-    token ids. Returns (logits, loss): logits (B, T, vocab_size) and the mean cross-entropy in
-    nats when targets are given; otherwise logits (B, 1, vocab_size) for the last position
-    and loss None. return_logits=False (with targets) returns (None, loss): what a training step
-    wants, since under torch.compile a logits output that requires grad gets a tangent in the
-    compiled backward, which autograd fills with zeros (a bf16 tensor of B T vocab_size, 9.9 GB at
-    96 x 1024 tokens) and the backward reads and adds; the loss and the gradients are the same
-    either way. kv_cache, a list of n_layer KVCache (new_kv_cache()), holds the
-    positions before idx; their count plus T must not exceed block_size (ValueError).
-    hidden_states(idx, kv_cache=None): the final norm's output (B, T, n_embd), which
-    logits() maps to the logits, for a caller that needs the logits of some positions only
-    (downstream.py).
-
-    parametrization='mup' (the maximal update parametrization, docs/width.md): `mup_roles` maps
-    each parameter's name to its role (_mup_roles tables the rules; the optimizer scales each
-    role's rate), the hidden matrices start at std 0.02/sqrt(m), the logits are multiplied by 1/m
-    and the softmax scale by GPTConfig.attn_scale_mult; m = n_embd / mup_base_width, and at
-    m = 1 the model is SP's exactly. Under SP `mup_roles` is empty.
-
-    Raises ValueError (from GPTConfig) for an unknown query_mode, under μP for a parameter
-    that no μP rule classifies, and from forward for return_logits=False without targets.
-    """
+    """GPT-2 with the query module of config.query_mode (μP under parametrization='mup': docs/width.md).
+    forward(idx, targets=None, kv_cache=None, return_logits=True): idx, targets int64 (B, T). Returns (logits
+    (B, T, vocab_size), mean cross-entropy in nats), without targets (last position's (B, 1, vocab_size), None),
+    with return_logits=False (None, loss) (docs/gpu-path.md). kv_cache: new_kv_cache(), the positions before idx.
+    ValueError: past + T > block_size; return_logits=False without targets; under μP, a parameter no rule covers."""
 
     # the training loss's optional fast path: a function (logits (N, V), targets (N,)) -> F.cross_entropy's mean,
     # which may overwrite the logits with their gradient; set by nonlinear_queries.kernels.use_kernels
@@ -663,21 +535,9 @@ class GPT(nn.Module):
             torch.nn.init.zeros_(module.bias)
 
     def _mup_roles(self):
-        """{parameter name: μP role} for every parameter (tied ones once, under the token embedding's name). The
-        roles follow μP's table of Yang et al. 2022 (Tensor Programs V, Adam, in the form whose logits are
-        multiplied by 1/m), as laid out in the Cerebras practitioner's guide to μP and EleutherAI's nanoGPT-mup:
-
-            role        which parameters                           init std      AdamW rate   weight decay
-            hidden      2-D, both dimensions grow with n_embd      sigma/sqrt(m)  eta/m        wd*m (lr*wd fixed)
-            embedding   wte and wpe                                sigma          eta          wd
-            output      an untied lm_head (logits times 1/m)       sigma          eta          wd
-            vector      1-D: norm weights, biases                  as SP          eta          0
-
-        A dimension grows with width when it doubles in a model built with n_embd and n_head doubled (on the
-        meta device, so no memory and no random numbers): the query modules' W1, W2 and W_Q are hidden like
-        attention's and the MLP's matrices. Raises ValueError naming a parameter no rule covers (a matrix with a
-        dimension fixed in width, such as a fixed query_rank or n_kv_head), so that a new module never trains
-        at SP's rates by default."""
+        """{parameter name: 'hidden' | 'embedding' | 'output' | 'vector'} (tied ones once), by docs/width.md's table: a
+        matrix is hidden when both its dimensions grow in a model of twice n_embd and n_head (built on the meta
+        device). ValueError naming a parameter no rule covers."""
         cfg = self.config
         # n_kv_head, when set, and query_rank stay as they are: a count fixed in width
         wider = GPTConfig(**{**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}, "n_embd": 2 * cfg.n_embd,
@@ -707,14 +567,7 @@ class GPT(nn.Module):
         return roles
 
     def get_num_params(self, non_embedding=True):
-        """Number of parameters, each tied tensor counted once.
-
-        non_embedding=True leaves out the token embedding wte, the positional embedding wpe
-        and the LM head's weight (the same tensor as wte when tied, its own when
-        `tie_weights=False`), so what remains is exactly the transformer blocks plus the
-        final LayerNorm, tied or untied: the quantity the paper's Table 1 /
-        Figure 2 report (84,953,856 for the GPT-2 small baseline).
-        """
+        """Parameters, tied ones once; non_embedding leaves out wte, wpe and an untied lm_head (Table 1's count)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wte.weight.numel() + self.wpe_numel()
@@ -727,10 +580,8 @@ class GPT(nn.Module):
         return self.transformer.wpe.weight.numel() if "wpe" in self.transformer else 0
 
     def embed(self, idx, past=0):
-        """The first block's input and the positions' rotation: idx int64 (B, T), the tokens at positions
-        past .. past + T - 1. Returns x (B, T, C), the token embedding plus, with learned positions, the
-        position embedding, after dropout; and rope, RoPE's (cos, sin) for those positions (rope_angles,
-        shared by every layer, float32 at least), or None with learned positions."""
+        """idx int64 (B, T) at positions past .. past + T - 1 -> x (B, T, C) after dropout, and rope_angles' (cos, sin)
+        (float32 at least) or None with learned positions."""
         pos = torch.arange(past, past + idx.size(1), dtype=torch.long, device=idx.device)
         x, rope = self.transformer.wte(idx), None
         if self.config.pos_encoding == "rope":
@@ -754,12 +605,12 @@ class GPT(nn.Module):
         return (logits if return_logits else None), loss
 
     def logits(self, x):
-        """The LM head on final hidden states x (..., n_embd) -> logits (..., vocab_size), times μP's output
-        multiplier 1/m (Tensor Programs V), tied head or untied; the multiply is skipped at m = 1."""
+        """x (..., n_embd) -> logits (..., vocab_size), times μP's 1/m."""
         logits = self.lm_head(x)
         return logits if self.config.width_mult == 1.0 else logits * (1.0 / self.config.width_mult)
 
     def hidden_states(self, idx, kv_cache=None):
+        """idx int64 (B, T) -> the final norm's output (B, T, n_embd), for logits(); ValueError past block_size."""
         T = idx.size(1)
         past = kv_cache[0].length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -770,11 +621,8 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)
 
     def flops_per_token(self):
-        """Training FLOPs per token (forward + backward), PaLM appendix B style:
-        6 N for the matmul parameters N (every parameter but wpe and an untied wte, which
-        are lookups; the LM head's weight counts once, tied or not, and a query module
-        contributes only its own parameters) plus 12 n_layer n_embd block_size for the
-        attention scores and weighted sum."""
+        """Training FLOPs per token: 6 N (N: parameters but the lookups wpe, untied wte) + 12 n_layer n_embd block_size
+        (PaLM appendix B; docs/gpu-path.md)."""
         cfg = self.config
         n = self.get_num_params(non_embedding=False) - self.wpe_numel()
         if not cfg.tie_weights:
@@ -782,25 +630,13 @@ class GPT(nn.Module):
         return 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
     def new_kv_cache(self):
-        """An empty KV cache for forward(): one KVCache of block_size positions per layer."""
+        """One empty KVCache of block_size positions per layer."""
         return [KVCache(self.config.block_size) for _ in range(self.config.n_layer)]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_kv_cache=True):
-        """Sample max_new_tokens tokens autoregressively.
-
-        idx: int64 (B, T) prompt. temperature > 0 divides the logits and 0 picks the most
-        likely token (greedy); top_k keeps only the k most likely tokens. Returns int64
-        (B, T + max_new_tokens). Call model.eval() first.
-
-        With use_kv_cache the prompt is run once and each later step runs only the newest
-        token against the cached keys and values, which is exact because K and V are
-        linear in x for every query mode. Once the sequence outgrows block_size every step
-        re-runs the last block_size tokens, as without the cache: learned positions are
-        absolute, and with RoPE the window's tokens then sit at positions 0 .. block_size-1
-        as in the uncached forward (the same scores, which depend on relative positions
-        only). Raises ValueError for temperature < 0.
-        """
+        """idx int64 (B, T) -> int64 (B, T + max_new_tokens); temperature 0 is greedy, top_k keeps the k likeliest;
+        KV cache exact (docs/design.md). Call model.eval() first. ValueError for temperature < 0."""
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         kv_cache = None
