@@ -5,6 +5,8 @@ its checks and restore, and when and where to save (should_save). Files are read
 checkpoint_file.load_checkpoint_file, the repo's one torch.load; a program that only reads a
 model loads it with pretrained.load_model, which never comes here.
 
+The checkpoint format, described here alone (the docs link here):
+
 Under parallelism='ddp' a checkpoint is one file. Files in a run's out_dir: ckpt_<step>.pt
 (6 digits) for the newest keep_last_n steps and for the save_checkpoint_steps, and ckpt.pt,
 the newest of them (the same file under a second name). A checkpoint is a dict of tensors
@@ -21,6 +23,8 @@ arbitrary objects:
     config                  the whole resolved training config
     data                    fingerprints of the token files and index streams (batches.py)
     wandb_id                the wandb run to continue, '' if none
+    grad_scaler             the float16 GradScaler's state_dict (loss scale, growth count), {} when
+                            disabled; absent in checkpoints written before it was saved
 
 Under parallelism='fsdp' a checkpoint is a directory, ckpt_<step>.dcp, written by every
 process at once through torch.distributed.checkpoint (DCP): each process writes its shards
@@ -66,9 +70,8 @@ from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
 
 @dataclass
 class TrainState:
-    """The training loop's own state, saved in every checkpoint beside the weights, the optimizer
-    states, the model and training configs and the data fingerprints, and restored as one unit
-    (its fields are checkpoint keys, spelled only here)."""
+    """The training loop's own state, saved in every checkpoint (the module docstring's format) and restored as
+    one unit (its fields are checkpoint keys, spelled only here)."""
 
     step: int = 0  # optimizer updates done
     evaluated: bool = False  # whether the evaluation of `step` is in metrics.jsonl already
@@ -317,8 +320,8 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
 
 
 def save_training_state(out_dir, model, optimizers, meta, keep_last_n, keep_steps, sharded):
-    """Checkpoint `model` and `optimizers` with `meta` (model_args, step, evaluated,
-    steps_above_threshold, config, data, wandb_id, grad_scaler): sharded, a directory written by every process
+    """Checkpoint `model` and `optimizers` with `meta` (the other keys of the module docstring's format):
+    sharded, a directory written by every process
     (save_sharded_checkpoint); otherwise one file written by rank 0 (save_checkpoint; other
     processes write nothing). Call it on every process. Returns the path of ckpt.dcp or ckpt.pt."""
     if sharded:

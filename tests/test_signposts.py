@@ -143,3 +143,10 @@ def test_ci_runs_the_readme_s_test_command_and_the_suite_refuses_a_distribution_
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--collect-only", "tests/test_lint.py"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 4 and "--dist load: run the suite with -n N --dist loadgroup" in proc.stderr
+
+
+def test_the_checkpoint_format_is_described_once_and_lists_every_key_a_checkpoint_needs():
+    # the one description, nonlinear_queries/checkpoint.py's docstring, which the docs link to
+    from nonlinear_queries import checkpoint
+    listed = set(re.findall(r"^    (\w+) {2,}\S", checkpoint.__doc__, re.MULTILINE))
+    assert checkpoint.CHECKPOINT_KEYS | {"config", "grad_scaler"} == listed
