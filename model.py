@@ -152,6 +152,13 @@ class QueryModule(nn.Module):
     def decompose(self, x):
         return None
 
+    def from_projection(self, x, p, widths):
+        """(q, pieces) from x (B, T, C) and p (B, T, W + n), the fused projection whose last n columns are
+        x @ fused_weight().T and whose first W = sum(widths) are other maps' (K's and V's): q (B, T, C) by
+        from_fused, and pieces, p's first columns split by `widths` (ints), as views of p."""
+        *pieces, h = p.split([*widths, p.size(-1) - sum(widths)], dim=-1)
+        return self.from_fused(x, h), pieces
+
 
 class LinearQuery(QueryModule):
     """Standard query Q = x W_Q (+ b with `bias`), W_Q of shape (C, C). d^2 parameters."""
@@ -226,8 +233,8 @@ class ResGELUQuery(QueryModule):
         self.w2 = nn.Linear(config.query_bottleneck, config.n_embd, bias=config.bias)
         self.ln = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias) if self.norm else nn.Identity()
 
-    # an optional fast path: a function (module, anchor, x, h) -> anchor + f(x), the same math as
-    # anchored_f's; None computes it here in plain PyTorch. model.py imports nothing of the package, so
+    # an optional fast path: a function (module, x, p, widths) -> (q, pieces), the same math as
+    # from_projection's; None computes it here in plain PyTorch. model.py imports nothing of the package, so
     # the package sets it (nonlinear_queries.kernels.use_kernels, TrainConfig's `kernels`: Triton ops)
     kernels = None
 
@@ -237,7 +244,7 @@ class ResGELUQuery(QueryModule):
 
     def forward(self, x):
         if self.kernels is not None:  # the fast path takes f's first matmul from outside, as the fused one gives it
-            return self.from_fused(x, F.linear(x, self.fused_weight()))
+            return self.from_projection(x, F.linear(x, self.fused_weight()), [])[0]
         return x + self.f(x)
 
     def decompose(self, x):
@@ -255,15 +262,13 @@ class ResGELUQuery(QueryModule):
             h = h + self.w1.bias
         return self.ln(self.w2(self.act(h)))
 
-    def anchored_f(self, anchor, x, h):
-        """anchor + f(x), anchor (..., C), from x (..., C) and h = x @ fused_weight().T (..., r): through
-        `kernels` when set, else f_from_fused."""
-        if self.kernels is not None:
-            return self.kernels(self, anchor, x, h)
-        return anchor + self.f_from_fused(x, h)
-
     def from_fused(self, x, h):
-        return self.anchored_f(x, x, h)
+        return x + self.f_from_fused(x, h)
+
+    def from_projection(self, x, p, widths):
+        if self.kernels is not None:  # one autograd node over p: its gradient one buffer, not a cat of the pieces'
+            return self.kernels(self, x, p, widths)
+        return super().from_projection(x, p, widths)
 
 
 class ResLinearQuery(ResGELUQuery):
@@ -288,7 +293,7 @@ class AnchoredResGELUQuery(ResGELUQuery):
 
     def forward(self, x):
         if self.kernels is not None:
-            return self.from_fused(x, F.linear(x, self.fused_weight()))
+            return self.from_projection(x, F.linear(x, self.fused_weight()), [])[0]
         return self.w_q(x) + self.f(x)
 
     def decompose(self, x):
@@ -301,7 +306,7 @@ class AnchoredResGELUQuery(ResGELUQuery):
         q, h = h.split([x.size(-1), h.size(-1) - x.size(-1)], dim=-1)
         if self.w_q.bias is not None:
             q = q + self.w_q.bias
-        return self.anchored_f(q, x, h)
+        return q + self.f_from_fused(x, h)
 
 
 QUERY_MODULES = {
@@ -390,10 +395,10 @@ class CausalSelfAttention(nn.Module):
         if w_query is None:
             k, v = self.c_kv(x).split(kv, dim=2)
             return self.query(x), k, v
-        k, v, h = F.linear(x, torch.cat([self.c_kv.weight, w_query])).split([kv, kv, w_query.size(0)], dim=2)
+        q, (k, v) = self.query.from_projection(x, F.linear(x, torch.cat([self.c_kv.weight, w_query])), [kv, kv])
         if self.c_kv.bias is not None:  # the stacked matmul has no bias; the query module adds its own
             k, v = k + self.c_kv.bias[:kv], v + self.c_kv.bias[kv:]
-        return self.query.from_fused(x, h), k, v
+        return q, k, v
 
     def heads(self, q, k, v, rope=None):
         """qkv()'s output in heads, q (B, n_head, T, head_dim) and k, v (B, kv_heads, T, head_dim); q, k qk-normed,

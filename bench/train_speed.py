@@ -27,8 +27,10 @@ default. --inductor=NAME=VALUE[,NAME=VALUE] (repeatable) adds linear and res_gel
 those torch._inductor.config options on top of the mode's, a row each ("res_gelu
 online_softmax=False"): a compiler setting tried beside the default in one process, the model
 unchanged. --kernels adds linear and res_gelu with the Triton ops of TrainConfig's kernels
-(nonlinear_queries/kernels.py: the cross-entropy, and res_gelu's f), and with --unfused also
-"res_gelu unfused kernels", W1 (its gain folded) out of the fused projection. --with_logits adds
+(nonlinear_queries/kernels.py: the cross-entropy, and res_gelu's f), "res_gelu kernels cat", the
+same ops with the fused projection split by autograd (whose backward cats K's, V's and W1's
+gradients, where the ops write them into one buffer), and with --unfused also "res_gelu unfused
+kernels", W1 (its gain folded) out of the fused projection. --with_logits adds
 linear and res_gelu stepped as before issue 44's change, the
 compiled forward returning the logits with the loss (GPT.forward's return_logits: a zero-filled
 tangent of the logits' size in every micro-batch's backward). --profile prints, under the table,
@@ -112,10 +114,11 @@ def variants(args):
     GPT-2 small; its own AdamW groups, logits x 1/m), with --cat_copies linear and res_gelu compiled
     with TrainConfig's compile_pointwise_cat=False, with each --inductor linear and res_gelu compiled
     with its inductor options, and with --with_logits linear and res_gelu whose compiled forward
-    returns the logits, and with --kernels linear and res_gelu through kernels.use_kernels (and with
-    --unfused too res_gelu unfused with them: K and V in one matmul, W1 with its folded gain in its own)
-    (compile_pointwise_cat, inductor_options, return_logits and kernels are keys build() takes out of the
-    GPTConfig overrides)."""
+    returns the logits, and with --kernels linear and res_gelu through kernels.use_kernels, res_gelu through
+    use_kernels(one_buffer=False) (autograd's split of the fused projection: a cat in the backward), and with
+    --unfused too res_gelu unfused with them (K and V in one matmul, W1 with its folded gain in its own)
+    (compile_pointwise_cat, inductor_options, return_logits, kernels and one_buffer are keys build() takes out
+    of the GPTConfig overrides)."""
     modes = args.modes.split(",")
     out = {mode: {"query_mode": mode} for mode in modes}
     if not args.no_mlp475:
@@ -128,6 +131,8 @@ def variants(args):
     for suffix, override in levers:  # each lever a row of linear and one of res_gelu
         for mode in [m for m in ("linear", "res_gelu") if m in modes]:
             out[f"{mode} {suffix}"] = {"query_mode": mode, **override}
+    if args.kernels and "res_gelu" in modes:  # the backward's one buffer of the projection's gradient, measured
+        out["res_gelu kernels cat"] = {"query_mode": "res_gelu", "kernels": True, "one_buffer": False}
     if args.kernels and args.unfused and "res_gelu" in modes:  # W1 out of the fused projection, its gain folded
         out["res_gelu unfused kernels"] = {"query_mode": "res_gelu", "fused_qkv": False, "kernels": True}
     return out
@@ -154,12 +159,14 @@ def build(args, overrides, device):
     inductor's cats as copies where overrides has compile_pointwise_cat=False and with the inductor options
     of overrides' inductor_options (runtime.compile_kwargs); return_logits=True returns the logits
     (returning_logits); kernels=True puts in the Triton ops (nonlinear_queries/kernels.py: res_gelu's f and
-    the cross-entropy) as TrainConfig's kernels does."""
+    the cross-entropy) as TrainConfig's kernels does, one_buffer=False with autograd's split of the fused
+    projection (use_kernels')."""
     overrides = dict(overrides)
     pointwise_cat = overrides.pop("compile_pointwise_cat", True)
     extra = overrides.pop("inductor_options", None)
     return_logits = overrides.pop("return_logits", False)
     kernels = overrides.pop("kernels", False)
+    one_buffer = overrides.pop("one_buffer", True)
     options, cfg = recipe(args.recipe)
     n_layer, n_head, n_embd, block_size, _, _ = SIZES[args.size]
     config = GPTConfig(**{**options, **overrides}, n_layer=args.n_layer or n_layer, n_head=args.n_head or n_head,
@@ -170,7 +177,7 @@ def build(args, overrides, device):
     if kernels:
         from nonlinear_queries.kernels import use_kernels
 
-        use_kernels(model)
+        use_kernels(model, one_buffer=one_buffer)
     optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")
     compiled = model
     if args.compile:

@@ -14,10 +14,13 @@ Each op is one kernel per direction, each program a tile of whole rows (tokens; 
 elements, 4 rows of 768), so no loop has a runtime bound (triton 3.6's interpreter fails those
 under numpy 2.4), with every statistic in float32 and GELU exact (erf). The ½ of eq. 2 stays
 folded into the softmax scale (ResGELUQuery.scale_mult).
-rms_gelu reads h in place, a strided view of the fused projection's output, and its backward
-writes GELU' times 1/rms(x) as h's gradient, so no kernel runs GELU's backward over the K and V
-columns (the cat that autograd's split backward then makes only copies; bench/RESULTS.md's +21 ms
-was GELU's backward fused into that cat, over all 2.5 C columns).
+rms_gelu reads h in place, a strided view of the fused projection's output p = x [W_K | W_V | diag(g) W1],
+and its backward writes GELU' times 1/rms(x) as h's gradient, so no kernel runs GELU's backward over the
+K and V columns (bench/RESULTS.md's +21 ms was GELU's backward fused into autograd's cat, over all
+2.5 C columns). SplitRMSGELU makes the split of p and rms_gelu one autograd node, K and V views of p:
+its backward (split_rms_gelu_backward) allocates p's gradient once, the kernel writes h's gradient into
+W1's columns of it, and K's and V's gradients (and W_Q's for anchored_res_gelu) are copied into theirs,
+since the attention's backward (and the LayerNorm's, for W_Q's) allocates them itself: no cat.
 
 Why a hook and not an import: model.py is a single file that imports nothing of this package, so
 ResGELUQuery has a `kernels` attribute, None by default (plain PyTorch), which use_kernels sets to
@@ -31,6 +34,8 @@ import included), and otherwise to the PyTorch reference (rms_gelu_reference,
 layer_norm_residual_reference), which computes the same math in float32.
 """
 
+import functools
+import itertools
 import os
 
 import torch
@@ -216,18 +221,29 @@ def rms_gelu_backward(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
     through rms(x) (x's other paths add theirs), dh (N, r) = GELU'(u) da / rms(x), and du (N, r) =
     GELU'(u) da in float32, whose column sums are b1's gradient ((0, r) without b1)."""
     x, h, da, rstd = _rows(x), _rows(h), _rows(da), rstd.reshape(-1)
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    dx, du = _rms_gelu_backward_into(x, h, b1, da, rstd, dh)
+    return dx, dh, du
+
+
+def _rms_gelu_backward_into(x, h, b1, da, rstd, dh):
+    """rms_gelu's backward on rows, x (N, C), h and da (N, r), rstd (N,), that writes dh = GELU'(u) da / rms(x)
+    into `dh` (N, r), which may be a slice of a wider buffer's columns (unit stride along them), and returns
+    (dx, du) as rms_gelu_backward does."""
     if not use_triton(x):
-        return rms_gelu_backward_reference(x, h, b1, da, rstd)
+        dx, dh_reference, du = rms_gelu_backward_reference(x, h, b1, da, rstd)
+        dh.copy_(dh_reference)
+        return dx, du
     N, C = x.shape
     R = h.size(1)
-    dx, dh = torch.empty_like(x), torch.empty(N, R, dtype=h.dtype, device=h.device)
+    dx = torch.empty_like(x)
     du = torch.empty(N if b1 is not None else 0, R, dtype=torch.float32, device=h.device)
     block_m = _block_m(C)
     _rms_gelu_bwd[(triton.cdiv(N, block_m),)](
         x, h, h if b1 is None else b1, da, rstd, dx, dh, du, x.stride(0), h.stride(0), da.stride(0), dx.stride(0),
         dh.stride(0), N, C, R, HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C),
         BLOCK_R=triton.next_power_of_2(R))
-    return dx, dh, du
+    return dx, du
 
 
 @rms_gelu_backward.register_fake
@@ -251,6 +267,60 @@ def _rms_gelu_grad(ctx, da, _):
 
 
 rms_gelu.register_autograd(_rms_gelu_grad, setup_context=_rms_gelu_setup)
+
+
+@torch.library.custom_op("nlq::split_rms_gelu_backward", mutates_args=())
+def split_rms_gelu_backward(pieces: list[torch.Tensor], x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
+                            da: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SplitRMSGELU's backward: the gradient of the whole fused projection p (..., W + r) in one buffer,
+    W = the pieces' widths summed, with rms_gelu's backward writing h's gradient into its last r columns.
+
+    pieces: the gradients of SplitRMSGELU's pieces, (..., w_i) each, in order; x (..., C), h (..., r), da
+    (..., r) and rstd (...) as rms_gelu_backward takes them. Returns (dp, dx, du): dp (..., W + r) in h's
+    dtype, [pieces | GELU'(u) da / rms(x)]; dx (N, C) and du (N, r) as rms_gelu_backward returns them."""
+    widths = [piece.size(-1) for piece in pieces]
+    dp = torch.empty(*h.shape[:-1], sum(widths) + h.size(-1), dtype=h.dtype, device=h.device)
+    # the pieces' gradients come from elsewhere (K's and V's from the attention's backward, which allocates
+    # its own), so each is copied into its columns; only h's is computed where it belongs
+    for piece, start, width in zip(pieces, itertools.accumulate([0, *widths]), widths):
+        dp[..., start:start + width].copy_(piece)
+    dh = dp.view(-1, dp.size(-1))[:, sum(widths):]
+    dx, du = _rms_gelu_backward_into(_rows(x), _rows(h), b1, _rows(da), rstd.reshape(-1), dh)
+    return dp, dx, du
+
+
+@split_rms_gelu_backward.register_fake
+def _(pieces, x, h, b1, da, rstd):
+    N, R = rstd.numel(), h.size(-1)
+    dp = h.new_empty(*h.shape[:-1], sum(piece.size(-1) for piece in pieces) + R)
+    return dp, x.new_empty(N, x.size(-1)), da.new_empty(N if b1 is not None else 0, R, dtype=torch.float32)
+
+
+class SplitRMSGELU(torch.autograd.Function):
+    """The fused projection p = x [W_1 | ... | diag(g) W1] split into its pieces and rms_gelu of its last
+    columns, as one autograd node, so that the backward writes p's gradient into one buffer
+    (split_rms_gelu_backward) where autograd's split would cat the pieces' gradients with h's.
+
+    apply(p, x, b1, eps, widths): p (..., W + r), W = sum(widths); x (..., C), p's input; b1 (r,) or None;
+    eps: RMSNorm's; widths: the pieces' widths (ints), K's and V's (and W_Q's for anchored_res_gelu).
+    Returns (*pieces, a): the pieces p[..., :w_0], p[..., w_0:w_0 + w_1], ... as views of p (no copy),
+    and a = GELU(h / rms(x) + b1) (..., r) of h = p[..., W:] (rms_gelu; paper eq. 3). Raises RuntimeError
+    (torch's) where sum(widths) > p.size(-1)."""
+
+    @staticmethod
+    def forward(ctx, p, x, b1, eps, widths):
+        lead = sum(widths)
+        h = p[..., lead:]
+        a, rstd = torch.ops.nlq.rms_gelu(x, h, b1, eps)
+        ctx.save_for_backward(x, h, b1, rstd)
+        return (*(p[..., start:start + width] for start, width in zip(itertools.accumulate([0, *widths]), widths)),
+                a)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, h, b1, rstd = ctx.saved_tensors
+        dp, dx, du = torch.ops.nlq.split_rms_gelu_backward(list(grads[:-1]), x, h, b1, grads[-1], rstd)
+        return dp, dx.view(x.shape), None if b1 is None else du.sum(0).to(b1.dtype), None, None
 
 
 def layer_norm_residual_reference(anchor, y, weight, bias, eps):
@@ -456,27 +526,44 @@ def cross_entropy(logits, targets, ignore_index=-100):
     return loss.sum() / (targets != ignore_index).sum()
 
 
-def res_gelu_f(query, anchor, x, h):
-    """anchor + f(x) for a ResGELUQuery `query` (gelu, with its norms) through the ops: what
-    model.py's ResGELUQuery.anchored_f computes in plain PyTorch. anchor, x: (..., C);
-    h: (..., r) = x diag(g) W1 (query.fused_weight()'s rows). Returns (..., C)."""
-    a, _ = torch.ops.nlq.rms_gelu(x, h, query.w1.bias, query.rms.eps)
+def res_gelu_f(query, x, p, widths, one_buffer=True):
+    """(anchor + f(x), pieces) for a ResGELUQuery `query` (gelu, with its norms) through the ops: what
+    model.py's ResGELUQuery.from_projection computes in plain PyTorch. x: (..., C); p: (..., W + n), x's
+    fused projection, W = sum(widths), its last n columns x @ query.fused_weight().T (W_Q's C and then W1's
+    r for anchored_res_gelu, W1's r for res_gelu); widths: the leading pieces' widths (K's and V's, or none).
+    Returns q (..., C) and the pieces, views of p. one_buffer=False splits p with torch instead of
+    SplitRMSGELU, so that the backward cats the pieces' gradients with h's (bench/train_speed.py's row)."""
+    r = query.w1.out_features
+    own = p.size(-1) - sum(widths) - r  # W_Q's columns before W1's: anchored_res_gelu's anchor
+    widths = [*widths, own] if own else list(widths)
+    if one_buffer:
+        *pieces, a = SplitRMSGELU.apply(p, x, query.w1.bias, query.rms.eps, tuple(widths))
+    else:
+        *pieces, h = p.split([*widths, r], dim=-1)
+        a, _ = torch.ops.nlq.rms_gelu(x, h, query.w1.bias, query.rms.eps)
+    anchor = x
+    if own:
+        anchor = pieces.pop()
+        if query.w_q.bias is not None:
+            anchor = anchor + query.w_q.bias
     y = F.linear(a, query.w2.weight, query.w2.bias)
     out, _, _ = torch.ops.nlq.layer_norm_residual(anchor, y, query.ln.weight, query.ln.bias, query.ln.eps)
-    return out.view(anchor.shape[:-1] + out.shape[-1:])
+    return out.view(anchor.shape[:-1] + out.shape[-1:]), pieces
 
 
-def use_kernels(model):
+def use_kernels(model, one_buffer=True):
     """Put the ops into `model` (a GPT): its training loss through cross_entropy (GPT.cross_entropy), and
     f through res_gelu_f in every query module that computes res_gelu's f with GELU and its norms
     (res_gelu, anchored_res_gelu; not res_linear, an ablation's activation or query_norm=False, which
-    stay plain PyTorch). Returns the number of query modules changed."""
+    stay plain PyTorch); one_buffer=False: res_gelu_f's (autograd's split and its cat). Returns the number
+    of query modules changed."""
     from model import ResGELUQuery
 
     model.cross_entropy = cross_entropy
+    f = res_gelu_f if one_buffer else functools.partial(res_gelu_f, one_buffer=False)
     changed = 0
     for module in model.modules():
         if isinstance(module, ResGELUQuery) and module.act is F.gelu and module.norm:
-            module.kernels = res_gelu_f
+            module.kernels = f
             changed += 1
     return changed

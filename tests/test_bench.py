@@ -132,23 +132,27 @@ def test_inductor_rows_compile_with_their_options_and_the_same_model(monkeypatch
 
 
 def test_kernels_rows_put_the_ops_in_and_compute_what_the_rows_without_do():
-    # --kernels: linear and res_gelu with kernels.use_kernels (with --unfused also res_gelu unfused with them, W1
-    # out of the fused projection); the same model and, through the ops, the same training step
+    # --kernels: linear and res_gelu with kernels.use_kernels, res_gelu with them and autograd's split of the fused
+    # projection (its cat), with --unfused also res_gelu unfused with them (W1 out of the fused projection); the same
+    # model and, through the ops, the same training step
     args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
                                  vocab_size=64, compile=False, modes="linear,res_gelu", no_mlp475=True, unfused=True,
                                  mup=False, cat_copies=False, inductor=[], with_logits=False, kernels=True))
     specs = train_speed.variants(args)
     assert list(specs) == ["linear", "res_gelu", "linear unfused", "res_gelu unfused", "linear kernels",
-                           "res_gelu kernels", "res_gelu unfused kernels"]
+                           "res_gelu kernels", "res_gelu kernels cat", "res_gelu unfused kernels"]
     after = {}
-    for name in ("res_gelu", "res_gelu kernels", "res_gelu unfused kernels"):
+    for name in ("res_gelu", "res_gelu kernels", "res_gelu kernels cat", "res_gelu unfused kernels"):
         model, compiled, optimizers = train_speed.build(args, specs[name], "cpu")
         assert (model.cross_entropy is not None) == ("kernels" in name)
         assert (model.transformer.h[0].attn.query.kernels is not None) == ("kernels" in name)
+        if "kernels" in name:
+            one_buffer = getattr(model.transformer.h[0].attn.query.kernels, "keywords", {}).get("one_buffer", True)
+            assert one_buffer == ("cat" not in name)
         train_speed.make_step(model, compiled, optimizers, train_speed.micro_batches((2, 2), model.config, "cpu"),
                               "float32", torch.autocast("cpu", enabled=False))()
         after[name] = [p.detach().clone() for p in model.parameters()]
-    for name in ("res_gelu kernels", "res_gelu unfused kernels"):
+    for name in ("res_gelu kernels", "res_gelu kernels cat", "res_gelu unfused kernels"):
         for a, b in zip(after[name], after["res_gelu"]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 

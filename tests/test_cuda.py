@@ -420,7 +420,7 @@ def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
 
     N, C, R, eps = 4099, 768, 384, 1e-5
     (x, x64), (p, p64), (b1, b164) = pair(N, C), pair(N, 2 * C + R, scale=3.0), pair(R)
-    a, _ = torch.ops.nlq.rms_gelu(x, p[:, 2 * C:], b1, eps)
+    k, v, a = kernels.SplitRMSGELU.apply(p, x, b1, eps, (C, C))  # K and V as views, p's gradient in one buffer
     u64 = p64[:, 2 * C:] * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) + b164
     a64 = 0.5 * u64 * (1 + torch.erf(u64 / 2 ** 0.5))
     (anchor, anchor64), (w, w64), (b, b64) = pair(N, C), pair(C), pair(C)
@@ -430,8 +430,9 @@ def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
     out64 = anchor64 + F.layer_norm(y64, (C,), w64, b64, eps)
     assert rel_err(out.double(), out64) <= (1e-5 if dtype == torch.float32 else 1e-2)
     dout = torch.randn(N, C, generator=g, device=DEVICE, dtype=torch.float64)
-    out.backward(dout.to(dtype))
-    out64.backward(dout.to(dtype).double())
+    dkv = torch.randn(N, 2 * C, generator=g, device=DEVICE, dtype=torch.float64).to(dtype)
+    torch.autograd.backward([out, k, v], [dout.to(dtype), *dkv.split(C, dim=1)])
+    torch.autograd.backward([out64, p64[:, :2 * C]], [dout.to(dtype).double(), dkv.double()])
     for name, got, want in [("x", x.grad, x64.grad), ("p", p.grad, p64.grad), ("b1", b1.grad, b164.grad),
                             ("anchor", anchor.grad, anchor64.grad), ("w", w.grad, w64.grad), ("b", b.grad, b64.grad)]:
         print(f"{dtype} {name}: relative error {rel_err(got.double(), want):.2e}")

@@ -10,9 +10,12 @@ the interpreter a float32 -> bfloat16 store truncates instead of rounding to nea
 results are compared with a tolerance of 2 ulps (2^-6 relative).
 """
 
+import collections
+
 import pytest
 import torch
 import triton
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import losses_by_step, train_in_process, val_losses_by_step
 from model import GPT, QUERY_MODULES, GPTConfig
@@ -70,6 +73,37 @@ def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias, C
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), want, **TOL[dtype])
     assert not p.grad[:, :2 * C].any()  # the K and V columns get nothing from f
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("C, R", SHAPES)
+@pytest.mark.parametrize("widths", [(2, 2), (1, 1, 2)], ids=["kv", "kv_wq"])
+def test_split_rms_gelu_matches_float64_and_gives_the_projection_one_gradient(path, dtype, bias, C, R, widths):
+    # the fused projection p (B, T, W + R) of res_gelu (K's and V's columns) or anchored_res_gelu (also W_Q's), the
+    # widths in units of C/2; 7 x 10 tokens, rows that no program's tile divides
+    torch.manual_seed(7)
+    widths = tuple(w * C // 2 for w in widths)
+    x, x64 = rounded(7, 10, C, dtype=dtype)
+    p, p64 = rounded(7, 10, sum(widths) + R, dtype=dtype, scale=3.0)
+    b1, b164 = rounded(R, dtype=dtype) if bias else (None, None)
+    *pieces, a = kernels.SplitRMSGELU.apply(p, x, b1, EPS, widths)
+    *pieces64, h64 = p64.split([*widths, R], dim=-1)
+    # eq. 3's GELU(RMSNorm(x) W1) with the gain folded into W1: h / rms(x), in float64
+    u64 = h64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) + (b164 if bias else 0)
+    a64 = 0.5 * u64 * (1 + torch.erf(u64 / 2 ** 0.5))
+    for piece, piece64 in zip(pieces, pieces64):  # views of p: its own values, no copy
+        assert piece.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+        assert torch.equal(piece.double(), piece64)
+    assert a.dtype == dtype
+    torch.testing.assert_close(a.double(), a64, **TOL[dtype])
+    grads = [torch.randn(t.shape, dtype=torch.float64).to(dtype) for t in (*pieces, a)]
+    torch.autograd.backward([*pieces, a], grads)
+    torch.autograd.backward([*pieces64, a64], [g.double() for g in grads])
+    assert torch.equal(p.grad[..., :sum(widths)].double(), p64.grad[..., :sum(widths)])  # the pieces' own, copied
+    for got, want in [(x.grad, x64.grad), (p.grad, p64.grad)] + ([(b1.grad, b164.grad)] if bias else []):
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), want, **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -133,6 +167,10 @@ def test_ops_pass_torch_library_opcheck():
                           (torch.randn(2, 3, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
                            torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True), EPS))
     torch.library.opcheck(torch.ops.nlq.cross_entropy_rows, (torch.randn(6, 8) * 1, torch.randint(0, 8, (6,)), -100))
+    # the gradients of K's and V's pieces (one strided, as the attention's backward may give it), x, h, da and rstd
+    torch.library.opcheck(torch.ops.nlq.split_rms_gelu_backward,
+                          ([torch.randn(2, 3, 8), torch.randn(3, 2, 8).transpose(0, 1)], x.detach(),
+                           p[..., 16:].detach(), b1.detach(), torch.randn(2, 3, 4), torch.rand(2, 3) + 0.5))
 
 
 TINY = dict(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=64)
@@ -170,6 +208,50 @@ def test_model_with_kernels_computes_what_the_model_without_does(path, query_mod
     for name, want in want_grads.items():
         torch.testing.assert_close(got_grads[name], want, rtol=1e-4, atol=1e-6, msg=name)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten ops that run under it and, for aten.cat, the widths of what it makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.cat_widths = collections.Counter(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls[func.overloadpacket.__name__] += 1
+        if func.overloadpacket is torch.ops.aten.cat:
+            self.cat_widths.append(out.size(-1))
+        return out
+
+
+@pytest.mark.parametrize("query_mode", ["res_gelu", "anchored_res_gelu"])
+@pytest.mark.parametrize("fused_qkv", [True, False])
+def test_backward_with_kernels_writes_the_projection_gradient_without_a_cat(path, query_mode, fused_qkv):
+    """With the ops, the backward writes the fused projection's gradient into one buffer (SplitRMSGELU):
+    no aten.cat over it and no slice_backward runs, where the plain model's cats the gradients of K, V (W_Q)
+    and W1's columns into the projection's whole width (2.5 C; 3.5 C for anchored_res_gelu; 1.5 C unfused)."""
+    cfg = GPTConfig(**TINY, query_mode=query_mode, fused_qkv=fused_qkv)
+    width = (2 * cfg.n_embd if fused_qkv else 0) + (cfg.n_embd if query_mode == "anchored_res_gelu" else 0) + \
+        cfg.query_bottleneck
+    idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
+    counts = {}
+    for one_buffer in (True, False, None):  # None: the plain model, no ops
+        torch.manual_seed(8)
+        model = GPT(cfg)
+        if one_buffer is not None:
+            kernels.use_kernels(model, one_buffer=one_buffer)
+        loss = model(idx, targets, return_logits=False)[1]
+        with CountOps() as counts[one_buffer]:
+            loss.backward()
+    # the ops with autograd's split cat always (W1's columns alone a cat of one); so does the plain model where it
+    # takes the fused projection (unfused, its res_gelu and anchored_res_gelu compute f and x W_Q from x apart)
+    for before, cats in ((False, True), (None, fused_qkv)):
+        assert counts[before].cat_widths.count(width) == cfg.n_layer * cats, counts[before].cat_widths
+    # unfused, K and V come out of c_kv by autograd's split, whose cat (2 C wide) the ops leave as it was
+    assert counts[True].cat_widths == ([] if fused_qkv else [2 * cfg.n_embd] * cfg.n_layer), counts[True].cat_widths
+    assert counts[True].calls["slice_backward"] == 0, counts[True].calls
+    assert counts[True].calls["split_rms_gelu_backward"] == cfg.n_layer
 
 
 def plain_and_fast(seed, query_mode="res_gelu"):
