@@ -3,6 +3,7 @@ refusal of a run above it; the CPU step-time floor and its one-line warning; max
 
 import types
 
+import numpy as np
 import pytest
 
 from helpers import TINY, run_in_process
@@ -29,9 +30,12 @@ def test_the_memory_floor_counts_state_logits_and_activations():
 
 
 def test_a_run_above_the_devices_memory_is_refused_before_any_work(tmp_path):
-    out = tmp_path / "run"
+    out, data = tmp_path / "run", tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):  # splits long enough for the block, so that the memory is what is refused
+        np.zeros(1_000_001, dtype=np.uint16).tofile(data / f"{split}.bin")
     # one micro-batch of 4 x 1,000,000 tokens: its logits and their gradient alone are 1.5 TiB
-    code, stdout, stderr = run_in_process("train.py", *TINY, f"--data_dir={tmp_path / 'no data needed'}",
+    code, stdout, stderr = run_in_process("train.py", *TINY, f"--data_dir={data}",
                                           f"--out_dir={out}", "--block_size=1000000")
     assert code == 1 and stdout == ""
     have = budget.device_memory("cpu")
