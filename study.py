@@ -97,7 +97,8 @@ def sweep_grid(study, points):
 def sweep_command(study, arm, horizon, points, jobs=None):
     """The sweep.py command that runs `points` (all with the same keys) of `arm`: its grid (sweep_grid), its
     sweep_dir and the study's launcher options; `jobs` replaces the launcher's."""
-    launcher = [f"--{k}={v}" for k, v in {**study.launcher, **({"jobs": jobs} if jobs else {})}.items()]
+    launcher = [f"--{k}={x}" for k, v in {**study.launcher, **({"jobs": jobs} if jobs else {})}.items()
+                for x in (v if isinstance(v, list) else [v])]  # a list option (slurm_setup) is given once a line
     return [sys.executable, os.path.join(REPO, "sweep.py"), *train_args(study, arm, horizon),
             *(arg for axis in sweep_grid(study, points) for arg in ("--grid", axis)),
             f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
@@ -322,6 +323,7 @@ class StageQueue:
         self.where, self.running, self.elsewhere = {}, {}, set()
 
     def waiting(self):
+        """The points to try this round, in the order they are dealt (a generator); writes study.json first."""
         study = self.study
         stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
         record(study, stages)
@@ -349,6 +351,7 @@ class StageQueue:
         write_record(arm_dir(self.study, arm, horizon), cmd[2:], {point.name: status}, [point])
 
     def passed(self, point, other):
+        """Say once, until a point ends, that `other` runs `point`."""
         if point.out_dir not in self.elsewhere:
             self.elsewhere.add(point.out_dir)
             horizon, arm = self.where[point.out_dir]
@@ -356,9 +359,11 @@ class StageQueue:
                   flush=True)
 
     def claimed(self, point, status):
+        """Record the claimed point's status in its arm's sweep.json."""
         self.record_point(point, status)
 
     def starting(self, point, slot):
+        """Say where `point` starts; (its arm's train.py arguments, its tag, its arm's sweep.log)."""
         horizon, arm = self.running[point.out_dir] = self.where[point.out_dir]
         cmd = sweep_command(self.study, arm, horizon, [dict(point.values)], jobs=1)
         log = os.path.join(arm_dir(self.study, arm, horizon), "sweep.log")
@@ -368,6 +373,8 @@ class StageQueue:
         return train_args(self.study, arm, horizon), f"[1/1] {point.name}", log
 
     def ended(self, point, code, status, stopping):
+        """Record the point, say how it ended in sweep.log, and fail its arm where its train.py failed (exit
+        status `code` not 0 or 3) or, unless `stopping`, left its run unfinished."""
         horizon, arm = self.running.pop(point.out_dir)
         self.elsewhere.clear()  # another process's point may have ended too: try them again
         log = os.path.join(arm_dir(self.study, arm, horizon), "sweep.log")

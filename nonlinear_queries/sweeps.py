@@ -332,26 +332,33 @@ class SweepQueue:
         self.queue, self.said, self.failed = list(points), set(), []  # said: the points passed over, each said once
 
     def tag(self, point):
+        """How the sweep's output names `point`: '[i/n] NAME'."""
         return f"[{self.points.index(point) + 1}/{len(self.points)}] {point.name}"
 
     def waiting(self):
+        """The points not yet claimed, in the sweep's order."""
         return list(self.queue)
 
     def passed(self, point, other):
+        """Say once that `other` runs `point`, which is tried again later."""
         if point.name not in self.said:
             self.said.add(point.name)
             print(f"{self.tag(point)}: run by {other}; taken up when it ends", flush=True)
 
     def claimed(self, point, status):
+        """Take `point` off the list; record and say it where another process finished it meanwhile."""
         self.queue.remove(point)
         if finished(status):
             self.record(point, status)
             print(f"{self.tag(point)}: {status} (run meanwhile by another process), skipped", flush=True)
 
     def starting(self, point, slot):
+        """(the sweep's train.py arguments, the point's tag, None: the starting line goes to stdout)."""
         return self.train_args, self.tag(point), None
 
     def ended(self, point, code, status, stopping):
+        """Record the point's status and say how it ended (exit status `code`; 0 or 3, a divergence, is no
+        failure)."""
         self.record(point, status)
         if code not in (0, 3):
             self.failed.append(point.name)
