@@ -45,7 +45,7 @@ import sys
 from nonlinear_queries import runs as rd
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.comparison import (
-    parser,
+    parse_args,
     report,
     summarize,  # noqa: F401  (compare.summarize: a Row as the table computes it)
 )
@@ -54,15 +54,7 @@ from nonlinear_queries.comparison import (
 def main(argv=None):
     """Read the runs named on the command line, print the table and, with --plot, write the figure; exits with
     status 1 and one line on stderr for a figure that cannot be written or runs that cannot be compared as asked."""
-    cli = parser(__doc__)
-    args = cli.parse_args(argv)
-    if args.select_on and not args.best_over:
-        cli.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
-                  "e.g. --best_over=learning_rate")
-    if args.pooled_plot and not (args.width_ladder and args.plot):
-        cli.error("--pooled_plot draws the width ladder's pooled tests; give --width_ladder and --plot too")
-    if args.effect_difference and not args.width_ladder:
-        cli.error("--effect_difference compares three arms' gaps on the width ladder; give --width_ladder too")
+    args = parse_args(argv, __doc__)
     try:
         report(args)
     except rd.RunsError as e:

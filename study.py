@@ -255,7 +255,7 @@ def write_tables(study):
         out, notes = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(notes):
-                comparison.report(comparison.parser().parse_args(cmd[1:]))
+                comparison.report(comparison.parse_args(cmd[1:]))
         except (RunsError, SystemExit) as e:
             said = f"error: {e}" if isinstance(e, RunsError) else notes.getvalue().strip()
             raise StudyError(f"{shlex.join(['python', *cmd])} failed: {said}") from None

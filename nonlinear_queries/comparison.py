@@ -85,7 +85,8 @@ def checked_names(option, asked, known, what, how):
 
 def parser(description=None):
     """compare.py's command line (its options are report()'s), with `description` for --help."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="compare.py", description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run directories, or directories of runs")
     p.add_argument("--group_over", default="seed",
                    help="comma-separated config keys whose runs are pooled into one row (default: seed)")
@@ -136,6 +137,22 @@ def parser(description=None):
     return p
 
 
+def parse_args(argv, description=None):
+    """compare.py's arguments `argv` (a list of strings; None: sys.argv[1:]) parsed and their combinations
+    checked: report()'s `args`. A bad command line is argparse's: usage and the error on stderr, then
+    SystemExit(2)."""
+    cli = parser(description)
+    args = cli.parse_args(argv)
+    if args.select_on and not args.best_over:
+        cli.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
+                  "e.g. --best_over=learning_rate")
+    if args.pooled_plot and not (args.width_ladder and args.plot):
+        cli.error("--pooled_plot draws the width ladder's pooled tests; give --width_ladder and --plot too")
+    if args.effect_difference and not args.width_ladder:
+        cli.error("--effect_difference compares three arms' gaps on the width ladder; give --width_ladder too")
+    return args
+
+
 def select_held_out(arms, baseline, step, args, group_over):
     """--select_on: (arms, rows, baseline) of each arm at its --best_over setting chosen on the tuning runs
     (KEY=VALUE), reported over the other runs; each row's `tuning` holds the tuning runs' Row. Raises RunsError
@@ -184,7 +201,7 @@ def check_writable(option, path):
 
 
 def report(args):
-    """Print the table of the runs in args.out_dirs (`args`: parser()'s) on stdout, its notes on stderr, and write
+    """Print the table of the runs in args.out_dirs (`args`: parse_args()'s) on stdout, its notes on stderr, and write
     its figures (--plot, --figure2), each checked to be writable before the runs are read. Raises RunsError for a
     figure that cannot be written or runs that cannot be compared as asked."""
     for option, path in (("--plot", args.plot), ("--figure2", args.figure2)):

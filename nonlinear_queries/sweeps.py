@@ -269,7 +269,8 @@ def schedule(queue, slots, program):
     that another process runs goes to queue.passed(point, who runs it) and is tried again the next round, half a
     second on; a claimed one goes to queue.claimed(point, its status read again under the claim), and unless it is
     finished it is started (start_point) in the lowest free slot, resumed from its checkpoint where it has one,
-    with queue.starting(point, slot)'s (train.py arguments, tag, a file for the starting line or None for stdout).
+    with queue.starting(point, slot)'s (train.py arguments, tag, a file the starting line is appended to, or None
+    for stdout).
     A point whose train.py exits has its exit status written to its launch.json, its claim and slot let go, and
     goes to queue.ended(point, exit status, status, whether a signal stopped the scheduler). SIGINT and SIGTERM are
     forwarded to every running point, which writes its checkpoint and exits; nothing new starts after one, and the
