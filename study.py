@@ -18,38 +18,41 @@ protocol, for each horizon and each arm:
    configured, as results/ablations was run);
 4. tables: compare.py's markdown with --select_on (choose on the tuning seed, report on the
    held-out ones), Holm and paired columns, and its figure, written to RESULTS_DIR/TABLES.md and
-   RESULTS_DIR/figure*.png, regenerated on every run; the README beside them is a person's.
+   RESULTS_DIR/figure*.png, regenerated on every run (compare.py's report, nonlinear_queries/
+   comparison.py, called in this process); the README beside them is a person's.
 
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
 based on in RESULTS_DIR/study.json. The runs go through sweep.py's library
 (nonlinear_queries/sweeps.py), in this process, in RUNS_DIR/<horizon>/<arm>/<point>: finished points
-are skipped, interrupted ones resume. On this machine with [launcher] jobs = N (1 by default), the arms share N
+are skipped, interrupted ones resume. On this machine its local scheduler (sweeps.schedule, sweep.py's
+too) is handed the points as the arms' stages open: with [launcher] jobs = N (1 by default), the arms share N
 slots (on CUDA each a set of GPUs of its own), each running one point at a time: a slot that frees
 takes the next point waiting in any arm's current stage, so no slot idles while a point waits (each
 point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which
-checkpoints. With a launcher that returns before its jobs finish (SLURM), the study stops after
-submitting and says so; run the same command again once they are done. Exit status: 0 ok (or waiting
-for jobs), 1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study
-file, 128 + N stopped by signal N.
+checkpoints. With a launcher that returns before its jobs finish (SLURM), a sweep per stage (sweeps.Sweep,
+its options typed) submits, and the study stops after submitting and says so; run the same command again
+once they are done. Exit status: 0 ok (or waiting for jobs), 1 a sweep failed (on this machine the
+other arms run to their end first), 2 a bad study file, 128 + N stopped by signal N.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import shlex
-import signal
-import socket
 import statistics
-import subprocess
+import subprocess  # noqa: F401  (tests stand in for train.py's processes through study.subprocess.Popen)
 import sys
-import time
+import time  # noqa: F401  (and for the scheduler's clock through study.time.sleep)
 from dataclasses import asdict
 
-from nonlinear_queries import sweeps
+from nonlinear_queries import comparison, sweeps
 from nonlinear_queries.atomic import atomic_write, write_json
 from nonlinear_queries.cli import run_main
+from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.protocol import (
     StudyError,
     advance,
@@ -63,8 +66,8 @@ from nonlinear_queries.protocol import (
     points_had,
     train_args,
 )
-from nonlinear_queries.runs import finished, read_records
-from nonlinear_queries.sweeps import Point, end_point, point_name, start_point, visible_gpus, write_record
+from nonlinear_queries.runs import RunsError, finished, read_records
+from nonlinear_queries.sweeps import Point, point_name, write_record
 from nonlinear_queries.width import run_flops
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -80,21 +83,24 @@ def seconds_per_step(paths):
     return statistics.median(times) if times else None
 
 
-def sweep_command(study, arm, horizon, points, jobs=None):
-    """The sweep.py command that runs `points` (all with the same keys) of `arm`: one axis per key, and the seeds
-    with data_seed as one zipped axis when the data order varies with them; `jobs` replaces the launcher's."""
+def sweep_grid(study, points):
+    """The grid axes (sweeps.parse_grid's KEY=V1,V2,...) whose product is `points` (all with the same keys): one
+    axis per key, and the seeds with data_seed as one zipped axis when the data order varies with them."""
     keys = list(points[0])
-    grid = []
     if keys[-1] == "data_seed":
         values = sorted({p[study.key] for p in points}, key=float)
-        grid += ["--grid", f"{study.key}={','.join(values)}"]
-        grid += ["--grid", "seed,data_seed=" + ",".join(str(s) for s in sorted({p["seed"] for p in points}))]
-    else:
-        for key in keys:
-            values = sorted({str(p[key]) for p in points}, key=float)
-            grid += ["--grid", f"{key}={','.join(values)}"]
-    launcher = [f"--{k}={v}" for k, v in {**study.launcher, **({"jobs": jobs} if jobs else {})}.items()]
-    return [sys.executable, os.path.join(REPO, "sweep.py"), *train_args(study, arm, horizon), *grid,
+        return [f"{study.key}={','.join(values)}",
+                "seed,data_seed=" + ",".join(str(s) for s in sorted({p["seed"] for p in points}))]
+    return [f"{key}={','.join(sorted({str(p[key]) for p in points}, key=float))}" for key in keys]
+
+
+def sweep_command(study, arm, horizon, points, jobs=None):
+    """The sweep.py command that runs `points` (all with the same keys) of `arm`: its grid (sweep_grid), its
+    sweep_dir and the study's launcher options; `jobs` replaces the launcher's."""
+    launcher = [f"--{k}={x}" for k, v in {**study.launcher, **({"jobs": jobs} if jobs else {})}.items()
+                for x in (v if isinstance(v, list) else [v])]  # a list option (slurm_setup) is given once a line
+    return [sys.executable, os.path.join(REPO, "sweep.py"), *train_args(study, arm, horizon),
+            *(arg for axis in sweep_grid(study, points) for arg in ("--grid", axis)),
             f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
 
 
@@ -235,7 +241,9 @@ def table_command(study, table, arms):
 
 def write_tables(study):
     """RESULTS_DIR/TABLES.md: per horizon, compare.py's table over the arms (baseline first) with the held-out
-    protocol's flags, and its figure; generated, so it is rewritten whole on every run."""
+    protocol's flags, and its figure, made in this process by compare.py's report (nonlinear_queries.comparison)
+    from the command line printed above it; generated, so it is rewritten whole on every run. Raises StudyError
+    where compare.py would fail, with what it would say."""
     os.makedirs(study.results_dir, exist_ok=True)
     sections = [f"# {study.name}: generated tables\n",
                 f"Written by `python study.py {study.path}` from the runs under {study.runs_dir}; do not edit "
@@ -243,11 +251,16 @@ def write_tables(study):
     arms = {a.name: a for a in study.arms}
     for table in study.tables:
         cmd = table_command(study, table, arms)
-        proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True)
-        if proc.returncode:
-            raise StudyError(f"{shlex.join(['python', *cmd])} failed: {proc.stderr.strip()}")
+        # the command printed above the table is the one that made it: its own arguments, parsed as compare.py's
+        out, notes = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(notes):
+                comparison.report(comparison.parse_args(cmd[1:]))
+        except (RunsError, SystemExit) as e:
+            said = f"error: {e}" if isinstance(e, RunsError) else notes.getvalue().strip()
+            raise StudyError(f"{shlex.join(['python', *cmd])} failed: {said}") from None
         title = f": {table.title}" if table.title else ""
-        printed = "\n".join(line for line in proc.stdout.strip().splitlines() if not line.startswith("wrote "))
+        printed = "\n".join(line for line in out.getvalue().strip().splitlines() if not line.startswith("wrote "))
         note = f"{table.note}\n\n" if table.note else ""
         sections.append(f"## {table.horizon} steps{title}\n\n{note}```bash\n{shlex.join(['python', *cmd])}\n"
                         f"```\n\n{printed}\n")
@@ -277,169 +290,140 @@ def local_slots(study):
 
 
 def slot_environment(study, slots):
-    """[the environment overrides of a point running in each slot], one entry a slot. On CUDA each slot is a set
-    of --gpus_per_run GPUs (1 by default) that no other slot has, as CUDA_VISIBLE_DEVICES (sweep.py's
-    visible_gpus): where the visible GPUs make fewer such sets than `slots`, there are as many slots as sets,
-    and a note says so. Every point gets OMP_NUM_THREADS = cores / (slots x its processes), unless it is set, as
-    one sweep of --jobs=slots gives each. Raises StudyError if a point needs more GPUs than are visible."""
+    """The sweeps.Slots of `slots` points at a time on this machine (sweeps.machine_slots): a list of each slot's
+    environment overrides. On CUDA each slot is a set of --gpus_per_run GPUs (1 by default) that no other slot
+    has, as CUDA_VISIBLE_DEVICES: where the visible GPUs make fewer such sets than `slots`, there are as many slots
+    as sets, and a note says so. Every point gets OMP_NUM_THREADS = cores / (slots x its processes), unless it is
+    set, as one sweep of --jobs=slots gives each. Raises StudyError if a point needs more GPUs than are visible."""
     on_cuda = any(arm_config(study, a, h, {study.key: (a.grid or study.grid)[0], "seed": study.tuning_seed}).device
                   != "cpu" for h in study.horizons for a in arms_at(study, h))
-    gpus = []
-    if on_cuda:
-        gpus = visible_gpus()  # imports torch: only a study that may run on GPUs needs it
-    procs = max(int(study.launcher.get("gpus_per_run", 0)), 1) if gpus else int(study.launcher.get("procs_per_run", 1))
-    if gpus:
-        if len(gpus) < procs:
-            raise StudyError(f"a point needs {procs} GPUs (gpus_per_run) and {len(gpus)} are visible")
-        if len(gpus) // procs < slots:
-            print(f"note: {len(gpus)} visible GPU(s) make {len(gpus) // procs} slot(s) of {procs}; the study runs "
-                  f"{len(gpus) // procs} point(s) at a time, not [launcher] jobs = {slots}", flush=True)
-        slots = min(slots, len(gpus) // procs)
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (slots * procs)))
-    env = [{"OMP_NUM_THREADS": threads} for _ in range(slots)]
-    if gpus:
-        for slot, overrides in enumerate(env):
-            overrides["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * procs:(slot + 1) * procs])
-    return env
+    try:
+        machine = sweeps.machine_slots(slots, int(study.launcher.get("gpus_per_run", 0)),
+                                       int(study.launcher.get("procs_per_run", 1)), on_cuda)
+    except ConfigError as e:
+        raise StudyError(str(e)) from None
+    if len(machine) < slots:
+        print(f"note: {len(machine.gpus)} visible GPU(s) make {len(machine)} slot(s) of {machine.procs}; the study "
+              f"runs {len(machine)} point(s) at a time, not [launcher] jobs = {slots}", flush=True)
+    return machine
+
+
+class StageQueue:
+    """The protocol's points for the local scheduler (sweeps.schedule), handed out as the arms' stages open: each
+    round, the points of every arm's current stage (its tuning runs, a widening run, its held-out seeds) that are
+    not running, dealt round the arms in turn (one to each arm with points waiting, then again), the arms with the
+    fewest points finished or running first (points_had; ties in the study's order). An arm whose point failed
+    takes no new point (`failed`: its (horizon's max_iters, arm name)). What a sweep of a point alone would print
+    goes to its arm directory's sweep.log, and the point to its sweep.json."""
+
+    def __init__(self, study):
+        self.study, self.failed = study, []
+        # where: every point handed out, out_dir -> (horizon, arm); running: those running;
+        # elsewhere: the out_dirs of the points another process runs, each said once until a point ends
+        self.where, self.running, self.elsewhere = {}, {}, set()
+
+    def waiting(self):
+        """The points to try this round, in the order they are dealt (a generator); writes study.json first."""
+        study = self.study
+        stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
+        record(study, stages)
+        waiting = [(h, a, [p for p in stages[h.max_iters][a.name].todo
+                           if point_dir(study, a, h, p) not in self.running])
+                   for h in study.horizons for a in arms_at(study, h) if (h.max_iters, a.name) not in self.failed]
+        # the arms that have had the fewest points first (ties in the study's order): a slot that frees takes the
+        # next arm's point, not the first arm's again, so a study stopped midway ends with whole seeds (every arm's
+        # run on seed s) rather than one arm's seeds all done and another's none
+        waiting.sort(key=lambda w: points_had(study, stages[w[0].max_iters][w[1].name])
+                     + sum((h.max_iters, a.name) == (w[0].max_iters, w[1].name) for h, a in self.running.values()))
+        while any(points for _, _, points in waiting):
+            for horizon, arm, points in waiting:
+                if points:
+                    values = points.pop(0)
+                    point = Point(point_name(values), list(values.items()), point_dir(study, arm, horizon, values),
+                                  horizon.max_iters)
+                    self.where[point.out_dir] = (horizon, arm)
+                    yield point
+
+    def record_point(self, point, status):
+        """The point's status in its arm's sweep.json, with the command of a sweep of that point alone."""
+        horizon, arm = self.where[point.out_dir]
+        cmd = sweep_command(self.study, arm, horizon, [dict(point.values)], jobs=1)
+        write_record(arm_dir(self.study, arm, horizon), cmd[2:], {point.name: status}, [point])
+
+    def passed(self, point, other):
+        """Say once, until a point ends, that `other` runs `point`."""
+        if point.out_dir not in self.elsewhere:
+            self.elsewhere.add(point.out_dir)
+            horizon, arm = self.where[point.out_dir]
+            print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} is run by {other}; taken up when it ends",
+                  flush=True)
+
+    def claimed(self, point, status):
+        """Record the claimed point's status in its arm's sweep.json."""
+        self.record_point(point, status)
+
+    def starting(self, point, slot):
+        """Say where `point` starts; (its arm's train.py arguments, its tag, its arm's sweep.log)."""
+        horizon, arm = self.running[point.out_dir] = self.where[point.out_dir]
+        cmd = sweep_command(self.study, arm, horizon, [dict(point.values)], jobs=1)
+        log = os.path.join(arm_dir(self.study, arm, horizon), "sweep.log")
+        print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} in slot {slot} (log: {log})\n  "
+              f"{shlex.join(cmd)}", flush=True)
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        return train_args(self.study, arm, horizon), f"[1/1] {point.name}", log
+
+    def ended(self, point, code, status, stopping):
+        """Record the point, say how it ended in sweep.log, and fail its arm where its train.py failed (exit
+        status `code` not 0 or 3) or, unless `stopping`, left its run unfinished."""
+        horizon, arm = self.running.pop(point.out_dir)
+        self.elsewhere.clear()  # another process's point may have ended too: try them again
+        log = os.path.join(arm_dir(self.study, arm, horizon), "sweep.log")
+        self.record_point(point, status)
+        failed_point = code not in (0, 3)
+        with open(log, "a") as f:
+            print(f"error: {point.name} failed (exit status {code}); its log: {point.log()}" if failed_point else
+                  f"{point.name}: {status if finished(status) else 'stopped at its checkpoint'}", file=f)
+        # a point that ends well but undone (stopped from outside) is not started again
+        undone = final_val_loss(point.out_dir, horizon.max_iters) is None
+        if failed_point or (not stopping and undone):
+            if (horizon.max_iters, arm.name) not in self.failed:
+                self.failed.append((horizon.max_iters, arm.name))
+            # the status of a sweep of this point alone (sweep.py: 1 if its point failed)
+            how = "exited with status 1" if failed_point else "left its run unfinished"
+            print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (point {point.name}, its log: "
+                  f"{log}); the other arms go on", file=sys.stderr, flush=True)
+        elif not stopping:
+            print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} ended", flush=True)
 
 
 def run_pooled(study, slots):
     """Run the protocol on this machine with `slots` points at a time (slot_environment: on CUDA, as many as the
-    GPUs make) across arms and stages. Each slot runs one point's train.py in the slot's environment, as a sweep.py
-    of that point alone would (under its claim, sweeps.Point.claim; one that another process runs is passed over
-    until it lets it go), and when it ends it takes the next point waiting in any arm: a point of an arm's current
-    stage (its tuning runs, a widening run, its held-out seeds) waits only for a free slot, never for the rest of
-    its stage or another arm, so no slot idles while a point waits. The waiting points are dealt round the arms in
-    turn (one to each arm with points waiting, then again), the arms with the fewest points finished or running
-    first (points_had; ties in the study's order), so arms that reach their held-out seeds together run them in
-    step, and an arm that an earlier, stopped command left a seed behind catches up first; an arm's next stage
-    begins when every point of its last one is done. What a sweep of the point would print goes to its arm
-    directory's sweep.log, and the point to its sweep.json. SIGINT/SIGTERM reach every running point (each writes
-    its checkpoint). Returns 0 when every arm is done, 1 if a point failed (its arm takes no new point; the other
-    arms go on to their end) or the GPUs are too few, 128 + the signal number if stopped."""
+    GPUs make) across arms and stages, through the local scheduler (sweeps.schedule) with a StageQueue. Each slot
+    runs one point's train.py in the slot's environment, as a sweep.py of that point alone would (under its claim,
+    sweeps.Point.claim; one that another process runs is passed over until it lets it go), and when it ends it
+    takes the next point waiting in any arm: a point of an arm's current stage waits only for a free slot, never
+    for the rest of its stage or another arm, so no slot idles while a point waits; the arms are dealt in turn, the
+    arms with the fewest points first, so arms that reach their held-out seeds together run them in step, and an
+    arm that an earlier, stopped command left a seed behind catches up first; an arm's next stage begins when every
+    point of its last one is done. SIGINT/SIGTERM reach every running point (each writes its checkpoint). Returns 0
+    when every arm is done, 1 if a point failed (its arm takes no new point; the other arms go on to their end) or
+    the GPUs are too few, 128 + the signal number if stopped."""
     try:
         env = slot_environment(study, slots)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    # a slot's processes: its GPUs on CUDA, else the launcher's procs_per_run (as sweeps.run_local)
-    procs = (len(env[0]["CUDA_VISIBLE_DEVICES"].split(",")) if "CUDA_VISIBLE_DEVICES" in env[0]
-             else int(study.launcher.get("procs_per_run", 1)))
-    # running: Popen -> (horizon, arm, point's values, slot, Point, its claim, its sweep command);
-    # elsewhere: the out_dirs of the points that another process runs, each said once until a point ends
-    free, running, failed, stop, elsewhere = list(range(len(env))), {}, [], [], set()
-
-    def forward(signum, frame):
-        stop.append(signum)
-        for child in running:
-            child.send_signal(signum)
-
-    def launch(horizon, arm, values, slot):
-        """Start `values`' train.py in `slot` under its claim, as a sweep of that point alone would: 'started';
-        'elsewhere' where another process runs it; 'finished' where it is after all (recorded in the arm's
-        sweep.json)."""
-        cmd = sweep_command(study, arm, horizon, [values], jobs=1)
-        point = Point(point_name(values), list(values.items()), point_dir(study, arm, horizon, values),
-                      horizon.max_iters)
-        log = os.path.join(arm_dir(study, arm, horizon), "sweep.log")
-        claim, other = point.claim(f"study.py, host {socket.gethostname()}, PID {os.getpid()}")
-        if claim is None:
-            if point.out_dir not in elsewhere:
-                elsewhere.add(point.out_dir)
-                print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} is run by {other}; taken up when it "
-                      f"ends", flush=True)
-            return "elsewhere"
-        status = point.status()
-        write_record(arm_dir(study, arm, horizon), cmd[2:], {point.name: status}, [point])
-        if finished(status):
-            claim.close()
-            return "finished"
-        print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} in slot {slot} (log: {log})\n  "
-              f"{shlex.join(cmd)}", flush=True)
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-        with open(log, "a") as f:
-            child = start_point(point, train_args(study, arm, horizon), status == "resume", procs, env[slot],
-                                f"[1/1] {point.name}", out=f)
-        running[child] = (horizon, arm, values, slot, point, claim, cmd)
-        return "started"
-
-    handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while True:
-            stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
-            record(study, stages)
-            started = {point.out_dir for _, _, _, _, point, _, _ in running.values()}
-            waiting = [(h, a, [p for p in stages[h.max_iters][a.name].todo if point_dir(study, a, h, p) not in started])
-                       for h in study.horizons for a in arms_at(study, h) if (h.max_iters, a.name) not in failed]
-            # the arms that have had the fewest points first (ties in the study's order): a slot that frees takes
-            # the next arm's point, not the first arm's again, so a study stopped midway ends with whole seeds
-            # (every arm's run on seed s) rather than one arm's seeds all done and another's none
-            waiting.sort(key=lambda w: points_had(study, stages[w[0].max_iters][w[1].name])
-                         + sum((h.max_iters, a.name) == (w[0].max_iters, w[1].name)
-                               for h, a, *_ in running.values()))
-            passed = set()  # what the points not started this round were: run elsewhere, or finished meanwhile
-            while free and not stop and any(points for _, _, points in waiting):
-                for horizon, arm, points in waiting:
-                    if points and free:
-                        outcome = launch(horizon, arm, points.pop(0), free[0])
-                        if outcome == "started":
-                            free.pop(0)
-                        passed.add(outcome)
-            passed.discard("started")
-            if not running and (stop or not passed):
-                break
-            # where a point was passed over, look again soon: another process may have let it go
-            child = wait_any(running, timeout=0.5 if passed else None)
-            if child is None:
-                continue
-            horizon, arm, values, slot, point, claim, cmd = running.pop(child)
-            claim.close()
-            free = sorted(free + [slot])
-            elsewhere.clear()  # another process's point may have ended too: try them again
-            name, log = point.name, os.path.join(arm_dir(study, arm, horizon), "sweep.log")
-            code, status = end_point(child, point)
-            write_record(arm_dir(study, arm, horizon), cmd[2:], {name: status}, [point])
-            failed_point = code not in (0, 3)
-            with open(log, "a") as f:
-                print(f"error: {name} failed (exit status {code}); its log: {point.log()}" if failed_point else
-                      f"{name}: {status if finished(status) else 'stopped at its checkpoint'}", file=f)
-            # a point that ends well but undone (stopped from outside) is not started again
-            undone = final_val_loss(point.out_dir, horizon.max_iters) is None
-            if failed_point or (not stop and undone):
-                if (horizon.max_iters, arm.name) not in failed:
-                    failed.append((horizon.max_iters, arm.name))
-                # the status of a sweep of this point alone (sweep.py: 1 if its point failed)
-                how = "exited with status 1" if failed_point else "left its run unfinished"
-                print(f"error: the sweep of {arm.name} @ {horizon.max_iters} steps {how} (point {name}, its log: "
-                      f"{log}); the other arms go on", file=sys.stderr, flush=True)
-            elif not stop:
-                print(f"{arm.name} @ {horizon.max_iters} steps: {name} ended", flush=True)
-    finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
-    if stop:
+    queue = StageQueue(study)
+    stopped_by = sweeps.schedule(queue, env, "study.py")
+    if stopped_by:
         print("study stopped; every running point wrote its checkpoint. Run the same command again to continue",
               file=sys.stderr)
-        return 128 + stop[0]
-    if failed:
-        print(f"error: the sweeps of {', '.join(f'{a} @ {h} steps' for h, a in failed)} failed; fix the cause and "
-              f"run the same command again (finished runs are kept)", file=sys.stderr)
+        return 128 + stopped_by
+    if queue.failed:
+        print(f"error: the sweeps of {', '.join(f'{a} @ {h} steps' for h, a in queue.failed)} failed; fix the cause "
+              f"and run the same command again (finished runs are kept)", file=sys.stderr)
         return 1
     return 0
-
-
-def wait_any(children, timeout=None):
-    """The first of `children` (Popen objects) to exit, waiting for it; None where none has after `timeout`
-    seconds (counted in time.sleep's steps)."""
-    waited = 0.0
-    while True:
-        for child in children:
-            if child.poll() is not None:
-                return child
-        if timeout is not None and waited >= timeout:
-            return None
-        time.sleep(0.5)
-        waited += 0.5
 
 
 def run_sequential(study):
@@ -458,12 +442,13 @@ def run_sequential(study):
         for horizon, arm, stage in pending:
             cmd = sweep_command(study, arm, horizon, stage.todo)
             print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s)\n  {shlex.join(cmd)}", flush=True)
-            args, rest = sweeps.parser().parse_known_args(cmd[2:])
-            code = sweeps.run_sweep(args, rest, cmd[2:])
-            if args.stopped_by:
+            code, stopped_by = sweeps.run_sweep(sweeps.Sweep(
+                train_args=train_args(study, arm, horizon), grid=sweep_grid(study, stage.todo),
+                sweep_dir=arm_dir(study, arm, horizon), command=cmd[2:], **study.launcher))
+            if stopped_by:
                 print("study stopped; every running point wrote its checkpoint. Run the same command again to "
                       "continue", file=sys.stderr)
-                return 128 + args.stopped_by
+                return 128 + stopped_by
             if code != 0:
                 print(f"error: the sweep of {arm.name} exited with status {code}; fix the cause and run the same "
                       f"command again (finished runs are kept)", file=sys.stderr)

@@ -65,7 +65,7 @@ from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.runs import finished, read_json
 from nonlinear_queries.slurm import slurm_queue
-from nonlinear_queries.sweeps import Point, parser, point_progress, run_sweep
+from nonlinear_queries.sweeps import Point, Sweep, parser, point_progress, run_sweep
 
 # ---------------------------------------------------------------------------------------
 # --status
@@ -129,7 +129,8 @@ def main(argv):
     args, train_args = parser(__doc__).parse_known_args(argv)
     if args.status:
         return show_status(args.status)
-    return run_sweep(args, train_args, argv)
+    options = {k: v for k, v in vars(args).items() if k != "status"}
+    return run_sweep(Sweep(train_args=train_args, command=argv, **options))[0]
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ which imports nothing from here. One concern per module:
 - runs, stats, plots: a run's metrics.jsonl written (and wandb) and read, sweep directories (runs.finished:
   whether a run is over); Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer
-- sweeps, slurm: a sweep's points, their claims and their runs on this machine (sweeps) or as SLURM jobs (slurm)
-- protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps)
+- sweeps, slurm: a sweep's points and their claims, the one local scheduler (sweeps.schedule: claiming, starting,
+  polling, ending and recording points on GPU and thread slots, signals forwarded; sweep.py's fixed list and
+  study.py's stages both run through it) and SLURM jobs (slurm)
+- comparison: compare.py's report (Table 1 and its tests, the width reports), which study.py's tables call too
+- protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps' scheduler)
 - diagnostics: per-layer attention-logit, entropy and query statistics
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware

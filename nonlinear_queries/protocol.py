@@ -9,11 +9,11 @@ import math
 import os
 import statistics
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.runs import finished, format_value, history, read_records, run_status
-from nonlinear_queries.sweeps import point_name
+from nonlinear_queries.sweeps import Launcher, point_name
 from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,6 +195,10 @@ def load_study(path):
                              f"that runs the same arms")
         horizons.append(horizon)
     launcher = _take(raw, "launcher", dict, path, {})
+    options = [f.name for f in fields(Launcher)]
+    if set(launcher) - set(options):  # the sweeps take them as keyword arguments (sweeps.Sweep)
+        raise StudyError(f"{path} [launcher]: unknown option(s) {', '.join(sorted(set(launcher) - set(options)))}; "
+                         f"the options are sweep.py's: {', '.join(options)}")
     tables = []
     default_tables = [{"horizon": h.max_iters, "arms": h.arms,
                        "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]

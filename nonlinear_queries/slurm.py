@@ -125,12 +125,13 @@ def slurm_minutes(spec):
     return total
 
 
-def run_slurm(points, train_args, args, on_cuda, record):
-    """Submit one job per unfinished point that is not queued or running already; returns 0."""
+def run_slurm(points, train_args, sweep, on_cuda, record):
+    """Submit one job per unfinished point of `sweep` (a sweeps.Sweep: its SLURM options) that is not queued or
+    running already, each with `train_args`; `record(point, status)` writes a status to sweep.json. Returns 0."""
     import submitit
 
     queue = slurm_queue()
-    procs = args.gpus_per_run or args.procs_per_run  # the login node may have no GPU: ask for what is asked
+    procs = sweep.gpus_per_run or sweep.procs_per_run  # the login node may have no GPU: ask for what is asked
     for i, point in enumerate(points):
         launch = read_json(os.path.join(point.out_dir, "launch.json"))
         job_id = launch.get("job_id")
@@ -146,12 +147,12 @@ def run_slurm(points, train_args, args, on_cuda, record):
             continue
         executor = submitit.SlurmExecutor(folder=os.path.join(point.out_dir, "slurm"), max_num_timeout=1000)
         executor.update_parameters(
-            job_name=point.name, time=slurm_minutes(args.slurm_time), nodes=args.nodes_per_run, ntasks_per_node=1,
-            cpus_per_task=args.cpus_per_task, stderr_to_stdout=True, signal_delay_s=90,
-            **({"gpus_per_node": args.gpus_per_run} if args.gpus_per_run else {}),
-            **{k: v for k, v in (("partition", args.slurm_partition), ("account", args.slurm_account),
-                                 ("qos", args.slurm_qos)) if v},
-            setup=args.slurm_setup, additional_parameters=args.sbatch_options)
+            job_name=point.name, time=slurm_minutes(sweep.slurm_time), nodes=sweep.nodes_per_run, ntasks_per_node=1,
+            cpus_per_task=sweep.cpus_per_task, stderr_to_stdout=True, signal_delay_s=90,
+            **({"gpus_per_node": sweep.gpus_per_run} if sweep.gpus_per_run else {}),
+            **{k: v for k, v in (("partition", sweep.slurm_partition), ("account", sweep.slurm_account),
+                                 ("qos", sweep.slurm_qos)) if v},
+            setup=sweep.slurm_setup, additional_parameters=sweep.sbatch_options)
         os.makedirs(point.out_dir, exist_ok=True)
         job = executor.submit(PointJob(point, train_args, procs))
         log = str(job.paths.stdout)
@@ -159,5 +160,5 @@ def run_slurm(points, train_args, args, on_cuda, record):
                                                                 "log": log})
         record(point, f"submitted as job {job.job_id}")
         print(f"[{i + 1}/{len(points)}] {point.name}: submitted as job {job.job_id} (log: {log})", flush=True)
-    print(f"\nFollow the sweep with:\n  python sweep.py --status {shlex.quote(args.sweep_dir)}")
+    print(f"\nFollow the sweep with:\n  python sweep.py --status {shlex.quote(sweep.sweep_dir)}")
     return 0

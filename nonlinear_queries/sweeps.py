@@ -1,9 +1,11 @@
 """
 A sweep of train.py over a grid of config values, one out_dir per point, as a library: a sweep's
 points from its options (`plan`: parse_grid, read_points, point_name), their state and claims
-(Point), their runs on this machine (`run_local`; start_point and end_point one at a time) or as
-SLURM jobs (slurm.py), and a whole sweep (`parser`, `run`). sweep.py is its command line (see its
-docstring for the behaviour); study.py runs its protocol's points through it, in its own process.
+(Point), the local scheduler (`schedule`: claiming, starting, polling, ending and recording points
+on this machine's GPU and thread slots, `machine_slots`, with signals forwarded to them) and SLURM
+jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `parser`, `run_sweep`). sweep.py is
+its command line (see its docstring for the behaviour): a fixed list of points, SweepQueue;
+study.py hands the scheduler its protocol's points as their stages open, in its own process.
 """
 
 import argparse
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
@@ -180,7 +182,7 @@ def write_record(sweep_dir, argv, statuses, points):
 
 
 # ---------------------------------------------------------------------------------------
-# --launcher=local: N processes at a time, scheduled by the operating system
+# the local scheduler: points on this machine's slots, N at a time, the operating system scheduling them
 
 
 def visible_gpus():
@@ -191,6 +193,33 @@ def visible_gpus():
         return []
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     return listed.split(",") if listed else [str(i) for i in range(torch.cuda.device_count())]
+
+
+class Slots(list):
+    """This machine's slots for points: a list of each slot's environment overrides (OMP_NUM_THREADS, and on CUDA
+    CUDA_VISIBLE_DEVICES, GPUs that no other slot has), with `procs`, the processes of a point (its torchrun), and
+    `gpus`, the visible GPUs ([] on the CPU)."""
+
+    def __init__(self, env, procs, gpus):
+        super().__init__(env)
+        self.procs, self.gpus = procs, gpus
+
+
+def machine_slots(jobs, gpus_per_run=0, procs_per_run=1, on_cuda=False):
+    """The Slots of `jobs` points at a time on this machine. On CUDA (`on_cuda` and a GPU visible) a slot is a set
+    of `gpus_per_run` GPUs (1 if 0), a process each, and there are no more slots than the visible GPUs make; on the
+    CPU a point has `procs_per_run` processes. Each point gets OMP_NUM_THREADS = cores / (slots x its processes)
+    unless it is set. Raises ConfigError if a point needs more GPUs than are visible."""
+    gpus = visible_gpus() if on_cuda else []  # imports torch: only points that may run on GPUs need it
+    procs = max(gpus_per_run, 1) if gpus else procs_per_run
+    if gpus:
+        if len(gpus) < procs:
+            raise ConfigError(f"a point needs {procs} GPUs (gpus_per_run) and {len(gpus)} are visible")
+        jobs = min(jobs, len(gpus) // procs)
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (jobs * procs)))
+    return Slots([{"OMP_NUM_THREADS": threads,
+                   **({"CUDA_VISIBLE_DEVICES": ",".join(gpus[slot * procs:(slot + 1) * procs])} if gpus else {})}
+                  for slot in range(jobs)], procs, gpus)
 
 
 def start_point(point, train_args, resume, procs, env, tag, out=None):
@@ -215,144 +244,250 @@ def end_point(child, point):
     return child.returncode, point.status()
 
 
-def run_local(points, train_args, args, on_cuda, record):
-    """Run the points `args.jobs` at a time; returns the exit status (0, or 1 if a point failed), and sets
-    args.stopped_by to the signal's number where SIGINT or SIGTERM stopped it (each running point checkpoints).
-    Each point is launched under its claim (Point.claim), its status read again there: one that another process
-    finished meanwhile is skipped, one it stopped is resumed, and one it is running is passed over for the next
-    point and taken up again once that process lets it go, so the sweep ends with every point done (or failed)."""
-    gpus = visible_gpus() if on_cuda else []
-    procs = max(args.gpus_per_run, 1) if gpus else args.procs_per_run
-    jobs = min(args.jobs, len(gpus) // procs) if gpus else args.jobs
-    if gpus and jobs < 1:
-        print(f"error: a point needs {procs} GPUs and {len(gpus)} are visible", file=sys.stderr)
-        return 1
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // (jobs * procs)))
-    running, stop = {}, []  # running: Popen -> (point, its GPUs, its claim)
+def wait_any(children, timeout=None):
+    """The first of `children` (Popen objects) to exit, waiting for it; None where none has after `timeout`
+    seconds (counted in time.sleep's steps of 0.5 s)."""
+    waited = 0.0
+    while True:
+        for child in children:
+            if child.poll() is not None:
+                return child
+        if timeout is not None and waited >= timeout:
+            return None
+        time.sleep(0.5)
+        waited += 0.5
+
+
+def schedule(queue, slots, program):
+    """The local scheduler: run the points `queue` hands out on `slots` (machine_slots), one point's train.py a
+    slot, until none waits and none runs. Returns the number of the signal (SIGINT or SIGTERM) that stopped it, or
+    None.
+
+    `queue` is the caller's (SweepQueue: a sweep's fixed list; study.py's: its protocol's points as its stages
+    open), with five methods. Each round, queue.waiting() gives the points to try in order (an iterable, read up
+    to the free slots). Each is taken under its claim (Point.claim, the holder `program` on this host and PID): one
+    that another process runs goes to queue.passed(point, who runs it) and is tried again the next round, half a
+    second on; a claimed one goes to queue.claimed(point, its status read again under the claim), and unless it is
+    finished it is started (start_point) in the lowest free slot, resumed from its checkpoint where it has one,
+    with queue.starting(point, slot)'s (train.py arguments, tag, a file the starting line is appended to, or None
+    for stdout).
+    A point whose train.py exits has its exit status written to its launch.json, its claim and slot let go, and
+    goes to queue.ended(point, exit status, status, whether a signal stopped the scheduler). SIGINT and SIGTERM are
+    forwarded to every running point, which writes its checkpoint and exits; nothing new starts after one, and the
+    scheduler returns once the running points have ended, its signal handlers put back (study.py runs it in its
+    own process)."""
+    holder = f"{program}, host {socket.gethostname()}, PID {os.getpid()}"
+    free, running, stop = list(range(len(slots))), {}, []  # running: Popen -> (point, its slot, its claim)
 
     def forward(signum, frame):  # every running point checkpoints and exits; nothing new starts
         stop.append(signum)
         for child in running:
             child.send_signal(signum)
 
-    # put back when the sweep ends: study.py runs sweeps in its own process
     handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _run_queue(points, train_args, args, record, jobs, procs, gpus, threads, running, stop)
+        while True:
+            passed = False  # a point passed over or found finished: look again soon, the next round may differ
+            for point in queue.waiting():
+                if stop or not free:
+                    break
+                claim, other = point.claim(holder)
+                if claim is None:
+                    queue.passed(point, other)
+                    passed = True
+                    continue
+                status = point.status()
+                queue.claimed(point, status)
+                if finished(status):
+                    claim.close()
+                    passed = True
+                    continue
+                slot = free.pop(0)
+                train_args, tag, log = queue.starting(point, slot)
+                with open(log, "a") if log else contextlib.nullcontext() as out:
+                    child = start_point(point, train_args, status == "resume", slots.procs, slots[slot], tag, out)
+                running[child] = (point, slot, claim)
+            if not running and (stop or not passed):
+                break
+            child = wait_any(running, timeout=0.5 if passed else None)
+            if child is None:
+                continue
+            point, slot, claim = running.pop(child)
+            claim.close()
+            free = sorted(free + [slot])
+            code, status = end_point(child, point)
+            queue.ended(point, code, status, bool(stop))
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+    return stop[0] if stop else None
 
 
-def _run_queue(points, train_args, args, record, jobs, procs, gpus, threads, running, stop):
-    """run_local's loop, under its signal handlers: `running` and `stop` are what they see."""
-    failed = []
-    queue, waiting = list(points), set()  # waiting: the points another process runs, each said once
-    me = f"sweep.py, host {socket.gethostname()}, PID {os.getpid()}"
-    while (queue and not stop) or running:
-        for point in list(queue):
-            if stop or len(running) >= jobs:
-                break
-            tag = f"[{points.index(point) + 1}/{len(points)}] {point.name}"
-            claim, other = point.claim(me)
-            if claim is None:
-                if point.name not in waiting:
-                    waiting.add(point.name)
-                    print(f"{tag}: run by {other}; taken up when it ends", flush=True)
-                continue
-            queue.remove(point)
-            status = point.status()
-            if finished(status):
-                claim.close()
-                record(point, status)
-                print(f"{tag}: {status} (run meanwhile by another process), skipped", flush=True)
-                continue
-            mine, gpus = gpus[:procs], gpus[procs:]
-            env = {"OMP_NUM_THREADS": threads, **({"CUDA_VISIBLE_DEVICES": ",".join(mine)} if mine else {})}
-            running[start_point(point, train_args, status == "resume", procs, env, tag)] = (point, mine, claim)
-        time.sleep(0.2)
-        for child in [c for c in running if c.poll() is not None]:
-            point, mine, claim = running.pop(child)
-            claim.close()
-            gpus += mine
-            code, status = end_point(child, point)
-            record(point, status)
-            if code not in (0, 3):
-                failed.append(point.name)
-                print(f"error: {point.name} failed (exit status {code}); its log: {point.log()}", file=sys.stderr)
-            else:
-                print(f"{point.name}: {status if finished(status) else 'stopped at its checkpoint'}", flush=True)
-    if stop:
-        args.stopped_by = stop[0]  # for a caller that runs more than this sweep (study.py): it stops too
+class SweepQueue:
+    """A sweep's points for `schedule`: a fixed list, tried in order, each started once no other process runs it
+    (one that another sweep finished meanwhile is skipped, one it stopped is resumed); `record(point, status)`
+    writes a status to sweep.json. `failed` names the points whose train.py failed."""
+
+    def __init__(self, points, train_args, record):
+        self.points, self.train_args, self.record = points, train_args, record
+        self.queue, self.said, self.failed = list(points), set(), []  # said: the points passed over, each said once
+
+    def tag(self, point):
+        """How the sweep's output names `point`: '[i/n] NAME'."""
+        return f"[{self.points.index(point) + 1}/{len(self.points)}] {point.name}"
+
+    def waiting(self):
+        """The points not yet claimed, in the sweep's order."""
+        return list(self.queue)
+
+    def passed(self, point, other):
+        """Say once that `other` runs `point`, which is tried again later."""
+        if point.name not in self.said:
+            self.said.add(point.name)
+            print(f"{self.tag(point)}: run by {other}; taken up when it ends", flush=True)
+
+    def claimed(self, point, status):
+        """Take `point` off the list; record and say it where another process finished it meanwhile."""
+        self.queue.remove(point)
+        if finished(status):
+            self.record(point, status)
+            print(f"{self.tag(point)}: {status} (run meanwhile by another process), skipped", flush=True)
+
+    def starting(self, point, slot):
+        """(the sweep's train.py arguments, the point's tag, None: the starting line goes to stdout)."""
+        return self.train_args, self.tag(point), None
+
+    def ended(self, point, code, status, stopping):
+        """Record the point's status and say how it ended (exit status `code`; 0 or 3, a divergence, is no
+        failure)."""
+        self.record(point, status)
+        if code not in (0, 3):
+            self.failed.append(point.name)
+            print(f"error: {point.name} failed (exit status {code}); its log: {point.log()}", file=sys.stderr)
+        else:
+            print(f"{point.name}: {status if finished(status) else 'stopped at its checkpoint'}", flush=True)
+
+
+def run_local(points, train_args, sweep, on_cuda, record):
+    """Run a sweep's `points` on this machine, sweep.jobs at a time (schedule, on machine_slots of the Sweep's
+    options; `on_cuda`: its runs may use GPUs), each with `train_args`; `record(point, status)` writes a status to
+    sweep.json. Returns (the exit status: 0, or 1 if a point failed or needs more GPUs than are visible; the number
+    of the signal that stopped it, or None)."""
+    try:
+        slots = machine_slots(sweep.jobs, sweep.gpus_per_run, sweep.procs_per_run, on_cuda)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1, None
+    queue = SweepQueue(points, train_args, record)
+    stopped_by = schedule(queue, slots, "sweep.py")
+    if stopped_by:
         print("sweep stopped; every running point wrote its checkpoint. Run the same command again to continue",
               file=sys.stderr)
-    if failed:
-        print(f"error: {len(failed)} point(s) failed: {', '.join(failed)}. Fix the cause and run the same command "
-              f"again: finished points are skipped", file=sys.stderr)
-        return 1
-    return 0
+    if queue.failed:
+        print(f"error: {len(queue.failed)} point(s) failed: {', '.join(queue.failed)}. Fix the cause and run the same "
+              f"command again: finished points are skipped", file=sys.stderr)
+        return 1, stopped_by
+    return 0, stopped_by
 
 
 # ---------------------------------------------------------------------------------------
 # a whole sweep: its options, its points, their runs
 
 
+@dataclass
+class Launcher:
+    """How a sweep's points run (sweep.py's launcher options, a study's [launcher]): `launcher` 'local' (this
+    machine, `jobs` points at a time) or 'slurm' (a job per point); a point's GPUs per node (0: 1 on CUDA),
+    processes per node on the CPU, nodes, and CPUs per task; SLURM's partition, time limit (as SLURM writes it),
+    account, quality of service, shell lines run in the job before train.py, and other sbatch options
+    (KEY=VALUE)."""
+
+    launcher: str = "local"
+    jobs: int = 1
+    gpus_per_run: int = 0
+    procs_per_run: int = 1
+    nodes_per_run: int = 1
+    cpus_per_task: int | None = None
+    slurm_partition: str = ""
+    slurm_time: str = "4:00:00"
+    slurm_account: str = ""
+    slurm_qos: str = ""
+    slurm_setup: list = field(default_factory=list)
+    slurm_option: list = field(default_factory=list)
+
+
+@dataclass
+class Sweep(Launcher):
+    """A sweep, its options typed: `train_args` (config files and --key=value overrides for every run), `grid`
+    (parse_grid's axes, KEY=V1,V2,...), `points` (a --points file, or None), `sweep_dir` (the parent of the
+    points' out_dirs; '' for the config's out_dir), `dry_run`, and `command`, the arguments recorded in
+    SWEEP_DIR/sweep.json as `python sweep.py COMMAND`; with Launcher's options. plan() sets `sbatch_options`."""
+
+    train_args: list = field(default_factory=list)
+    grid: list = field(default_factory=list)
+    points: str | None = None
+    sweep_dir: str = ""
+    dry_run: bool = False
+    command: list = field(default_factory=list)
+    sbatch_options: dict = field(default_factory=dict, init=False)
+
+
 def parser(description=None):
-    """The argparse parser of a sweep's own options (sweep.py's, and a study's [launcher]); the arguments it
-    leaves (parse_known_args) go to every run."""
+    """The argparse parser of sweep.py's options, Sweep's fields (their defaults Sweep's) and --status; the
+    arguments it leaves (parse_known_args) go to every run."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
-    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+    parser.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
                         help="an axis of the grid (repeat for more)")
     parser.add_argument("--points", metavar="FILE", help="a TOML file of named points (see above)")
-    parser.add_argument("--sweep_dir", default="",
-                        help="parent of the points' out_dirs (default: the config's out_dir)")
+    parser.add_argument("--sweep_dir", help="parent of the points' out_dirs (default: the config's out_dir)")
     parser.add_argument("--status", metavar="SWEEP_DIR", help="print the state of every point of a sweep, and exit")
-    parser.add_argument("--launcher", default="local", help="local (this machine) or slurm (default: local)")
-    parser.add_argument("--jobs", type=int, default=1, help="local: points run at a time (default: 1)")
-    parser.add_argument("--gpus_per_run", type=int, default=0,
+    parser.add_argument("--launcher", help="local (this machine) or slurm (default: local)")
+    parser.add_argument("--jobs", type=int, help="local: points run at a time (default: 1)")
+    parser.add_argument("--gpus_per_run", type=int,
                         help="GPUs of a point (per node), one process each (default: 1 on CUDA)")
-    parser.add_argument("--procs_per_run", type=int, default=1,
+    parser.add_argument("--procs_per_run", type=int,
                         help="processes of a point on the CPU (gloo), per node (default: 1)")
-    parser.add_argument("--nodes_per_run", type=int, default=1, help="slurm: nodes of a point (default: 1)")
-    parser.add_argument("--cpus_per_task", type=int, default=None, help="slurm: CPUs of a point's job on each node")
-    parser.add_argument("--slurm_partition", default="", help="slurm: the partition")
-    parser.add_argument("--slurm_time", default="4:00:00",
+    parser.add_argument("--nodes_per_run", type=int, help="slurm: nodes of a point (default: 1)")
+    parser.add_argument("--cpus_per_task", type=int, help="slurm: CPUs of a point's job on each node")
+    parser.add_argument("--slurm_partition", help="slurm: the partition")
+    parser.add_argument("--slurm_time",
                         help="slurm: a job's time limit; a point that needs longer is requeued from its checkpoint "
                              "(default: 4:00:00)")
-    parser.add_argument("--slurm_account", default="", help="slurm: the account to charge")
-    parser.add_argument("--slurm_qos", default="", help="slurm: the quality of service")
-    parser.add_argument("--slurm_setup", action="append", default=[], metavar="LINE",
+    parser.add_argument("--slurm_account", help="slurm: the account to charge")
+    parser.add_argument("--slurm_qos", help="slurm: the quality of service")
+    parser.add_argument("--slurm_setup", action="append", metavar="LINE",
                         help="slurm: a shell line run in the job before train.py, e.g. 'module load cuda' (repeat)")
-    parser.add_argument("--slurm_option", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--slurm_option", action="append", metavar="KEY=VALUE",
                         help="slurm: any other sbatch option, e.g. mem=64G or constraint=h100 (repeat)")
     parser.add_argument("--dry_run", action="store_true", help="print each point's status and command; run nothing")
-    parser.set_defaults(stopped_by=None)  # run_local's: the signal that stopped the sweep
+    defaults = Sweep()
+    parser.set_defaults(**{f.name: getattr(defaults, f.name) for f in fields(Sweep)
+                           if f.init and f.name not in ("train_args", "command")})
     return parser
 
 
-def plan(args, train_args):
-    """The points of the sweep of `args` (parser()'s) over `train_args`, every point's config checked (and, for
-    --launcher=slurm, SLURM's controller answering): (the Points, in order, a point given twice once; the
-    train.py arguments of every run, a --points file's shared settings added; the config they share). Sets
-    args.sweep_dir (by default the config's out_dir) and args.sbatch_options. Raises ConfigError for a bad
-    option, axis, points file or config."""
+def plan(sweep):
+    """The points of `sweep` (a Sweep), every point's config checked (and, for --launcher=slurm, SLURM's
+    controller answering): (the Points, in order, a point given twice once; the train.py arguments of every run, a
+    --points file's shared settings added; the config they share). Sets sweep.sweep_dir (by default the config's
+    out_dir) and sweep.sbatch_options. Raises ConfigError for a bad option, axis, points file or config."""
 
-    if args.launcher not in ("local", "slurm"):
-        raise ConfigError(f"--launcher={args.launcher!r}: choose local or slurm (a point's torchrun is "
+    if sweep.launcher not in ("local", "slurm"):
+        raise ConfigError(f"--launcher={sweep.launcher!r}: choose local or slurm (a point's torchrun is "
                           f"--gpus_per_run=N, or --procs_per_run=N on the CPU)")
-    if min(args.jobs, args.procs_per_run, args.nodes_per_run) < 1 or args.gpus_per_run < 0:
+    if min(sweep.jobs, sweep.procs_per_run, sweep.nodes_per_run) < 1 or sweep.gpus_per_run < 0:
         raise ConfigError("--jobs, --procs_per_run and --nodes_per_run are at least 1, --gpus_per_run at least 0")
-    args.sbatch_options = parse_sbatch_options(args.slurm_option)
-    slurm_minutes(args.slurm_time)
-    axes = parse_grid(args.grid)
-    if not axes and not args.points:
+    sweep.sbatch_options = parse_sbatch_options(sweep.slurm_option)
+    slurm_minutes(sweep.slurm_time)
+    axes = parse_grid(sweep.grid)
+    if not axes and not sweep.points:
         raise ConfigError("no --grid axis or --points file given; e.g. --grid learning_rate=1e-3,2e-3 "
                           "--grid seed=1,2,3")
-    shared, named = read_points(args.points) if args.points else ([], [(None, [])])
-    train_args = [*train_args, *(f"--{k}={v}" for k, v in shared if k != "out_dir")]
+    shared, named = read_points(sweep.points) if sweep.points else ([], [(None, [])])
+    train_args = [*sweep.train_args, *(f"--{k}={v}" for k, v in shared if k != "out_dir")]
     base, _ = parse_config(TrainConfig, train_args)
-    args.sweep_dir = args.sweep_dir or dict(shared).get("out_dir", base.out_dir)
+    sweep.sweep_dir = sweep.sweep_dir or dict(shared).get("out_dir", base.out_dir)
     grid = [[(k, v) for (keys, _), v in zip(axes, combo) for k in keys]
             for combo in itertools.product(*(raws for _, raws in axes))]
     # a named point's run is named after it; its settings, then the grid's, override the config
@@ -367,25 +502,23 @@ def plan(args, train_args):
         print(f"note: point {name} is given {names.count(name)} times; it is one point, run once")
     names, values = list(unique), list(unique.values())
     configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in values]
-    if args.launcher == "slurm" and not args.dry_run:
+    if sweep.launcher == "slurm" and not sweep.dry_run:
         slurm_queue()  # sbatch there and the controller answering, before anything is submitted
-    points = [Point(name, v, os.path.join(args.sweep_dir, name), c.max_iters)
+    points = [Point(name, v, os.path.join(sweep.sweep_dir, name), c.max_iters)
               for name, v, c in zip(names, values, configs)]
     return points, train_args, base
 
 
-def run_sweep(args, train_args, argv):
-    """Run the sweep of `args` (parser()'s) over `train_args` (config files and --key=value overrides for every
-    run) to its end: check every point's config, skip the finished points, launch the others (args.launcher),
-    and record them in SWEEP_DIR/sweep.json with the command `python sweep.py argv`. Returns the exit status:
-    0, 1 if a point failed, 2 for a config error (said on stderr); args.stopped_by is the signal's number where
-    SIGINT or SIGTERM stopped it (run_local)."""
-
+def run_sweep(sweep):
+    """Run `sweep` (a Sweep) to its end: check every point's config, skip the finished points, launch the others
+    (sweep.launcher: run_local, or slurm.run_slurm), and record them in SWEEP_DIR/sweep.json with its command.
+    Returns (the exit status: 0, 1 if a point failed, 2 for a config error, said on stderr; the number of the
+    signal, SIGINT or SIGTERM, that stopped it, or None)."""
     try:
-        points, train_args, base = plan(args, train_args)
+        points, train_args, base = plan(sweep)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
-        return 2
+        return 2, None
 
     statuses = {p.name: p.status() for p in points}
     todo = []
@@ -393,25 +526,27 @@ def run_sweep(args, train_args, argv):
         status = statuses[point.name]
         if finished(status):
             print(f"[{i + 1}/{len(points)}] {point.name}: {status}, skipped")
-        elif args.dry_run:
+        elif sweep.dry_run:
             print(f"[{i + 1}/{len(points)}] {point.name}: {'resuming' if status == 'resume' else 'starting'}\n  "
                   f"{shlex.join(point.train_args(train_args, status == 'resume'))}")
         else:
             todo.append(point)
-    if args.dry_run:
-        return 0
-    os.makedirs(args.sweep_dir, exist_ok=True)
+    if sweep.dry_run:
+        return 0, None
+    os.makedirs(sweep.sweep_dir, exist_ok=True)
 
     def record(point, status):
         statuses[point.name] = status
-        write_record(args.sweep_dir, argv, statuses, points)
+        write_record(sweep.sweep_dir, sweep.command, statuses, points)
 
-    write_record(args.sweep_dir, argv, statuses, points)
+    write_record(sweep.sweep_dir, sweep.command, statuses, points)
     on_cuda = base.device != "cpu"  # 'auto' or 'cuda...': the GPUs this machine has, if any
-    launch = run_slurm if args.launcher == "slurm" else run_local
-    code = launch(todo, train_args, args, on_cuda, record)
-    if args.launcher == "local":
+    if sweep.launcher == "slurm":
+        code, stopped_by = run_slurm(todo, train_args, sweep, on_cuda, record), None
+    else:
+        code, stopped_by = run_local(todo, train_args, sweep, on_cuda, record)
+    if sweep.launcher == "local":
         print(f"\n{sum(s == 'done' for s in statuses.values())} of {len(points)} points done, "
               f"{sum(s.startswith('diverged') for s in statuses.values())} diverged. Compare them with:\n"
-              f"  python compare.py {shlex.quote(args.sweep_dir)}")
-    return code
+              f"  python compare.py {shlex.quote(sweep.sweep_dir)}")
+    return code, stopped_by
