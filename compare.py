@@ -47,7 +47,6 @@ from nonlinear_queries.cli import run_main
 from nonlinear_queries.comparison import (
     parse_args,
     report,
-    summarize,  # noqa: F401  (compare.summarize: a Row as the table computes it)
 )
 
 

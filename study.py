@@ -44,9 +44,7 @@ import math
 import os
 import shlex
 import statistics
-import subprocess  # noqa: F401  (tests stand in for train.py's processes through study.subprocess.Popen)
 import sys
-import time  # noqa: F401  (and for the scheduler's clock through study.time.sleep)
 from dataclasses import asdict
 
 from nonlinear_queries import comparison, sweeps

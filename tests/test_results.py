@@ -37,6 +37,7 @@ import pytest
 import analyze
 import compare
 from helpers import REPO
+from nonlinear_queries import comparison
 from nonlinear_queries.runs import (
     Arm,
     diag_value,
@@ -180,7 +181,7 @@ def over_time(groups, base, steps):
     """Each group's rel. improvement over `base` and Welch's p at each of `steps`."""
     rows = [["step", *map(str, steps)]]
     for group in groups:
-        pairs = [(compare.summarize(group, s), compare.summarize(base, s)) for s in steps]
+        pairs = [(comparison.summarize(group, s), comparison.summarize(base, s)) for s in steps]
         rows.append([f"{group.label} (%)", *(signed(rel_improvement(r, b)) for r, b in pairs)])
         rows.append([f"{group.label}, Welch p", *(f"{welch_p(r, b):.2g}" for r, b in pairs)])
     return rows
@@ -340,8 +341,7 @@ def long_horizon_logits():
     for seed in sorted(ratio):
         cells = [f"{per_seed[n][i][seed]:.{digits[n]}f}" for n in names for i in (0, 1)]
         rows.append([str(seed), *cells[:2], f"{ratio[seed]:.2f}", *cells[2:]])
-    rows_of = {name: (compare.summarize(res, 3000, diag_value(name)), compare.summarize(half, 3000, diag_value(name)))
-               for name in names}
+    rows_of = {name: tuple(comparison.summarize(g, 3000, diag_value(name)) for g in (res, half)) for name in names}
     spread = [f"{row.mean:.{digits[n]}f} ± {row.std:.{digits[n]}f}" for n in names for row in rows_of[n]]
     ratios = list(ratio.values())
     rows.append(["mean ± std", *spread[:2], f"{np.mean(ratios):.2f} ± {np.std(ratios, ddof=1):.2f}",
@@ -385,9 +385,9 @@ def diagnostics_steps():
     for lr in (3e-3, 6e-3):
         base, res, qk = make_arms([r for r in runs if r.config["learning_rate"] == lr], group_over)
         for step in (200, 400, 600, 800, 1000):
-            loss = [compare.summarize(g, step) for g in (base, res, qk)]
-            logit = [compare.summarize(g, step, diag_value("attn_logit_max")).mean for g in (base, res, qk)]
-            entropy = [compare.summarize(g, step, diag_value("attn_entropy")).mean for g in (base, res, qk)]
+            loss = [comparison.summarize(g, step) for g in (base, res, qk)]
+            logit = [comparison.summarize(g, step, diag_value("attn_logit_max")).mean for g in (base, res, qk)]
+            entropy = [comparison.summarize(g, step, diag_value("attn_entropy")).mean for g in (base, res, qk)]
             pair = paired_t(paired_losses(res, step, group_over), paired_losses(base, step, group_over))
             rows.append([format_value(lr), str(step), f"{loss[0].mean:.4f}", f"{loss[1].mean:.4f}",
                          f"{rel_improvement(loss[1], loss[0]):.2f}", f"{welch_p(loss[1], loss[0]):.2g} / {pair.p:.2g}",
@@ -423,7 +423,7 @@ def long_horizon_prose():
     groups, _ = held_out_groups("results/long_horizon", ["baseline", "res_gelu_no_half"], 3000)
     steps = [s for s in sorted(groups["baseline"].runs[0].evals) if s >= 1000]
     half, base = groups["res_gelu_no_half"], groups["baseline"]
-    pairs = [(compare.summarize(half, s), compare.summarize(base, s)) for s in steps]
+    pairs = [(comparison.summarize(half, s), comparison.summarize(base, s)) for s in steps]
     lead, p = [rel_improvement(r, b) for r, b in pairs], [welch_p(r, b) for r, b in pairs]
     # the validation sequences (their fingerprint in the header): one set per data_seed, whatever the arm
     sets = {}

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -194,8 +195,8 @@ def run_pooled_on_a_fake_clock(monkeypatch, s, slots):
     tables not written); returns (its status, the clock at its end)."""
     FakeSweep.clock[0], FakeSweep.started[:] = 0.0, []
     os.makedirs(s.results_dir, exist_ok=True)  # as study.run makes it
-    monkeypatch.setattr(study.subprocess, "Popen", FakeSweep)
-    monkeypatch.setattr(study.time, "sleep", lambda dt: FakeSweep.clock.__setitem__(0, FakeSweep.clock[0] + dt))
+    monkeypatch.setattr(subprocess, "Popen", FakeSweep)  # the scheduler's processes (sweeps.schedule)
+    monkeypatch.setattr(time, "sleep", lambda dt: FakeSweep.clock.__setitem__(0, FakeSweep.clock[0] + dt))
     monkeypatch.setattr(study, "write_tables", lambda s: None)
     code = study.run(s) if slots is None else study.run_pooled(s, slots)
     return code, FakeSweep.clock[0]
