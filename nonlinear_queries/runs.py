@@ -195,7 +195,7 @@ def read_metrics(path, warn=True):
 class RunDir:
     """A run directory, train.py's out_dir: the one place its file names are spelled (but its checkpoints',
     which are checkpoint_file's), and what is done to it as a whole. path: the directory (relative to the
-    working directory, as train.py takes it).
+    working directory, as train.py takes it). Its files, each an attribute holding its path:
 
         metrics     metrics.jsonl, the run's record (RunLog writes it, read_records reads it)
         config      config.json, the newest header alone
@@ -208,26 +208,11 @@ class RunDir:
 
     def __init__(self, path):
         self.path = path
-
-    @property
-    def metrics(self):
-        return os.path.join(self.path, "metrics.jsonl")
-
-    @property
-    def config(self):
-        return os.path.join(self.path, "config.json")
-
-    @property
-    def lock(self):
-        return os.path.join(self.path, ".lock")
-
-    @property
-    def claim(self):
-        return os.path.join(self.path, ".sweep.lock")
-
-    @property
-    def wandb(self):
-        return os.path.join(self.path, "wandb")
+        self.metrics = os.path.join(path, "metrics.jsonl")
+        self.config = os.path.join(path, "config.json")
+        self.lock = os.path.join(path, ".lock")
+        self.claim = os.path.join(path, ".sweep.lock")
+        self.wandb = os.path.join(path, "wandb")
 
     def has_record(self):
         """Whether the directory holds a run's record (metrics.jsonl): what makes it a run to read."""
