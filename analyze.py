@@ -46,9 +46,10 @@ from dataclasses import asdict
 
 import numpy as np
 
+from nonlinear_queries.arms import layer_mean, make_arms, pooled, read_runs
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.plots import diagnostics as plot_diagnostics
-from nonlinear_queries.runs import RunsError, layer_mean, make_arms, pooled, read_runs
+from nonlinear_queries.runs import RunsError
 from nonlinear_queries.stats import Row, print_table, step_list
 
 REPO = os.path.dirname(os.path.abspath(__file__))

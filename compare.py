@@ -42,12 +42,12 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 
 import sys
 
-from nonlinear_queries import runs as rd
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.comparison import (
     parse_args,
     report,
 )
+from nonlinear_queries.runs import RunsError
 
 
 def main(argv=None):
@@ -56,7 +56,7 @@ def main(argv=None):
     args = parse_args(argv, __doc__)
     try:
         report(args)
-    except rd.RunsError as e:
+    except RunsError as e:
         sys.exit(f"error: {e}")
 
 

@@ -64,7 +64,7 @@ from nonlinear_queries.protocol import (
     points_had,
     train_args,
 )
-from nonlinear_queries.runs import RunsError, finished, read_records
+from nonlinear_queries.runs import RunDir, RunsError, finished
 from nonlinear_queries.sweeps import Point, point_name, write_record
 from nonlinear_queries.width import run_flops
 
@@ -75,9 +75,8 @@ def seconds_per_step(paths):
     """The median measured seconds per step over the finished runs in `paths` (None if none has a record)."""
     times = []
     for path in paths:
-        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
-            times += [r["ms_per_step"] / 1000 for r in read_records(os.path.join(path, "metrics.jsonl"))
-                      if r["type"] == "train" and r.get("ms_per_step")]
+        times += [r["ms_per_step"] / 1000 for r in RunDir(path).records()
+                  if r["type"] == "train" and r.get("ms_per_step")]
     return statistics.median(times) if times else None
 
 
@@ -193,7 +192,7 @@ def plan(study):
                 seconds += s
                 how.add(kind)
             left += remaining
-    done = sum(os.path.isfile(os.path.join(d, "metrics.jsonl")) for d in run_dirs_of(study))
+    done = sum(RunDir(d).has_record() for d in run_dirs_of(study))
     print(f"\n{done} run directories exist; at least {left} run(s) left", end="")
     if left:
         basis = {"measured": "the median measured time per step of each arm's finished runs",

@@ -63,7 +63,7 @@ import sys
 
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError
-from nonlinear_queries.runs import finished, read_json
+from nonlinear_queries.runs import RunDir, finished, read_json
 from nonlinear_queries.slurm import slurm_queue
 from nonlinear_queries.sweeps import Point, Sweep, parser, point_progress, run_sweep
 
@@ -100,7 +100,7 @@ def show_status(sweep_dir):
         return 2
     max_iters = record.get("max_iters", {})
     def planned(name):  # a sweep.json of an older sweep.py has no max_iters: the run's config.json has
-        config = read_json(os.path.join(sweep_dir, name, "config.json")).get("config", {})
+        config = read_json(RunDir(os.path.join(sweep_dir, name)).config).get("config", {})
         return max_iters.get(name, config.get("max_iters", -1))
 
     points = [Point(name, [], os.path.join(sweep_dir, name), planned(name)) for name in record["points"]]

@@ -46,19 +46,16 @@ max_iters=60000 the paper's 59k and 60k evaluations are both logged.
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
 
-import contextlib
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from model import GPT, GPTConfig, model_config_keys
-from nonlinear_queries.atomic import write_json
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
 from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device_memory, memory_floor
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
@@ -67,7 +64,7 @@ from nonlinear_queries.diagnostics import diagnose
 from nonlinear_queries.lock import hold_out_dir, make_out_dir, release_new_out_dir, release_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError, load_model
-from nonlinear_queries.runs import open_run_log, run_header
+from nonlinear_queries.runs import RunDir
 from nonlinear_queries.runtime import (
     SetupError,
     all_reduce_sum,
@@ -139,44 +136,42 @@ def open_data(cfg):
                          cfg.block_size, cfg.eval_iters, cfg.vocab_size)
 
 
-def prepare_out_dir(cfg, rt):
-    """A new run replaces the run in out_dir (allowed by Checkpointer): its metrics.jsonl goes, on
-    rank 0, once every check has passed (Checkpointer.restore has removed its checkpoints)."""
+def hold_run_dir(cfg, rt, stop):
+    """The run directory, out_dir: on rank 0 created and, with lock_out_dir, locked for this process's life
+    (lock.py; one run per out_dir); a new run that would replace the run there unasked is refused on every rank
+    (runs.RunDir.check_start). Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or CheckpointError."""
+    if rt.master and cfg.lock_out_dir:
+        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
+            hold_out_dir(cfg.out_dir)
+    elif rt.master:
+        make_out_dir(cfg.out_dir)
+    run_dir = RunDir(cfg.out_dir)
+    run_dir.check_start(cfg.init_from, cfg.overwrite)
+    return run_dir
+
+
+def start_log(cfg, rt, run_dir, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
+    """This session's part of the record, once every check has passed: a new run first replaces the run in
+    out_dir (runs.RunDir.replace, on rank 0; allowed by hold_run_dir), then metrics.jsonl (and wandb,
+    continuing state.wandb_id) opens with the run's header, also written to out_dir/config.json; prints the
+    resolved config. Returns the runs.RunLog."""
     if rt.master and cfg.init_from != "resume":
-        if os.path.exists(os.path.join(cfg.out_dir, "metrics.jsonl")):
-            os.remove(os.path.join(cfg.out_dir, "metrics.jsonl"))
-
-
-def remove_run_files(out_dir):
-    """Remove what open_log wrote in out_dir (metrics.jsonl, config.json, wandb's directory), for a new run
-    that ends before its first checkpoint and so leaves nothing to resume."""
-    for name in ("metrics.jsonl", "config.json"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(out_dir, name))
-    shutil.rmtree(os.path.join(out_dir, "wandb"), ignore_errors=True)
-
-
-def open_log(cfg, rt, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
-    """metrics.jsonl (and wandb, continuing state.wandb_id) with the run's header record, and
-    out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
-    out = open_run_log(cfg.out_dir, rt.master, cfg.wandb_log, state.wandb_id or None, project=cfg.wandb_project,
-                       group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
+        run_dir.replace()
+    out = run_dir.open_log(rt.master, cfg.wandb_log, state.wandb_id or None, project=cfg.wandb_project,
+                           group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
     state.wandb_id = out.wandb.id or ""
-    header = run_header(state.step, __file__, run_name=run_name, config_files=config_files,
-                        torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
-                        numerics=numerics(rt.device),
-                        tokens_per_iter=tokens_per_iter, non_embedding_params=model.get_num_params(),
-                        params=model.get_num_params(non_embedding=False), flops_per_token=model.flops_per_token(),
-                        config=asdict(cfg), data=data_fingerprint)
-    out.log(header)
-    if rt.master:
-        write_json(os.path.join(cfg.out_dir, "config.json"), header)
+    run_dir.log_header(out, state.step, __file__, run_name=run_name, config_files=config_files,
+                       torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
+                       numerics=numerics(rt.device),
+                       tokens_per_iter=tokens_per_iter, non_embedding_params=model.get_num_params(),
+                       params=model.get_num_params(non_embedding=False), flops_per_token=model.flops_per_token(),
+                       config=asdict(cfg), data=data_fingerprint)
     wandb_dir = getattr(getattr(out.wandb, "settings", None), "sync_dir", None)
     out.print(f"{run_name}: query_mode={cfg.query_mode}, {model.get_num_params():,} non-embedding parameters, "
               f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
               + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else "")
               + (f", wandb {out.wandb.settings.mode} in {wandb_dir}" if wandb_dir else "")
-              + f"; the full config is in {os.path.join(cfg.out_dir, 'config.json')}")
+              + f"; the full config is in {run_dir.config}")
     return out
 
 
@@ -208,7 +203,182 @@ def warn_slow_cpu_step(rt, out, flops_per_token, tokens_per_iter, steps):
                   file=sys.stderr)
 
 
-def stopped(cfg, rt, out, stop, state, checkpoints):
+@dataclass
+class Parts:
+    """What a session trains, built by build_parts: `raw` the GPT itself (checkpointed, diagnosed, given to
+    lm-eval's tasks), `model` what evaluates it and `train_model` what trains it (runtime.parallelize: compiled,
+    under DDP or FSDP), its parameters, optimizers and loss scaler."""
+
+    raw: GPT
+    model: torch.nn.Module
+    train_model: torch.nn.Module
+    params: list
+    optimizers: list
+    scaler: torch.amp.GradScaler
+
+
+def build_parts(cfg, rt, raw_model):
+    """The Parts that train raw_model: its Triton kernels put in (with kernels, before compile and sharding see
+    the model; kernels.py), the processes' model (under torchrun DDP around the compiled model, or FSDP shards of
+    it in place), and the optimizers built on what the processes hold (under FSDP, the shards)."""
+    if cfg.kernels:
+        from nonlinear_queries.kernels import use_kernels
+
+        use_kernels(raw_model)
+    model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
+                                     mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat,
+                                     options=parse_compile_options(cfg.compile_options))
+    return Parts(raw_model, model, train_model, list(raw_model.parameters()),
+                 build_optimizers(raw_model, cfg, rt.device_type),
+                 torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16"))
+
+
+def open_tasks(cfg, rt):
+    """lm-eval's tasks (downstream.DownstreamEval), imported only when eval_tasks asks for them and checked here,
+    before the run; None without eval_tasks."""
+    if not cfg.eval_tasks:
+        return None
+    from nonlinear_queries.downstream import DownstreamEval
+
+    return DownstreamEval(cfg, rt)
+
+
+def say_start(cfg, rt, out, checkpoints, model, clock, steps):
+    """Say what the run starts from (the checkpoint it resumes, or the model it fine-tunes) and, on the CPU, when
+    its `steps` would take long (warn_slow_cpu_step)."""
+    warn_slow_cpu_step(rt, out, clock.flops_per_token, clock.tokens_per_iter, steps)
+    if checkpoints.path:
+        out.print(f"resuming from {checkpoints.path} at step {checkpoints.start_step}")
+    elif cfg.init_from != "scratch":
+        out.print(f"fine-tuning from {model.loaded_from.path} ({model.loaded_from.kind})")
+
+
+def log_evaluation(cfg, rt, out, model, data, step, losses):
+    """Log and print the evaluation `losses` ({split: mean loss, nats per token}) of `step` and, with
+    diagnostics, the per-layer diagnostics of `model` (the GPT itself, in eval mode: no training number changes)
+    on the first diagnostics_batches val batches."""
+    out.print(f"step {step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+    out.log({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"]})
+    if cfg.diagnostics:
+        diag = diagnose(model, data.val, data.val_eval_idx[:cfg.diagnostics_batches], cfg.block_size, rt.device,
+                        rt.autocast)
+        out.log({"type": "diag", "step": step, **diag})
+        top = max(diag["attn_logit_max"])
+        out.print(f"step {step}: max attention logit {top:.2f} (layer {diag['attn_logit_max'].index(top)}), "
+                  f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
+
+
+def run_tasks(out, downstream, model, step, stop):
+    """Run lm-eval's tasks on `model` (the GPT itself) at `step`, on rank 0 while the other ranks wait for it,
+    and log and print each task's record; a signal gives the tasks up between batches (said, nothing logged)."""
+    records = downstream.evaluate(model, step, should_stop=lambda: stop.signal is not None)
+    if records is None:
+        out.print(f"step {step}: lm-eval tasks given up on a stop request")
+    for record in records or []:
+        out.print(downstream.describe(record))
+        out.log(record)
+
+
+def train_one_step(cfg, rt, data, parts, guard, stop, step, micro_steps):
+    """The update that makes step + 1, on this rank's contiguous share of row `step` of the train index (its
+    micro_steps micro-batches), at get_lr's rate. One all-reduce, queued, not waited for, sums the global batch's
+    loss (so any accumulation or process count logs the same mean) and how many ranks were asked to stop. The
+    divergence guard runs on the device: the update of a step that diverged, and of every step after it until
+    the loop reads the guard, is skipped there, so a diverged step never reaches the weights. Returns (the
+    learning rate, the reduced (loss sum, stop votes), the gradient norm), the last two on the device."""
+    B, T = cfg.batch_size, cfg.block_size
+    lr = get_lr(step, cfg)
+    set_learning_rates(parts.optimizers, lr, cfg)
+    row = data.train_idx[step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
+    seeds = [dropout_seed(cfg.seed, step, rt.rank * micro_steps + k) for k in range(micro_steps)]
+    loss_sum, grad_norm = train_step(parts.train_model, parts.params, parts.optimizers, parts.scaler,
+                                     lambda k: get_batch(data.train, row[k * B : (k + 1) * B], T, rt.device),
+                                     micro_steps, rt.autocast, seeds, cfg.z_loss, cfg.grad_clip)
+    reduced = all_reduce_sum(torch.stack([loss_sum, stop.vote(loss_sum)]), rt)
+    skip = guard.check(step + 1, reduced[0].double() / cfg.gradient_accumulation_steps, grad_norm)
+    apply_updates(parts.optimizers, parts.scaler, skip)
+    return lr, reduced, grad_norm
+
+
+def read_back(cfg, reduced, grad_norm, guard, stop_agreed):
+    """The one host read of the device's numbers (it waits for every step queued since the last read): (the
+    step's train loss, the mean over the global batch in nats per token; its gradient norm; whether the ranks
+    stop: agreed already, or any rank voted; the guard's outcome, DivergenceGuard.outcome's (diverged, streak))."""
+    loss_total, votes, norm, *guarded = torch.cat([reduced.double(), grad_norm.double()[None], guard.values()]).tolist()
+    return loss_total / cfg.gradient_accumulation_steps, norm, stop_agreed or votes > 0, guard.outcome(guarded)
+
+
+def report_divergence(cfg, out, checkpoints, diverged):
+    """Log the `diverged` record of `diverged` ((reason, step, loss, grad_norm), DivergenceGuard.outcome's), say
+    that the checkpoints on disk are untouched and what may avoid it, close the log. Returns 3, the exit status."""
+    reason, at, loss, norm = diverged
+    out.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
+             "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
+    kept = (f"the last checkpoint, {checkpoints.path} (step {checkpoints.step}), is untouched"
+            if checkpoints.step is not None else "no checkpoint was written")
+    out.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; {kept}. A lower "
+              f"learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records it as 'diverged'.",
+              file=sys.stderr)
+    out.finish(3)
+    return 3
+
+
+class StepClock:
+    """The training steps' own time, from a step's batch to its update, summed since the last log: evaluations,
+    lm-eval tasks and checkpoints between them are left out of ms_per_step, tokens_per_s and MFU. It also keeps
+    this session's first step, which compiles the training graph (log_compile_time). tokens_per_iter: tokens a
+    step trains on, over all processes; flops_per_token: the model's (GPT.flops_per_token); peak: one device's
+    peak FLOP/s, None where unknown (no MFU); world_size: the processes."""
+
+    def __init__(self, tokens_per_iter, flops_per_token, peak, world_size):
+        self.tokens_per_iter, self.flops_per_token, self.peak, self.world_size = (
+            tokens_per_iter, flops_per_token, peak, world_size)
+        self.steps, self.seconds, self.first_step_s, self.laps, self.started = 0, 0.0, None, 0, None
+
+    def start(self):
+        """A step begins."""
+        self.started = time.time()
+
+    def stop(self):
+        """The step begun last has ended (its numbers read back where they were)."""
+        self.seconds += time.time() - self.started
+        self.steps += 1
+        if self.first_step_s is None:
+            self.first_step_s = self.seconds
+
+    def lap(self):
+        """The speed of the steps since the last lap, and a new lap begun: {ms_per_step, tokens_per_s, and mfu
+        where the peak is known}."""
+        dt = self.seconds / self.steps
+        self.steps, self.seconds, self.laps = 0, 0.0, self.laps + 1
+        speed = {"ms_per_step": 1000 * dt, "tokens_per_s": self.tokens_per_iter / dt}
+        if self.peak:
+            speed["mfu"] = mfu(self.flops_per_token, self.tokens_per_iter / dt, self.peak, self.world_size)
+        return speed
+
+
+def log_compile_time(cfg, out, step, clock):
+    """At this session's first log of a compiled run (before clock.lap), log and print the `compile` record: the
+    first step's seconds and, after more steps, the mean of the later ones, whose difference is the compile
+    time."""
+    record = {"type": "compile", "step": step, "compile_mode": cfg.compile_mode, "first_step_s": clock.first_step_s}
+    line = f"compile ({cfg.compile_mode}): the first step took {clock.first_step_s:.1f} s"
+    if clock.steps > 1:
+        record["later_step_s"] = (clock.seconds - clock.first_step_s) / (clock.steps - 1)
+        line += f", {clock.first_step_s - record['later_step_s']:.1f} s more than the next ones"
+    out.log(record)
+    out.print(line)
+
+
+def log_train(out, step, loss, lr, grad_norm, speed):
+    """Log and print the `train` record of `step`: its loss (nats per token), learning rate, gradient norm and the
+    speed since the last log (StepClock.lap)."""
+    out.print(f"step {step}: loss {loss:.4f}, lr {lr:.3e}, {speed['ms_per_step']:.0f} ms/step, "
+              f"{speed['tokens_per_s']:,.0f} tokens/s" + (f", MFU {100 * speed['mfu']:.1f}%" if "mfu" in speed else ""))
+    out.log({"type": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, **speed})
+
+
+def stopped(rt, run_dir, out, stop, state, checkpoints):
     """The end of a run that a signal stopped (stopping.py): says where it stopped and how to resume it, and
     returns 0. A new run stopped before its first update has no checkpoint (step 0 is its seed's): what it wrote
     is removed, as for a run that could not start, and it returns 128 + the signal's number."""
@@ -217,8 +387,8 @@ def stopped(cfg, rt, out, stop, state, checkpoints):
         out.print(f"stopped by {by} before the first step: nothing to resume; run the same command to start again")
         out.finish(1)
         if rt.master:
-            remove_run_files(cfg.out_dir)
-            release_new_out_dir(cfg.out_dir)
+            run_dir.remove_log()
+            release_new_out_dir(run_dir.path)
         return 128 + getattr(signal, stop.signal or "SIGTERM")
     out.print(f"stopped by {by} after step {state.step}; the checkpoint is {checkpoints.path}. Resume with:\n"
               f"  {resume_command(rt)}")
@@ -235,159 +405,68 @@ def train(cfg, config_files, rt):
                                       if config_files else "train")
     micro_steps = micro_steps_per_process(cfg, rt)
     stop = StopFlag("train.py").install()  # until stop.start(): a signal raises Interrupted (setup undone)
-    if rt.master and cfg.lock_out_dir:  # one run per out_dir, held until this process ends (lock.py)
-        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
-            hold_out_dir(cfg.out_dir)
-    elif rt.master:
-        make_out_dir(cfg.out_dir)
+    run_dir = hold_run_dir(cfg, rt, stop)
     checkpoints = Checkpointer(cfg, rt)  # the checkpoint a resumed run continues, read; None for a new run
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
-    model_args = {k: getattr(cfg, k) for k in model_config_keys()}
-    B, T = cfg.batch_size, cfg.block_size
-    tokens_per_iter = cfg.gradient_accumulation_steps * B * T
     data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
     check_memory(cfg, rt, raw_model)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
-    downstream = None  # lm-eval's tasks (downstream.py), imported only when asked for; checked here, before the run
-    if cfg.eval_tasks:
-        from nonlinear_queries.downstream import DownstreamEval
-
-        downstream = DownstreamEval(cfg, rt)
+    downstream = open_tasks(cfg, rt)
     checkpoints.check(model_settings, data_fingerprint, data.files())
-
-    if cfg.kernels:  # res_gelu's f as Triton ops, put in before compile and sharding see the model (kernels.py)
-        from nonlinear_queries.kernels import use_kernels
-
-        use_kernels(raw_model)
-    # the processes: under torchrun DDP around the (compiled) model, or FSDP shards of it in place;
-    # the optimizers are built on what the processes hold (under FSDP, the shards)
-    model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
-                                     mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat,
-                                     options=parse_compile_options(cfg.compile_options))
-    params = list(raw_model.parameters())
-    optimizers = build_optimizers(raw_model, cfg, rt.device_type)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16")
-    state = checkpoints.restore(raw_model, optimizers, scaler)
+    parts = build_parts(cfg, rt, raw_model)
+    state = checkpoints.restore(raw_model, parts.optimizers, parts.scaler)
     start_step, resumed_after_eval = state.step, state.evaluated
-    peak, flops_per_token = cfg.peak_flops or peak_flops(rt.device), raw_model.flops_per_token()
+    clock = StepClock(cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size,
+                      raw_model.flops_per_token(), cfg.peak_flops or peak_flops(rt.device), rt.world_size)
 
     stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
-    prepare_out_dir(cfg, rt)
-    out = open_log(cfg, rt, state, run_name, config_files, raw_model, data_fingerprint, tokens_per_iter)
-    warn_slow_cpu_step(rt, out, flops_per_token, tokens_per_iter, cfg.max_iters - start_step)
-    if checkpoints.path:
-        out.print(f"resuming from {checkpoints.path} at step {start_step}")
-    elif cfg.init_from != "scratch":
-        out.print(f"fine-tuning from {raw_model.loaded_from.path} ({raw_model.loaded_from.kind})")
-
+    out = start_log(cfg, rt, run_dir, state, run_name, config_files, raw_model, data_fingerprint,
+                    clock.tokens_per_iter)
+    say_start(cfg, rt, out, checkpoints, raw_model, clock, cfg.max_iters - start_step)
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
-    run_info = {"model_args": model_args, "config": asdict(cfg), "data": data_fingerprint}  # in every checkpoint
-    t_start = time.time()
-    # ms_per_step, tokens_per_s and MFU time the training steps alone, from a step's batch to its update,
-    # summed since the last log: evaluations, lm-eval tasks and checkpoints between them are left out
-    steps_since_log, step_time, stopping = 0, 0.0, False
-    first_step_s = None  # this session's first step, which compiles the training graph: reported at the first log
+    run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
+                "data": data_fingerprint}  # in every checkpoint
+    t_start, stopping = time.time(), False
     guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
-                            check_grad_norm=not scaler.is_enabled(), device=rt.device)
+                            check_grad_norm=not parts.scaler.is_enabled(), device=rt.device)
     while True:
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
         if state.evaluated:
-            losses = evaluate(model, eval_splits, T, rt.device, rt.autocast, rt, stop)
+            losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
             if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
                 state.evaluated, stopping = False, True
         if state.evaluated:
-            out.print(f"step {state.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-            out.log({"type": "eval", "step": state.step, "train_loss": losses["train"], "val_loss": losses["val"]})
-            if cfg.diagnostics:  # on the uncompiled model, in eval mode: no training number changes
-                diag = diagnose(raw_model, data.val, data.val_eval_idx[:cfg.diagnostics_batches], T, rt.device,
-                                rt.autocast)
-                out.log({"type": "diag", "step": state.step, **diag})
-                top = max(diag["attn_logit_max"])
-                out.print(f"step {state.step}: max attention logit {top:.2f} "
-                          f"(layer {diag['attn_logit_max'].index(top)}), attention entropy "
-                          f"{sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
+            log_evaluation(cfg, rt, out, raw_model, data, state.step, losses)
         if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
-            # on rank 0, the other ranks waiting for it; a signal gives the tasks up between batches
-            records = downstream.evaluate(raw_model, state.step, should_stop=lambda: stop.signal is not None)
-            if records is None:
-                out.print(f"step {state.step}: lm-eval tasks given up on a stop request")
-            for record in records or []:
-                out.print(downstream.describe(record))
-                out.log(record)
-        if checkpoints.save(state, stopping, raw_model, optimizers, scaler, run_info):
+            run_tasks(out, downstream, raw_model, state.step, stop)
+        if checkpoints.save(state, stopping, raw_model, parts.optimizers, parts.scaler, run_info):
             out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
         if stopping:
-            return stopped(cfg, rt, out, stop, state, checkpoints)
+            return stopped(rt, run_dir, out, stop, state, checkpoints)
         if state.step >= cfg.max_iters or cfg.eval_only:
             break
 
-        # one step: this rank's contiguous share of row `step` of the train index
-        t_step = time.time()
-        lr = get_lr(state.step, cfg)
-        set_learning_rates(optimizers, lr, cfg)
-        row = data.train_idx[state.step][rt.rank * micro_steps * B : (rt.rank + 1) * micro_steps * B]
-        seeds = [dropout_seed(cfg.seed, state.step, rt.rank * micro_steps + k) for k in range(micro_steps)]
-        loss_sum, grad_norm = train_step(train_model, params, optimizers, scaler,
-                                         lambda k: get_batch(data.train, row[k * B : (k + 1) * B], T, rt.device),
-                                         micro_steps, rt.autocast, seeds, cfg.z_loss, cfg.grad_clip)
-        # One all-reduce, queued, not waited for: the global batch's loss (the mean over all its micro-batches,
-        # so any accumulation or process count logs the same) and how many ranks were asked to stop.
-        reduced = all_reduce_sum(torch.stack([loss_sum, stop.vote(loss_sum)]), rt)
-        # the divergence guard, on the device: the update of a step that diverged, and of every step after it
-        # until the loop reads the guard, is skipped there, so a diverged step never reaches the weights
-        skip = guard.check(state.step + 1, reduced[0].double() / cfg.gradient_accumulation_steps, grad_norm)
-        apply_updates(optimizers, scaler, skip)
+        clock.start()
+        lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
         state.step += 1
-        steps_since_log += 1
-
-        # The one host read of the device's numbers, at log steps, before anything but another step (it waits
-        # for every step queued since the last read) and where the ranks agree to stop (stopping.py: one step
-        # after the signal at most). Every rank reads at the same steps, so every rank takes the same decisions.
+        # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
+        # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
+        # every rank takes the same decisions.
         tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
         stop_agreed = stop.agreed(reduced[1], rt.distributed)
         if stop_agreed or should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
-            loss_total, votes, norm, *guarded = torch.cat(
-                [reduced.double(), grad_norm.double()[None], guard.values()]).tolist()
-            train_loss, stopping = loss_total / cfg.gradient_accumulation_steps, stop_agreed or votes > 0
-            diverged, state.steps_above_threshold = guard.outcome(guarded)
+            train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
+                cfg, reduced, grad_norm, guard, stop_agreed)
             if diverged:
-                reason, at, loss, norm = diverged
-                out.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
-                         "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
-                kept = (f"the last checkpoint, {checkpoints.path} (step {checkpoints.step}), is untouched"
-                        if checkpoints.step is not None else "no checkpoint was written")
-                out.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; "
-                          f"{kept}. A lower learning_rate or a larger warmup_iters may avoid it; metrics.jsonl "
-                          f"records it as 'diverged'.", file=sys.stderr)
-                out.finish(3)
-                return 3
-        step_time += time.time() - t_step
-        if first_step_s is None:
-            first_step_s = step_time
+                return report_divergence(cfg, out, checkpoints, diverged)
+        clock.stop()
 
         if state.step % cfg.log_interval == 0 or stopping:
-            if state.step - start_step == steps_since_log and cfg.compile:  # the session's first log: compile time
-                record = {"type": "compile", "step": state.step, "compile_mode": cfg.compile_mode,
-                          "first_step_s": first_step_s}
-                line = f"compile ({cfg.compile_mode}): the first step took {first_step_s:.1f} s"
-                if steps_since_log > 1:  # the mean of the steps after it, for the compile time alone
-                    record["later_step_s"] = (step_time - first_step_s) / (steps_since_log - 1)
-                    line += f", {first_step_s - record['later_step_s']:.1f} s more than the next ones"
-                out.log(record)
-                out.print(line)
-            dt = step_time / steps_since_log
-            step_time, steps_since_log = 0.0, 0
-            record = {"type": "train", "step": state.step, "loss": train_loss, "lr": lr, "grad_norm": norm,
-                      "ms_per_step": 1000 * dt, "tokens_per_s": tokens_per_iter / dt}
-            line = (f"step {state.step}: loss {train_loss:.4f}, lr {lr:.3e}, {1000 * dt:.0f} ms/step, "
-                    f"{tokens_per_iter / dt:,.0f} tokens/s")
-            if peak:
-                record["mfu"] = mfu(flops_per_token, tokens_per_iter / dt, peak, rt.world_size)
-                line += f", MFU {100 * record['mfu']:.1f}%"
-            out.print(line)
-            out.log(record)
+            if clock.laps == 0 and cfg.compile:  # the session's first log: the compile time
+                log_compile_time(cfg, out, state.step, clock)
+            log_train(out, state.step, train_loss, lr, norm, clock.lap())
 
     out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
     out.finish(0)

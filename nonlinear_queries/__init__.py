@@ -14,11 +14,15 @@ which imports nothing from here. One concern per module:
 - checkpoint: train.py's Checkpointer (which checkpoint to resume, its checks and restore, when to save),
   atomic single-file and sharded (DCP) checkpoints: the training state alone;
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
-- checkpoint_file: a checkpoint file read (the one torch.load, weights only), for checkpoint and pretrained
+- checkpoint_file: a checkpoint file read (the one torch.load, weights only), for checkpoint and pretrained;
+  the names of a run directory's checkpoints
 - pretrained: load_model, every program's loader of any source (a run's checkpoint, GPT-2, Hugging Face,
   the official code's), and weights out (Hugging Face GPT-2 format)
-- runs, stats, plots: a run's metrics.jsonl written (and wandb) and read, sweep directories (runs.finished:
-  whether a run is over); Welch, paired and Holm tests, tables; the figures
+- runs: the run directory's one owner (RunDir: its file names, the header and config.json, its status,
+  replacing a run), its metrics.jsonl written (and wandb) and read, sweep directories (runs.finished: whether
+  a run is over)
+- arms, stats, plots: runs grouped into comparison arms (labels, pooled and paired runs, the common step);
+  Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer
 - sweeps, slurm: a sweep's points and their claims, the one local scheduler (sweeps.schedule: claiming, starting,
   polling, ending and recording points on GPU and thread slots, signals forwarded; sweep.py's fixed list and

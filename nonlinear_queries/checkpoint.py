@@ -59,8 +59,12 @@ from model import GPT, GPTConfig
 from nonlinear_queries.atomic import atomic_path, fsync_path, in_flight
 from nonlinear_queries.batches import fingerprint_change
 from nonlinear_queries.checkpoint_file import (
+    LATEST,
     CheckpointError,
+    is_partial_checkpoint,
+    latest_checkpoint_path,
     load_checkpoint_file,
+    step_checkpoint_path,
     step_checkpoints,
     unreadable_checkpoint,
     upgrade_model_args,
@@ -99,7 +103,7 @@ class DiskFullError(CheckpointError):
 
 def checkpoint_paths(out_dir):
     """Every checkpoint of the run in out_dir, of either kind: ckpt.pt, ckpt.dcp and the step checkpoints."""
-    latest = [os.path.join(out_dir, n) for n in ("ckpt.pt", "ckpt.dcp")]
+    latest = [latest_checkpoint_path(out_dir, p) for p in LATEST]
     return [p for p in latest if os.path.lexists(p)] + [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))]
 
 
@@ -107,7 +111,7 @@ def remove_checkpoints(out_dir):
     """Delete every checkpoint of the run in out_dir (checkpoint_paths) and what a crash left of one
     being written (ckpt*.tmp, ckpt*.old), for a new run that replaces it."""
     names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    leftovers = [os.path.join(out_dir, n) for n in names if n.startswith("ckpt") and n.endswith((".tmp", ".old"))]
+    leftovers = [os.path.join(out_dir, n) for n in names if is_partial_checkpoint(n)]
     for path in checkpoint_paths(out_dir) + leftovers:
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
@@ -119,7 +123,7 @@ def latest_checkpoint(out_dir, parallelism):
     """The checkpoint that --init_from=resume continues: out_dir/ckpt.pt (written under ddp) or
     out_dir/ckpt.dcp (under fsdp), whichever holds the later step; the one `parallelism` writes when
     both hold the same step (a ckpt.pt made from ckpt.dcp by consolidate) or neither exists."""
-    paths = {"ddp": os.path.join(out_dir, "ckpt.pt"), "fsdp": os.path.join(out_dir, "ckpt.dcp")}
+    paths = {p: latest_checkpoint_path(out_dir, p) for p in LATEST}
     found = [k for k, p in paths.items() if os.path.exists(p)]
     if len(found) < 2:
         return paths[found[0] if found else parallelism]
@@ -203,7 +207,7 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     keep_steps. Checkpoints of later steps than ckpt['step'] are left alone: they belong to
     a run that was resumed from an older checkpoint. Returns the path of ckpt.pt."""
     step = ckpt["step"]
-    path = os.path.join(out_dir, "ckpt.pt")
+    path = latest_checkpoint_path(out_dir)
     _save_file(ckpt, path)
     link = path + ".link.tmp"
     if os.path.lexists(link):  # left by a crash in the next three lines
@@ -213,7 +217,7 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     except OSError:  # a file system without hard links: a second copy
         shutil.copyfile(path, link)
         fsync_path(link)
-    os.replace(link, os.path.join(out_dir, f"ckpt_{step:06d}.pt"))
+    os.replace(link, step_checkpoint_path(out_dir, step))
     fsync_path(out_dir)
     older = [(s, p) for s, p in step_checkpoints(out_dir) if s <= step]
     for s, old in older[keep_last_n:]:
@@ -258,9 +262,9 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
     not left fuller, and the previous checkpoint is untouched. Any other failure also removes it and
     is raised as it came (on the other processes, a CheckpointError saying that rank 0 failed)."""
     master = dist.get_rank() == 0
-    final = os.path.join(out_dir, f"ckpt_{meta['step']:06d}.dcp")
+    final = step_checkpoint_path(out_dir, meta["step"], ".dcp")
     tmp, old = final + ".tmp", final + ".old"
-    path = os.path.join(out_dir, "ckpt.dcp")
+    path = latest_checkpoint_path(out_dir, "fsdp")
     model_state, optim_state = get_state_dict(model, optimizers)
     state = {"model": model_state, "optimizer": optim_state["state"]}
     need = int(tensor_bytes(state) * 1.01) + 2**20
@@ -329,7 +333,7 @@ def save_training_state(out_dir, model, optimizers, meta, keep_last_n, keep_step
     if not dist.is_initialized() or dist.get_rank() == 0:
         save_checkpoint(out_dir, {"model": model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
                                   **meta}, keep_last_n, keep_steps)
-    return os.path.join(out_dir, "ckpt.pt")
+    return latest_checkpoint_path(out_dir)
 
 
 def restore_grad_scaler(scaler, ckpt):
@@ -454,16 +458,10 @@ class Checkpointer:
 
     def __init__(self, cfg, rt):
         """The checkpoint that a resumed run continues, read with its meta and weights on rt.device (path
-        None for a new run, after checking that a new run, from scratch or fine-tuning, never replaces the
-        run in out_dir unasked). cfg: the TrainConfig; rt: runtime.setup's processes."""
-        self.cfg, self.master, self.step = cfg, rt.master, None
-        if cfg.init_from != "resume":
-            if checkpoint_paths(cfg.out_dir) and not cfg.overwrite:
-                raise CheckpointError(f"{cfg.out_dir} already holds a run ({checkpoint_paths(cfg.out_dir)[0]}). "
-                                      f"Continue it with --init_from=resume, choose another --out_dir, or pass "
-                                      f"--overwrite=True to replace it")
-            self.path = None
-        else:
+        None for a new run, from scratch or fine-tuning; whether it may replace the run in out_dir is
+        runs.RunDir's). cfg: the TrainConfig; rt: runtime.setup's processes."""
+        self.cfg, self.step, self.path = cfg, None, None
+        if cfg.init_from == "resume":
             self.path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
             if not os.path.exists(self.path):
                 raise CheckpointError(f"--init_from=resume but {self.path} does not exist; start with "
@@ -483,9 +481,8 @@ class Checkpointer:
     def restore(self, model, optimizers, scaler):
         """The TrainState the run starts from. Resumed: the checkpoint's, its weights, optimizer states and
         loss scale loaded into `model`, `optimizers` and `scaler` (load_training_state), and the checkpoint
-        dict let go; raises CheckpointError if its step is past max_iters. New: step 0, and on rank 0 the
-        run in out_dir that it replaces (allowed at construction) loses its checkpoints now, every check
-        having passed (remove_checkpoints)."""
+        dict let go; raises CheckpointError if its step is past max_iters. New: step 0 (the run it replaces
+        in out_dir is removed by runs.RunDir.replace)."""
         state = TrainState()
         if self.ckpt:
             load_training_state(self.ckpt, self.path, model, optimizers, scaler)
@@ -493,8 +490,6 @@ class Checkpointer:
             self.ckpt, self.step = None, state.step
         if state.step > self.cfg.max_iters:
             raise CheckpointError(f"the checkpoint is at step {state.step}, past max_iters={self.cfg.max_iters}")
-        if self.master and self.cfg.init_from != "resume":
-            remove_checkpoints(self.cfg.out_dir)
         self.start_step = state.step
         return state
 
@@ -526,8 +521,8 @@ if __name__ == "__main__":
     from nonlinear_queries.configurator import config_from_argv
 
     args, _ = config_from_argv(ConsolidateConfig)
-    source, target = args.checkpoint or os.path.join(args.out_dir, "ckpt.dcp"), args.to or os.path.join(
-        args.out_dir, "ckpt.pt")
+    source = args.checkpoint or latest_checkpoint_path(args.out_dir, "fsdp")
+    target = args.to or latest_checkpoint_path(args.out_dir)
     try:
         step = consolidate(source, target)
     except CheckpointError as e:

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from nonlinear_queries import runs as rd
+from nonlinear_queries import arms as ca  # the comparison arms
 from nonlinear_queries import stats, width
 from nonlinear_queries.plots import Curve, curve, figure2, loss_curves
 from nonlinear_queries.runs import RunsError
@@ -20,7 +20,7 @@ from nonlinear_queries.table1 import notes, table
 DEFAULT_DIAG = ("attn_logit_max", "attn_entropy")
 
 
-def summarize(arm, step, value=rd.val_loss):
+def summarize(arm, step, value=ca.val_loss):
     """The Row of value(run, step) (by default the val loss, nats per token) over the arm's runs that did not
     diverge and have one at `step`, and which runs are left out."""
     alive = [r for r in arm.runs if r.diverged is None]
@@ -58,8 +58,8 @@ def split_arms(arms, select):
     def tuning(run):
         return all(run.config.get(k) == v for k, v in select.items())
 
-    return ([rd.Arm(a.label, [r for r in a.runs if tuning(r)]) for a in arms],
-            [rd.Arm(a.label, [r for r in a.runs if not tuning(r)]) for a in arms])
+    return ([ca.Arm(a.label, [r for r in a.runs if tuning(r)]) for a in arms],
+            [ca.Arm(a.label, [r for r in a.runs if not tuning(r)]) for a in arms])
 
 
 def best_of(arms, rows, skip):
@@ -67,7 +67,7 @@ def best_of(arms, rows, skip):
     mean val loss; arms without a value lose. Returns [(arm, row)] in order of first appearance."""
     tuned = {}
     for arm, row in zip(arms, rows):
-        tuned.setdefault(rd.arm_key(arm.config, skip), []).append((arm, row))
+        tuned.setdefault(ca.arm_key(arm.config, skip), []).append((arm, row))
     return [min(members, key=lambda m: (m[1].mean is None, m[1].mean or 0.0)) for members in tuned.values()]
 
 
@@ -158,13 +158,13 @@ def select_held_out(arms, baseline, step, args, group_over):
     (KEY=VALUE), reported over the other runs; each row's `tuning` holds the tuning runs' Row. Raises RunsError
     where an arm cannot be chosen on the tuning runs or has no other runs to report."""
     tuning, held_out = split_arms(arms, parse_select(args.select_on, group_over))
-    skip = rd.IGNORED_KEYS | group_over | set(args.best_over.split(","))
+    skip = ca.IGNORED_KEYS | group_over | set(args.best_over.split(","))
     tuned = [(t, summarize(t, step)) for t in tuning if t.runs]
     if not tuned:
         raise RunsError(f"--select_on={args.select_on}: no run has {args.select_on}, so there is nothing to "
                         f"choose on")
-    keys = {rd.arm_key(t.config, skip) for t, _ in tuned}
-    orphans = [h.label for h in held_out if h.runs and rd.arm_key(h.config, skip) not in keys]
+    keys = {ca.arm_key(t.config, skip) for t, _ in tuned}
+    orphans = [h.label for h in held_out if h.runs and ca.arm_key(h.config, skip) not in keys]
     if orphans:
         raise RunsError(f"--select_on={args.select_on}: no run of the arm of {', '.join(orphans)} has "
                         f"{args.select_on}, so its {args.best_over} cannot be chosen; run its grid with "
@@ -180,8 +180,8 @@ def select_held_out(arms, baseline, step, args, group_over):
     if missing:
         raise RunsError(f"--select_on={args.select_on}: {', '.join(missing)}, chosen on the tuning runs, has no "
                         f"other runs to report; run its held-out seeds at that setting")
-    base_key = rd.arm_key(baseline.config, skip)
-    baseline = next(reported[t.label] for t, _ in kept if rd.arm_key(t.config, skip) == base_key)
+    base_key = ca.arm_key(baseline.config, skip)
+    baseline = next(reported[t.label] for t, _ in kept if ca.arm_key(t.config, skip) == base_key)
     arms = [reported[t.label] for t, _ in kept]
     rows = [summarize(a, step) for a in arms]
     for row, (_, tuning_row) in zip(rows, kept):
@@ -207,8 +207,8 @@ def report(args):
     for option, path in (("--plot", args.plot), ("--figure2", args.figure2)):
         if path:
             check_writable(option, path)
-    runs, group_over = rd.read_runs(args.out_dirs, args.group_over)
-    rd.check_keys(runs, "--best_over", [k for k in args.best_over.split(",") if k])
+    runs, group_over = ca.read_runs(args.out_dirs, args.group_over)
+    ca.check_keys(runs, "--best_over", [k for k in args.best_over.split(",") if k])
     if args.seeds:
         runs = [r for r in runs if str(r.config.get("seed")) in args.seeds.split(",")]
         if not runs:
@@ -219,10 +219,10 @@ def report(args):
                             "downstream score", "train with eval_tasks to get them")
     diags = checked_names("--with_diag", args.with_diag, [n for r in runs for d in r.diags.values() for n in d],
                           "diagnostic", "train with diagnostics=True to get them")
-    arms = rd.make_arms(runs, group_over)
-    for note in filter(None, map(rd.numerics_note, arms)):
+    arms = ca.make_arms(runs, group_over)
+    for note in filter(None, map(ca.numerics_note, arms)):
         print(note, file=sys.stderr)
-    baseline = rd.find_baseline(arms, args.baseline)
+    baseline = ca.find_baseline(arms, args.baseline)
     if args.step is None:
         step = default_step(runs)
         caption = f"val loss at step {step}, the last eval step that every run that did not diverge has reached"
@@ -242,24 +242,24 @@ def report(args):
         rows = [summarize(a, step) for a in arms]
         if args.best_over:
             # tuned against tuned: each arm keeps its best setting, the baseline's arm included
-            skip = rd.IGNORED_KEYS | group_over | set(args.best_over.split(","))
+            skip = ca.IGNORED_KEYS | group_over | set(args.best_over.split(","))
             kept = best_of(arms, rows, skip)
-            baseline = next(a for a, _ in kept if rd.arm_key(a.config, skip) == rd.arm_key(baseline.config, skip))
+            baseline = next(a for a, _ in kept if ca.arm_key(a.config, skip) == ca.arm_key(baseline.config, skip))
             arms, rows = [a for a, _ in kept], [r for _, r in kept]
             caption += f"; each row the best {args.best_over} of its arm (lowest mean val loss at this step)"
     base_row = rows[arms.index(baseline)]
     for arm, row in zip(arms, rows):
         row.rel, row.p = stats.rel_improvement(row, base_row), stats.welch_p(row, base_row)
         if args.paired:
-            row.paired = stats.paired_t(rd.paired_losses(arm, step, group_over),
-                                        rd.paired_losses(baseline, step, group_over), same=arm is baseline)
+            row.paired = stats.paired_t(ca.paired_losses(arm, step, group_over),
+                                        ca.paired_losses(baseline, step, group_over), same=arm is baseline)
     for row, p in zip(rows, stats.holm([r.p for r in rows])):
         row.p_holm = p
     if args.paired:
         for row, p in zip(rows, stats.holm([r.paired.p for r in rows])):
             row.paired.p_holm = p
     caption += f"; baseline: {baseline.label}; runs pooled over {', '.join(sorted(group_over))}"
-    values = [rd.downstream_score(m) for m in metrics] + [rd.diag_value(d) for d in diags]
+    values = [ca.downstream_score(m) for m in metrics] + [ca.diag_value(d) for d in diags]
     metric_rows = [[summarize(a, step, v) for v in values] for a in arms]
     names = metrics + [f"diag/{d}" for d in diags]
     header, lines, left = table(arms, rows, step, args.format, names, metric_rows, opts)
@@ -283,9 +283,9 @@ def report(args):
 
 
 def default_step(runs):
-    """rd.default_step, saying on stderr when a run still training holds it back (rd.unfinished_note)."""
-    step = rd.default_step(runs)
-    note = rd.unfinished_note(runs, step)
+    """ca.default_step, saying on stderr when a run still training holds it back (ca.unfinished_note)."""
+    step = ca.default_step(runs)
+    note = ca.unfinished_note(runs, step)
     if note:
         print(note, file=sys.stderr)
     return step

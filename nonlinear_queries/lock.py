@@ -27,6 +27,7 @@ import os
 import socket
 import time
 
+from nonlinear_queries.runs import RunDir
 from nonlinear_queries.runtime import SetupError
 
 
@@ -77,7 +78,8 @@ _CREATED = {}  # out_dir -> (the paths hold_out_dir created: the lock file, out_
 
 
 def lock_path(out_dir):
-    return os.path.join(out_dir, ".lock")
+    """out_dir's lock file (runs.RunDir.lock)."""
+    return RunDir(out_dir).lock
 
 
 def hold_out_dir(out_dir):

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nonlinear_queries.runs import format_value, layer_mean, pooled
+from nonlinear_queries.arms import layer_mean, pooled
+from nonlinear_queries.runs import format_value
 from nonlinear_queries.stats import step_list
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
@@ -42,7 +43,7 @@ def styles(keys):
 
 def curve(arm):
     """An arm's curve: (steps, losses) with losses of shape (runs, steps, 2) holding (train_loss, val_loss) at the
-    eval steps after step 0 that all its pooled runs have (runs.pooled: an all-diverged arm keeps its runs, so
+    eval steps after step 0 that all its pooled runs have (arms.pooled: an all-diverged arm keeps its runs, so
     its curve ends where they stopped)."""
     runs = pooled(arm)
     steps = sorted(set.intersection(*(set(r.evals) for r in runs)) - {0})

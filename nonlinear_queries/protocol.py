@@ -12,7 +12,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 
 from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.runs import finished, format_value, history, read_records, run_status
+from nonlinear_queries.runs import RunDir, finished, format_value, history
 from nonlinear_queries.sweeps import Launcher, point_name
 from nonlinear_queries.train_config import TrainConfig
 
@@ -273,11 +273,12 @@ def point_dir(study, arm, horizon, point):
 
 def final_val_loss(path, max_iters):
     """A run's val loss at max_iters; inf for a run that diverged; None while it is missing or unfinished
-    (runs.run_status)."""
-    status = run_status(path, max_iters)
+    (runs.RunDir.status)."""
+    run_dir = RunDir(path)
+    status = run_dir.status(max_iters)
     if not finished(status):
         return None
-    return math.inf if status != "done" else history(read_records(os.path.join(path, "metrics.jsonl")))[0][max_iters][1]
+    return math.inf if status != "done" else history(run_dir.records())[0][max_iters][1]
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """
-A run's record, out_dir/metrics.jsonl: its one writer and its one reader.
+A run directory (train.py's out_dir) and its record, metrics.jsonl: RunDir, the one owner of the directory's
+files (their names, the header and config.json, the status, replacing a run), and the record's one writer
+(RunLog, and wandb) and its one reader. Comparing runs grouped into arms is arms.py's.
 
 Writing: the training loop calls RunLog.log and RunLog.print unconditionally: on every rank but 0,
 and for wandb when it is off, they do nothing (as nanochat's DummyWandb), so the loop
@@ -8,7 +10,7 @@ first a `config` record (the header, run_header: resolved config, command line, 
 model's parameter counts and flops_per_token), then `train`, `eval`, `diag` (per-layer diagnostics,
 diagnostics.py), `downstream` (one per lm-eval task) and `diverged` records, each with its `step`.
 
-Reading: what train.py and sweep.py leave on disk, a run directory (metrics.jsonl, config.json) and a
+Reading: what train.py and sweep.py leave on disk, a run directory (RunDir) and a
 sweep directory (one run per subdirectory, sweep.json). compare.py, analyze.py, sweep.py and study.py all
 read through it, so a run has one history and one status wherever it is read. A run's history is its
 metrics.jsonl as it stands now: a `config` record at step s (a restart) replaces what an earlier session
@@ -16,14 +18,17 @@ logged after step s, and of records logged twice the later one counts. A line th
 (torn by a crash, or damaged) is skipped with one warning naming it (read_metrics).
 """
 
-import difflib
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field, fields
 from urllib.parse import urlparse
+
+from nonlinear_queries.atomic import write_json
 
 # where studies keep their runs (results/<study>/<arm>/<point>), at the top of the checkout
 RESULTS_DIR = "results"
@@ -187,24 +192,106 @@ def read_metrics(path, warn=True):
     return records
 
 
-def open_run_log(out_dir, master, wandb_log=False, wandb_id=None, **wandb_init):
-    """The RunLog of a run in out_dir (created if missing). On rank 0 a torn last line of an
-    existing metrics.jsonl (a crash in the middle of a write) is cut first, and said so
-    (cut_torn_line). wandb_log starts or, with wandb_id, continues a wandb run on rank 0
-    (wandb_init: project, group, name, config), in the mode wandb_mode() chooses; otherwise
-    the run logs to NullWandb."""
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "metrics.jsonl")
-    torn = cut_torn_line(path) if master else ""
-    if torn:
-        print(f"{path}: cut its last line, left unfinished by a crash while it was written "
-              f"({len(torn.encode())} bytes: {torn[:60]!r}); the steps it logged are logged again")
-    run = NullWandb()
-    if wandb_log and master:
-        import wandb
+class RunDir:
+    """A run directory, train.py's out_dir: the one place its file names are spelled (but its checkpoints',
+    which are checkpoint_file's), and what is done to it as a whole. path: the directory (relative to the
+    working directory, as train.py takes it). Its files, each an attribute holding its path:
 
-        run = wandb.init(dir=out_dir, mode=wandb_mode(), id=wandb_id, resume="allow", **wandb_init)
-    return RunLog(path, run, master)
+        metrics     metrics.jsonl, the run's record (RunLog writes it, read_records reads it)
+        config      config.json, the newest header alone
+        lock        .lock, the lock of the run in it now (lock.py)
+        claim       .sweep.lock, a sweep's claim on the point whose run it is (sweeps.Point.claim)
+        wandb       wandb/, wandb's files (wandb.init(dir=path) makes it)
+
+    The checkpoint side is asked what it holds of checkpoints (status, check_start, replace); it never
+    imports this module, so the import graph keeps one direction."""
+
+    def __init__(self, path):
+        self.path = path
+        self.metrics = os.path.join(path, "metrics.jsonl")
+        self.config = os.path.join(path, "config.json")
+        self.lock = os.path.join(path, ".lock")
+        self.claim = os.path.join(path, ".sweep.lock")
+        self.wandb = os.path.join(path, "wandb")
+
+    def has_record(self):
+        """Whether the directory holds a run's record (metrics.jsonl): what makes it a run to read."""
+        return os.path.isfile(self.metrics)
+
+    def records(self, warn=True):
+        """The records of its metrics.jsonl as the run stands now (read_records), [] where there is none."""
+        return read_records(self.metrics, warn=warn) if self.has_record() else []
+
+    def status(self, max_iters):
+        """sweep.py's status of the run, which should reach max_iters: 'done' (an eval at max_iters),
+        'diverged at step k', 'resume' (a checkpoint to continue from, as checkpoint_file.has_checkpoint
+        says) or 'new', read with the restart rule, so that a run that diverged and was resumed past it
+        counts as compare.py counts it."""
+        from nonlinear_queries.checkpoint_file import has_checkpoint
+
+        evals, diverged, _, _ = history(self.records(warn=False))
+        if diverged is not None:
+            return f"diverged at step {diverged}"
+        if max_iters in evals:
+            return "done"
+        return "resume" if has_checkpoint(self.path) else "new"
+
+    def check_start(self, init_from, overwrite):
+        """Refuse a new run (init_from other than 'resume': from scratch or fine-tuning) that would replace the
+        run held here unasked (overwrite False). Raises checkpoint_file.CheckpointError naming a checkpoint of
+        the run held and the three ways on."""
+        from nonlinear_queries.checkpoint import CheckpointError, checkpoint_paths
+
+        held = checkpoint_paths(self.path) if init_from != "resume" else []
+        if held and not overwrite:
+            raise CheckpointError(f"{self.path} already holds a run ({held[0]}). Continue it with "
+                                  f"--init_from=resume, choose another --out_dir, or pass --overwrite=True to "
+                                  f"replace it")
+
+    def replace(self):
+        """Remove the run held here, its checkpoints (checkpoint.remove_checkpoints) and metrics.jsonl, for the
+        new run that replaces it (allowed by check_start) once every check of that run has passed. Call it on
+        rank 0 only."""
+        from nonlinear_queries.checkpoint import remove_checkpoints
+
+        remove_checkpoints(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.metrics)
+
+    def remove_log(self):
+        """Remove what open_log and log_header wrote (metrics.jsonl, config.json, wandb/), for a new run that
+        ends before its first checkpoint and so leaves nothing to resume. Call it on rank 0 only."""
+        for path in (self.metrics, self.config):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        shutil.rmtree(self.wandb, ignore_errors=True)
+
+    def open_log(self, master, wandb_log=False, wandb_id=None, **wandb_init):
+        """The RunLog of the run (the directory created if missing). On rank 0 a torn last line of an
+        existing metrics.jsonl (a crash in the middle of a write) is cut first, and said so
+        (cut_torn_line). wandb_log starts or, with wandb_id, continues a wandb run on rank 0
+        (wandb_init: project, group, name, config), in the mode wandb_mode() chooses; otherwise
+        the run logs to NullWandb."""
+        os.makedirs(self.path, exist_ok=True)
+        torn = cut_torn_line(self.metrics) if master else ""
+        if torn:
+            print(f"{self.metrics}: cut its last line, left unfinished by a crash while it was written "
+                  f"({len(torn.encode())} bytes: {torn[:60]!r}); the steps it logged are logged again")
+        run = NullWandb()
+        if wandb_log and master:
+            import wandb
+
+            run = wandb.init(dir=self.path, mode=wandb_mode(), id=wandb_id, resume="allow", **wandb_init)
+        return RunLog(self.metrics, run, master)
+
+    def log_header(self, out, step, script, **facts):
+        """Open this session's part of the record: the header (run_header(step, script, **facts)) logged
+        through `out` (a RunLog) and, on rank 0, written alone to config.json (atomically). Returns it."""
+        header = run_header(step, script, **facts)
+        out.log(header)
+        if out.master:
+            write_json(self.config, header)
+        return header
 
 
 def run_header(step, script, **facts):
@@ -216,15 +303,6 @@ def run_header(step, script, **facts):
     commit, dirty = git_state(script, ignore=[out_dir] if out_dir else [])
     return {"type": "config", "step": step, "argv": sys.argv, "git_commit": commit, "git_dirty": dirty, **facts}
 
-
-# settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
-IGNORED_KEYS = {
-    "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
-    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "compile_mode", "compile_pointwise_cat", "compile_options", "kernels", "backend", "peak_flops", "device",
-    "eval_tasks", "eval_tasks_interval", "eval_tasks_limit", "eval_tasks_include_path", "parallelism",
-    "activation_checkpointing", "diagnostics", "diagnostics_batches",
-}
 
 
 class RunsError(ValueError):
@@ -243,22 +321,6 @@ class Run:
     diverged: int | None
     downstream: dict
     diags: dict = field(default_factory=dict)
-
-    @property
-    def config(self):
-        return self.header["config"]
-
-
-@dataclass
-class Arm:
-    """Runs with equal settings apart from the pooled keys (e.g. the seed), under a label unique in a table."""
-
-    label: str
-    runs: list
-
-    @property
-    def header(self):
-        return self.runs[0].header
 
     @property
     def config(self):
@@ -296,10 +358,11 @@ def history(records):
 def load_run(path):
     """Read a run directory into a Run: config.json, else the last `config` record of metrics.jsonl, as the
     header. Raises RunsError if it has neither."""
-    records = read_records(os.path.join(path, "metrics.jsonl"))
+    run_dir = RunDir(path)
+    records = read_records(run_dir.metrics)
     headers = [r for r in records if r["type"] == "config"]
-    if os.path.isfile(os.path.join(path, "config.json")):
-        with open(os.path.join(path, "config.json")) as f:
+    if os.path.isfile(run_dir.config):
+        with open(run_dir.config) as f:
             headers.append(json.load(f))
     if not headers:
         raise RunsError(f"{path} has neither config.json nor a config record in metrics.jsonl; pass runs written "
@@ -307,22 +370,8 @@ def load_run(path):
     return Run(path, headers[-1], *history(records))
 
 
-def run_status(out_dir, max_iters):
-    """sweep.py's status of a run directory that should reach max_iters: 'done' (an eval at max_iters),
-    'diverged at step k', 'resume' (a checkpoint to continue from) or 'new', read with the restart rule, so
-    that a run that diverged and was resumed past it counts as compare.py counts it."""
-    metrics = os.path.join(out_dir, "metrics.jsonl")
-    if os.path.isfile(metrics):
-        evals, diverged, _, _ = history(read_records(metrics, warn=False))
-        if diverged is not None:
-            return f"diverged at step {diverged}"
-        if max_iters in evals:
-            return "done"
-    return "resume" if any(os.path.exists(os.path.join(out_dir, n)) for n in ("ckpt.pt", "ckpt.dcp")) else "new"
-
-
 def finished(status):
-    """Whether a run whose run_status is `status` is over: done, or diverged (a result too, never run again)."""
+    """Whether a run whose RunDir.status is `status` is over: done, or diverged (a result too, never run again)."""
     return status == "done" or status.startswith("diverged")
 
 
@@ -358,11 +407,11 @@ def find_run_dirs(paths):
     path that is neither."""
     dirs = []
     for path in paths:
-        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+        if RunDir(path).has_record():
             dirs.append(path)
             continue
         subdirs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
-        runs = [d for d in subdirs if os.path.isfile(os.path.join(d, "metrics.jsonl"))]
+        runs = [d for d in subdirs if RunDir(d).has_record()]
         if not runs:
             raise RunsError(f"{path} is not a run directory (one holding the metrics.jsonl and config.json that "
                             f"train.py writes) nor a directory of such runs; pass the out_dir of a train.py run")
@@ -373,150 +422,8 @@ def find_run_dirs(paths):
     return list(unique.values())
 
 
-def read_runs(paths, group_over):
-    """(runs, the set of keys to pool over): the runs under `paths` (find_run_dirs), their configs filled with
-    train.py's defaults, and `group_over` (comma-separated config keys) checked against them. Raises RunsError
-    naming a key that no run's config has."""
-    runs = [load_run(d) for d in find_run_dirs(paths)]
-    fill_defaults(runs)
-    keys = set(group_over.split(","))
-    check_keys(runs, "--group_over", keys)
-    return runs, keys
-
-
-def check_keys(runs, option, keys):
-    """Raise RunsError if an option's config `keys` (--group_over, --best_over) name one that no run's config has:
-    a typo would otherwise pool or tune over nothing and print a table that says it did. The message names, for
-    each such key, the few closest keys the runs have (difflib), not all of them (a run has every setting)."""
-    known = sorted(set().union(*(r.config for r in runs)))
-    unknown = sorted(set(keys) - set(known))
-    if unknown:
-        named = [f"{key} (did you mean {' or '.join(close)}?)" if close else key
-                 for key, close in ((k, difflib.get_close_matches(k, known, n=3)) for k in unknown)]
-        raise RunsError(f"{option} names {', '.join(named)}, which no run's config has; name keys of the runs' "
-                        f"configs, train.py's settings (python train.py --help lists them)")
-
-
 def format_value(value):
     """A float as run directories, study files and tables write it: the shortest mantissa and a power of ten
     (0.003 -> '3e-3', 0.012 -> '1.2e-2', 0.00075 -> '7.5e-4')."""
     mantissa, exponent = f"{value:e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-def arm_key(config, skip):
-    """The arm of a run's config: its settings apart from the keys in `skip` (the pooled ones, and for a tuned or
-    width comparison the tuned key and the width too), as a string equal for the runs of one arm."""
-    return json.dumps({k: v for k, v in config.items() if k not in skip}, sort_keys=True)
-
-
-def make_arms(runs, group_over):
-    """The Arms of runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first
-    appearance. Each arm's label is its run_name, plus key=value for every setting in which it differs from
-    another arm of the same run_name."""
-    skip = IGNORED_KEYS | group_over
-    members = {}
-    for run in runs:
-        members.setdefault(arm_key(run.config, skip), []).append(run)
-    names = ["/".join(dict.fromkeys(run.header["run_name"] for run in arm)) for arm in members.values()]
-    arms = []
-    for name, arm in zip(names, members.values()):
-        configs = [other[0].config for n, other in zip(names, members.values()) if n == name]
-        keys = [k for k in dict.fromkeys(k for c in configs for k in c)
-                if k not in skip and len({json.dumps(c.get(k, "(unset)")) for c in configs}) > 1]
-        arms.append(Arm(" ".join([name] + [f"{k}={arm[0].config.get(k, '(unset)')}" for k in keys]), arm))
-    return arms
-
-
-def numerics_note(arm):
-    """A warning, or '' if none is due: the arm's runs differ in what decides their floating-point results
-    beyond the config (the threads, the CPU's instruction set and model, the BLAS, the GPU: the header's
-    `numerics`, runtime.numerics), so their spread mixes the seeds' with the machines'. Runs from before the
-    header held it are not compared."""
-    known = [(r, r.header["numerics"]) for r in arm.runs if r.header.get("numerics")]
-    differ = sorted({k for _, n in known for k in n if len({json.dumps(m.get(k)) for _, m in known}) > 1})
-    if not differ:
-        return ""
-    values = "; ".join(f"{k}: " + ", ".join(f"{n.get(k)!r} ({os.path.basename(os.path.normpath(r.out_dir))})"
-                                             for r, n in known) for k in differ)
-    return (f"warning: the runs of {arm.label} differ in {', '.join(differ)} ({values}), which change a run's "
-            f"numbers as a seed does: its n and std pool machines with seeds")
-
-
-def pooled(arm):
-    """The runs of an arm that count in a curve: those that did not diverge, or all when every one did (then
-    up to where they stopped)."""
-    return [r for r in arm.runs if r.diverged is None] or arm.runs
-
-
-def paired_losses(arm, step, keys):
-    """{values of `keys` (e.g. the seed): val loss at `step`} of the arm's runs that did not diverge and have an
-    eval there, the runs a paired comparison matches. Raises RunsError if two runs have the same values of
-    `keys`, since a pair would then be ambiguous."""
-    losses = {}
-    for run in arm.runs:
-        if run.diverged is None and step in run.evals:
-            key = tuple(json.dumps(run.config.get(k)) for k in sorted(keys))
-            if key in losses:
-                raise RunsError(f"{arm.label}: two runs with {', '.join(sorted(keys))} = {', '.join(key)}; "
-                                f"--paired needs one run per value (a run given twice under two paths?)")
-            losses[key] = run.evals[step][1]
-    return losses
-
-
-def find_baseline(arms, name):
-    """The arm named by --baseline (a label or one of the run directories); the first arm if name is None.
-    Raises RunsError if there is no such arm."""
-    if name is None:
-        return arms[0]
-    for arm in arms:
-        if name == arm.label or any(os.path.realpath(name) == os.path.realpath(r.out_dir) for r in arm.runs):
-            return arm
-    raise RunsError(f"--baseline={name} is neither a group label nor a run directory given; "
-        f"labels: {', '.join(repr(a.label) for a in arms)}")
-
-
-def default_step(runs):
-    """The largest eval step that every run that did not diverge has reached; raises RunsError if there is none."""
-    alive = [r for r in runs if r.diverged is None]
-    if not alive:
-        raise RunsError("every run diverged, so no eval step is common to the runs that did not; pass --step=N")
-    common = set.intersection(*(set(r.evals) for r in alive))
-    if not common:
-        raise RunsError("no eval step is common to all runs that did not diverge; pass --step=N, or leave out the "
-                        "runs that have not reached an eval yet")
-    return max(common)
-
-
-def unfinished_note(runs, step):
-    """A one-line note for stderr where `step` (default_step's) is below some run's last eval because that run
-    has not reached its max_iters (a sweep or study still running), naming how many and one of them; else ""."""
-    behind = [r for r in runs if r.diverged is None and max(r.evals, default=-1) < r.config.get("max_iters", -1)]
-    if not behind or all(max(r.evals) <= step for r in runs if r.evals):
-        return ""
-    return (f"note: {len(behind)} run(s) have not reached their max_iters (e.g. {behind[0].out_dir}), so step {step} "
-            f"is the last eval every run has; pass --step=N to compare at a later eval, which leaves out the runs "
-            f"without it")
-
-
-def val_loss(run, step):
-    """A run's val loss at `step` (nats per token), None if it has no eval there."""
-    return run.evals[step][1] if step in run.evals else None
-
-
-def downstream_score(metric):
-    """value(run, step) of a downstream score "task/metric", None where the run has none."""
-    return lambda run, step: run.downstream.get(step, {}).get(metric)
-
-
-def diag_value(name):
-    """value(run, step) of a diagnostic (a `diag` record, diagnostics.py): its mean over the layers, None where
-    the run has none."""
-    return lambda run, step: layer_mean(run.diags.get(step, {}).get(name) or [])
-
-
-def layer_mean(values):
-    """The mean over the layers of one diagnostic ([value per layer]); None where it is undefined (None) at every
-    layer, as query_f_ratio is for a query without an f."""
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None

@@ -258,7 +258,7 @@ def numerics(device):
     set that ATen's kernels use (torch.backends.cpu.get_cpu_capability(); ATEN_CPU_CAPABILITY lowers
     it), the CPU model, the BLAS torch was built with, and on CUDA the GPU and cuDNN. Returns a dict of
     strings and ints for the run's header (train.py); compare.py warns when runs pooled as seeds of
-    one arm differ in any of them (runs.numerics_note)."""
+    one arm differ in any of them (arms.numerics_note)."""
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
     facts = {"torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
              "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),

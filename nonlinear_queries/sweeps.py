@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.lock import exclusive, lock_holder, out_dir_holder, try_lock
-from nonlinear_queries.runs import finished, history, read_json, read_records, run_status
+from nonlinear_queries.runs import RunDir, finished, history, read_json
 from nonlinear_queries.runtime import launcher
 from nonlinear_queries.slurm import parse_sbatch_options, run_slurm, slurm_minutes, slurm_queue
 from nonlinear_queries.train_config import TrainConfig
@@ -103,14 +103,14 @@ def point_name(point):
 
 
 def point_progress(out_dir, max_iters):
-    """What a point's run dir says (runs.py reads it): {'status': runs.run_status's 'done', 'diverged at
+    """What a point's run dir says (runs.py reads it): {'status': runs.RunDir.status's 'done', 'diverged at
     step k', 'resume' or 'new'; 'step': the last step trained or evaluated (0 if none); 'val_loss': the last
     evaluation's val loss (None if none)}."""
-    metrics = os.path.join(out_dir, "metrics.jsonl")
-    records = read_records(metrics, warn=False) if os.path.isfile(metrics) else []
+    run_dir = RunDir(out_dir)
+    records = run_dir.records(warn=False)
     evals = history(records)[0]
     step = max((r["step"] for r in records if r["type"] in ("train", "eval")), default=0)
-    return {"status": run_status(out_dir, max_iters), "step": step,
+    return {"status": run_dir.status(max_iters), "step": step,
             "val_loss": evals[max(evals)][1] if evals else None}
 
 
@@ -131,7 +131,7 @@ class Point:
         return os.path.join(self.out_dir, "train.log")
 
     def claim_path(self):
-        return os.path.join(self.out_dir, ".sweep.lock")
+        return RunDir(self.out_dir).claim
 
     def claim(self, holder):
         """Take this point to launch it: the lock of out_dir/.sweep.lock (lock.try_lock), held until the returned

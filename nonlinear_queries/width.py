@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from nonlinear_queries import stats
+from nonlinear_queries.arms import IGNORED_KEYS, arm_key, make_arms
 from nonlinear_queries.plots import pooled_estimates, rate_transfer, width_ladder
-from nonlinear_queries.runs import IGNORED_KEYS, RunsError, arm_key, format_value, make_arms
+from nonlinear_queries.runs import RunsError, format_value
 
 SEED_KEYS = {"seed", "data_seed"}
 WIDTH_KEYS = {"n_embd", "n_head", "parametrization", "mup_base_width", "mup_base_head_dim"}
@@ -42,7 +43,7 @@ def parametrizations(config):
 
 
 def arm_labels(runs, skip):
-    """{arm key: label}: the label runs.make_arms gives each arm of `runs` when the keys in `skip` are pooled (its
+    """{arm key: label}: the label arms.make_arms gives each arm of `runs` when the keys in `skip` are pooled (its
     run_name, plus key=value of the settings in which arms of one name differ), so a width table names an arm as
     compare.py's other tables do."""
     return {arm_key(arm.runs[0].config, skip): arm.label for arm in make_arms(runs, skip)}

@@ -38,16 +38,8 @@ import analyze
 import compare
 from helpers import REPO
 from nonlinear_queries import comparison
-from nonlinear_queries.runs import (
-    Arm,
-    diag_value,
-    format_value,
-    load_run,
-    make_arms,
-    paired_losses,
-    read_metrics,
-    read_runs,
-)
+from nonlinear_queries.arms import Arm, diag_value, make_arms, paired_losses, read_runs
+from nonlinear_queries.runs import format_value, load_run, read_metrics
 from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
