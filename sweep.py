@@ -65,7 +65,7 @@ from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.runs import RunDir, finished, read_json
 from nonlinear_queries.slurm import slurm_queue
-from nonlinear_queries.sweeps import Point, Sweep, parser, point_progress, run_sweep
+from nonlinear_queries.sweeps import Point, Sweep, point_progress, run_sweep, sweep_parser
 
 # ---------------------------------------------------------------------------------------
 # --status
@@ -126,7 +126,7 @@ def show_status(sweep_dir):
 
 
 def main(argv):
-    args, train_args = parser(__doc__).parse_known_args(argv)
+    args, train_args = sweep_parser(__doc__).parse_known_args(argv)
     if args.status:
         return show_status(args.status)
     options = {k: v for k, v in vars(args).items() if k != "status"}

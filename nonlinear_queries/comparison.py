@@ -1,9 +1,9 @@
 """
-compare.py's report as a library: runs read (runs.py), grouped into arms, each arm's row at one eval step (the paper's
+compare.py's report as a library: runs read (runs.py), grouped into arms (arms.py), each arm's row at one eval step (the paper's
 Table 1: mean ± std, relative improvement, Welch's and paired tests, Holm; an arm at its best setting, chosen on
 tuning runs and reported on the others), downstream scores and diagnostics beside it, its figures, and the
-width-transfer and width-ladder reports (width.py). compare.py is its command line (`parser`, `report`); study.py
-writes its TABLES.md with it, in its own process.
+width-transfer and width-ladder reports (width.py). compare.py is its command line (`compare_parser`,
+`report`); study.py writes its TABLES.md with it, in its own process.
 """
 
 import argparse
@@ -83,7 +83,7 @@ def checked_names(option, asked, known, what, how):
     return names
 
 
-def parser(description=None):
+def compare_parser(description=None):
     """compare.py's command line (its options are report()'s), with `description` for --help."""
     p = argparse.ArgumentParser(prog="compare.py", description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,7 +141,7 @@ def parse_args(argv, description=None):
     """compare.py's arguments `argv` (a list of strings; None: sys.argv[1:]) parsed and their combinations
     checked: report()'s `args`. A bad command line is argparse's: usage and the error on stderr, then
     SystemExit(2)."""
-    cli = parser(description)
+    cli = compare_parser(description)
     args = cli.parse_args(argv)
     if args.select_on and not args.best_over:
         cli.error("--select_on chooses each arm's --best_over setting on the tuning runs; give --best_over too, "
@@ -224,7 +224,7 @@ def report(args):
         print(note, file=sys.stderr)
     baseline = ca.find_baseline(arms, args.baseline)
     if args.step is None:
-        step = default_step(runs)
+        step = step_to_report(runs)
         caption = f"val loss at step {step}, the last eval step that every run that did not diverge has reached"
     else:
         step, caption = args.step, f"val loss at step {args.step}"
@@ -282,7 +282,7 @@ def report(args):
         print(f"wrote {args.figure2}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 
-def default_step(runs):
+def step_to_report(runs):
     """ca.default_step, saying on stderr when a run still training holds it back (ca.unfinished_note)."""
     step = ca.default_step(runs)
     note = ca.unfinished_note(runs, step)
@@ -294,7 +294,7 @@ def default_step(runs):
 def width_report(runs, args):
     """--width_transfer or --width_ladder: its tables at --step (default: the last step every run has), and with
     --plot its figure (nonlinear_queries/width.py)."""
-    step = args.step if args.step is not None else default_step(runs)
+    step = args.step if args.step is not None else step_to_report(runs)
     if args.width_transfer:
         width.transfer_report(runs, step, args.format, args.plot)
     else:

@@ -3,7 +3,7 @@ A sweep of train.py over a grid of config values, one out_dir per point, as a li
 points from its options (`plan`: parse_grid, read_points, point_name), their state and claims
 (Point), the local scheduler (`schedule`: claiming, starting, polling, ending and recording points
 on this machine's GPU and thread slots, `machine_slots`, with signals forwarded to them) and SLURM
-jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `parser`, `run_sweep`). sweep.py is
+jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `sweep_parser`, `run_sweep`). sweep.py is
 its command line (see its docstring for the behaviour): a fixed list of points, SweepQueue;
 study.py hands the scheduler its protocol's points as their stages open, in its own process.
 """
@@ -432,7 +432,7 @@ class Sweep(Launcher):
     sbatch_options: dict = field(default_factory=dict, init=False)
 
 
-def parser(description=None):
+def sweep_parser(description=None):
     """The argparse parser of sweep.py's options, Sweep's fields (their defaults Sweep's) and --status; the
     arguments it leaves (parse_known_args) go to every run."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
