@@ -17,6 +17,7 @@ from scipy import stats
 
 import compare
 from helpers import REPO, run_script
+from nonlinear_queries import comparison
 from nonlinear_queries.arms import make_arms
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.plots import Curve, figure2, loss_curves
@@ -368,7 +369,7 @@ def test_bad_input_is_a_clear_error(seeds, tmp_path):
 @pytest.mark.parametrize("option", ["--plot", "--figure2"])
 def test_figure_path_that_cannot_be_written_is_refused_before_the_table(seeds, tmp_path, capsys, monkeypatch, option):
     # refused before any run is read: the figure is the last thing drawn, after minutes of reading a big sweep
-    monkeypatch.setattr(compare.ca, "read_runs", None)
+    monkeypatch.setattr(comparison.ca, "read_runs", None)
     missing = tmp_path / "no" / "such" / "dir"
     message = compare_error(capsys, *seeds, f"{option}={missing / 'f.png'}")
     assert message.strip() == (f"error: {option}={missing / 'f.png'}: there is no directory {missing}; create it "
