@@ -1025,11 +1025,11 @@ def temperature_declaration_prose():
     mde, mde15 = width.planned_mde(sd, 10, 2), width.planned_mde(sd15, 10, 2)
     return [
         ("E's runs, in its section", "**None of its 40 runs is run yet.**" if not made
-         else f"({made} of E's runs exist: report them)"),
+         else f"**{made} of its 40 runs are done; its test waits for all 40.**"),
         ("E's runs, in the opening", "none of its 40 runs is run yet" if not made
-         else f"({made} of E's runs exist: report them)"),
-        ("E's wall time", f"about {hours.group(1)} hours of wall time on 2 cores by the study's `--dry_run`"
-         if hours else "(the dry run gives no wall time)"),
+         else f"{made} of its 40 runs are done, and its test waits for all 40"),
+        ("E's wall time", f"about {hours.group(1)} hours of wall time on 2 cores for the runs left, by the study's "
+         "`--dry_run`" if hours else "(the dry run gives no wall time)"),
         ("E's spread", f"E's pooled within-width standard deviation on seeds 1–10 at widths 128 and 256 (20 pairs, "
          f"the exploratory table below) is {sd:.2f} points"),
         ("the planned MDE", f"At that spread 10 seeds at each of the two widths detect with 80% power E = {mde:.2f} "
