@@ -75,8 +75,8 @@ def point_state(point, queue):
     """(state, log) of a point: done, diverged, running, queued, preempted-requeued, failed,
     stopped (a checkpoint to resume from) or not started; log: its log file where it failed."""
     progress = point_progress(point.out_dir, point.max_iters)
-    launch = read_json(os.path.join(point.out_dir, "launch.json"))
-    attempt = read_json(os.path.join(point.out_dir, "attempt.json"))
+    launch = read_json(point.run_dir.launch)
+    attempt = read_json(point.run_dir.attempt)
     exit_status = attempt.get("exit_status", launch.get("exit_status"))
     state = queue.get(launch.get("job_id"), "") if launch.get("launcher") == "slurm" else ""
     if finished(progress["status"]):
@@ -104,7 +104,7 @@ def show_status(sweep_dir):
         return max_iters.get(name, config.get("max_iters", -1))
 
     points = [Point(name, [], os.path.join(sweep_dir, name), planned(name)) for name in record["points"]]
-    slurm = any(read_json(os.path.join(p.out_dir, "launch.json")).get("launcher") == "slurm" for p in points)
+    slurm = any(read_json(p.run_dir.launch).get("launcher") == "slurm" for p in points)
     try:
         queue = slurm_queue() if slurm else {}
     except ConfigError as e:
@@ -114,7 +114,7 @@ def show_status(sweep_dir):
     for point in points:
         state, log = point_state(point, queue)
         progress = point_progress(point.out_dir, point.max_iters)
-        job = read_json(os.path.join(point.out_dir, "launch.json")).get("job_id") or ""
+        job = read_json(point.run_dir.launch).get("job_id") or ""
         val = f"{progress['val_loss']:.4f}" if progress["val_loss"] is not None else ""
         rows.append((point.name, state, f"{progress['step']}/{point.max_iters}", val, job, log or ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -202,6 +202,9 @@ class RunDir:
         lock        .lock, the lock of the run in it now (lock.py)
         claim       .sweep.lock, a sweep's claim on the point whose run it is (sweeps.Point.claim)
         wandb       wandb/, wandb's files (wandb.init(dir=path) makes it)
+        log         train.log, train.py's output where a sweep on this machine launched it (SLURM's is in slurm/)
+        launch      launch.json, how a sweep launched the run: launcher, log, job_id or exit_status
+        attempt     attempt.json, a SLURM job's starts of the run and the last one's exit status
 
     The checkpoint side is asked what it holds of checkpoints (status, check_start, replace); it never
     imports this module, so the import graph keeps one direction."""
@@ -213,6 +216,9 @@ class RunDir:
         self.lock = os.path.join(path, ".lock")
         self.claim = os.path.join(path, ".sweep.lock")
         self.wandb = os.path.join(path, "wandb")
+        self.log = os.path.join(path, "train.log")
+        self.launch = os.path.join(path, "launch.json")
+        self.attempt = os.path.join(path, "attempt.json")
 
     def has_record(self):
         """Whether the directory holds a run's record (metrics.jsonl): what makes it a run to read."""

@@ -44,7 +44,7 @@ class PointJob:
         launch = launcher(self.procs, rendezvous)
         self.torchrun = len(launch) > 1
         cmd = [*launch, *self.point.train_args(self.train_args, status == "resume")]
-        attempt = os.path.join(self.point.out_dir, "attempt.json")
+        attempt = self.point.run_dir.attempt
         starts = read_json(attempt).get("starts", 0) + 1
         if env.node == 0:
             write_json(attempt, {"job_id": env.job_id, "starts": starts, "host": env.hostname})
@@ -133,7 +133,7 @@ def run_slurm(points, train_args, sweep, on_cuda, record):
     queue = slurm_queue()
     procs = sweep.gpus_per_run or sweep.procs_per_run  # the login node may have no GPU: ask for what is asked
     for i, point in enumerate(points):
-        launch = read_json(os.path.join(point.out_dir, "launch.json"))
+        launch = read_json(point.run_dir.launch)
         job_id = launch.get("job_id")
         if job_id in queue:
             print(f"[{i + 1}/{len(points)}] {point.name}: job {job_id} is {queue[job_id].lower()}, not submitted again")
@@ -156,8 +156,7 @@ def run_slurm(points, train_args, sweep, on_cuda, record):
         os.makedirs(point.out_dir, exist_ok=True)
         job = executor.submit(PointJob(point, train_args, procs))
         log = str(job.paths.stdout)
-        write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "slurm", "job_id": job.job_id,
-                                                                "log": log})
+        write_json(point.run_dir.launch, {"launcher": "slurm", "job_id": job.job_id, "log": log})
         record(point, f"submitted as job {job.job_id}")
         print(f"[{i + 1}/{len(points)}] {point.name}: submitted as job {job.job_id} (log: {log})", flush=True)
     print(f"\nFollow the sweep with:\n  python sweep.py --status {shlex.quote(sweep.sweep_dir)}")

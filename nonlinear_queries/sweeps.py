@@ -126,12 +126,17 @@ class Point:
     def status(self):
         return point_progress(self.out_dir, self.max_iters)["status"]
 
+    @property
+    def run_dir(self):
+        """Its out_dir as a runs.RunDir, which spells the names of the files in it."""
+        return RunDir(self.out_dir)
+
     def log(self):
         """Its train.py's output on this machine (SLURM's logs are in out_dir/slurm/)."""
-        return os.path.join(self.out_dir, "train.log")
+        return self.run_dir.log
 
     def claim_path(self):
-        return RunDir(self.out_dir).claim
+        return self.run_dir.claim
 
     def claim(self, holder):
         """Take this point to launch it: the lock of out_dir/.sweep.lock (lock.try_lock), held until the returned
@@ -231,7 +236,7 @@ def start_point(point, train_args, resume, procs, env, tag, out=None):
     print(f"{tag}: {'resuming' if resume else 'starting'} (log: {point.log()})\n  {shlex.join(cmd)}", file=out,
           flush=True)
     os.makedirs(point.out_dir, exist_ok=True)
-    write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "local", "log": point.log()})
+    write_json(point.run_dir.launch, {"launcher": "local", "log": point.log()})
     with open(point.log(), "a") as f:
         return subprocess.Popen(cmd, env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT)
 
@@ -239,8 +244,7 @@ def start_point(point, train_args, resume, procs, env, tag, out=None):
 def end_point(child, point):
     """Record the exit status of a point's train.py (`child`, a Popen that has exited) in its launch.json.
     Returns (that exit status, the point's status now)."""
-    write_json(os.path.join(point.out_dir, "launch.json"), {"launcher": "local", "log": point.log(),
-                                                            "exit_status": child.returncode})
+    write_json(point.run_dir.launch, {"launcher": "local", "log": point.log(), "exit_status": child.returncode})
     return child.returncode, point.status()
 
 
