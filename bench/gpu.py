@@ -52,8 +52,9 @@ collects tests/test_cuda.py, whose tests need CUDA; tests/test_gpu_script.py run
 
 Issue 65's prepared run, for a GPU at hand for 15 minutes: the Triton ops' GPU tests, then
 train_speed's rows of linear and res_gelu with and without them (--kernels of train_speed) at
-96 x 5, profiled (five variants: four were planned to take under 9 minutes and so leave time to
-rerun once; "res_gelu kernels cat" adds about a fifth; not yet timed on a GPU):
+96 x 5, profiled (five variants; on an H200 on 2026-12-04 the tests took 69 s and train_speed had
+compiled and timed three variants once in 126 s when res_gelu's first kernel failed to compile,
+since fixed; the whole run is not yet timed, bench/RESULTS.md):
 
     python bench/gpu.py --kernels --out=out-gpu/kernels.log
 
@@ -101,7 +102,7 @@ STEPS = {"tests": "tests/test_cuda.py", "kernel_tests": "tests/test_cuda.py -k k
          "train_speed": "bench/train_speed.py", "sample_speed": "bench/sample_speed.py"}
 # --kernels (issue 65): the Triton ops' GPU tests, then linear and res_gelu with and without the ops at the H200's
 # 96 x 5 split, profiled; five compiled variants of five rounds (res_gelu's ops with and without the projection's one
-# gradient buffer among them): four were planned to fit 9 minutes, the fifth adds about a fifth (not yet timed)
+# gradient buffer among them): planned to fit 9 minutes (the first run's partial times: the module docstring)
 KERNEL_STEPS = "kernel_tests,train_speed"
 KERNEL_TRAIN_SPEED_ARGS = ("--modes=linear,res_gelu --no_mlp475 --kernels --rounds=5 --batch_size=96 "
                            "--gradient_accumulation_steps=5")

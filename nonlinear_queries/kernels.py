@@ -43,8 +43,9 @@ import triton
 import triton.language as tl
 from torch.nn import functional as F
 
-SQRT1_2 = 0.7071067811865476  # 1/sqrt(2): GELU(u) = u Phi(u), Phi(u) = (1 + erf(u / sqrt(2))) / 2
-INV_SQRT_2PI = 0.3989422804014327  # 1/sqrt(2 pi): Phi'(u) = exp(-u^2 / 2) / sqrt(2 pi)
+# constexpr: compiled Triton (not its interpreter) refuses a jit function's read of a plain global
+SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1/sqrt(2): GELU(u) = u Phi(u), Phi(u) = (1 + erf(u / sqrt(2))) / 2
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2 pi): Phi'(u) = exp(-u^2 / 2) / sqrt(2 pi)
 TILE_ELEMENTS = 4096  # elements of a program's tile: BLOCK_M rows of the padded width, 4 rows at C = 768
 LN_TILES = 8  # tiles per program of layer_norm_residual's backward, whose partial sums of dw and db it writes
 
@@ -208,7 +209,7 @@ def rms_gelu_backward_reference(x, h, b1, da, rstd):
     u = h.float() * rstd[:, None]
     if b1 is not None:
         u = u + b1.float()
-    du = da.float() * (0.5 * (1 + torch.erf(u * SQRT1_2)) + u * INV_SQRT_2PI * torch.exp(-0.5 * u * u))
+    du = da.float() * (0.5 * (1 + torch.erf(u * SQRT1_2.value)) + u * INV_SQRT_2PI.value * torch.exp(-0.5 * u * u))
     dx = -(du * h.float()).sum(-1, keepdim=True) * rstd[:, None] ** 3 / x.size(-1) * x.float()
     return dx.to(x.dtype), (du * rstd[:, None]).to(h.dtype), du if b1 is not None else du.new_empty(0, du.size(1))
 
