@@ -996,6 +996,9 @@ def declared_test_prose():
 E_RUNS = ["results/long_horizon/baseline_temp2", "results/long_horizon/res_gelu_no_half",
           "results/width_ladder/baseline_temp2_w256", "results/width_ladder/res_gelu_no_half_w256",
           *(f"results/width_ladder/fresh/{a}_w{w}" for w in (128, 256) for a in ("baseline_temp2", "res_gelu_no_half"))]
+# and on its declared seeds 11-20 (studies/width_ladder_temperature.toml)
+E_DECLARED_RUNS = [f"results/width_ladder/temperature/{a}_w{w}" for w in (128, 256)
+                   for a in ("baseline_temp2", "res_gelu_no_half")]
 
 
 def temperature_declaration_prose():
@@ -1004,7 +1007,7 @@ def temperature_declaration_prose():
     that detect 0.4 points, and E on those seeds (exploratory)."""
     from nonlinear_queries import width
 
-    runs, _ = read_runs([os.path.join(REPO, d) for d in E_RUNS], "seed")
+    runs, _ = read_runs([os.path.join(REPO, d) for d in E_RUNS + E_DECLARED_RUNS], "seed")
 
     def e_rungs(seeds):
         return width.ladder([r for r in runs if r.config["seed"] in seeds], 3000)[0]
@@ -1023,13 +1026,20 @@ def temperature_declaration_prose():
     sd = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 11))})
     sd15 = width.pooled_sd({r.width: r.gaps for r in e_rungs(range(1, 6))})
     mde, mde15 = width.planned_mde(sd, 10, 2), width.planned_mde(sd15, 10, 2)
-    return [
-        ("E's runs, in its section", "**None of its 40 runs is run yet.**" if not made
-         else f"**{made} of its 40 runs are done; its test waits for all 40.**"),
-        ("E's runs, in the opening", "none of its 40 runs is run yet" if not made
-         else f"{made} of its 40 runs are done, and its test waits for all 40"),
-        ("E's wall time", f"about {hours.group(1)} hours of wall time on 2 cores for the runs left, by the study's "
-         "`--dry_run`" if hours else "(the dry run gives no wall time)"),
+    if made == 40:
+        runs_done = [
+            ("E's runs, in its section", "**All 40 of its runs are done, and its test is reported below.**"),
+            ("E's runs, in the opening", "declared before its seeds 11–20: all 40 of its runs are done, and its "
+             "section reports the declared test")]
+    else:
+        runs_done = [
+            ("E's runs, in its section", "**None of its 40 runs is run yet.**" if not made
+             else f"**{made} of its 40 runs are done; its test waits for all 40.**"),
+            ("E's runs, in the opening", "none of its 40 runs is run yet" if not made
+             else f"{made} of its 40 runs are done, and its test waits for all 40"),
+            ("E's wall time", f"about {hours.group(1)} hours of wall time on 2 cores for the runs left, by the "
+             "study's `--dry_run`" if hours else "(the dry run gives no wall time)")]
+    return runs_done + temperature_result_prose(e_rungs, words, made) + [
         ("E's spread", f"E's pooled within-width standard deviation on seeds 1–10 at widths 128 and 256 (20 pairs, "
          f"the exploratory table below) is {sd:.2f} points"),
         ("the planned MDE", f"At that spread 10 seeds at each of the two widths detect with 80% power E = {mde:.2f} "
@@ -1042,6 +1052,39 @@ def temperature_declaration_prose():
         ("E on seeds 1-10", f"on seeds 1–10 E is {words(width.pooled_tests(e_rungs(range(1, 11)))[0])}"),
         ("E on seeds 6-10",
          f"On the fresh seeds 6–10 alone it is {words(width.pooled_tests(e_rungs(range(6, 11)))[0])}")]
+
+
+def temperature_result_prose(e_rungs, words, made):
+    """The declared test of E on seeds 11-20 (all 40 runs), its verdict by the declaration's outcomes, E per width
+    on those seeds, and the same model over seeds 1-20 (exploratory); nothing while runs are missing."""
+    from nonlinear_queries import width
+
+    if made < 40:
+        return []
+    rungs = e_rungs(range(11, 21))
+    assert sorted((r.width, len(r.gaps)) for r in rungs) == [(128, 10), (256, 10)]
+    t = width.pooled_tests(rungs)[0]
+    pooled = width.pooled_tests(e_rungs(range(1, 21)))[0]
+    if t.p < 0.05:
+        verdict = f"**E is detected, and {'positive' if t.estimate > 0 else 'negative'}**"
+    else:
+        verdict = "**E is not detected at this n**"
+    sd, planned_sd = (width.pooled_sd({r.width: r.gaps for r in e_rungs(seeds)}) for seeds in (range(11, 21),
+                                                                                             range(1, 11)))
+    bounds = (f"from a loss of {-t.ci[0]:.2f} to a gain of {t.ci[1]:.2f}" if t.ci[0] < 0 < t.ci[1]
+              else "(E's interval excludes 0)")
+    per_width = " and ".join(f"{with_sign(r.gap)} at {r.width} ({with_sign(r.ci[0])} to {with_sign(r.ci[1])}, "
+                             f"p = {r.p:.2g})" for r in sorted(rungs, key=lambda r: r.width))
+    return [
+        ("the declared test of E", f"on seeds 11–20 E is {words(t)}; minimum detectable effect {t.mde:.2f} points"),
+        ("its verdict", verdict),
+        ("what E's interval bounds", bounds),
+        ("E's spread against the plan's", f"E's pooled within-width standard deviation on seeds 11–20 was {sd:.2f} "
+         f"points, against {planned_sd:.2f} on seeds 1–10, so the effect detectable with 80% power is {t.mde:.2f} "
+         f"points, against the {width.planned_mde(planned_sd, 10, 2):.2f} the declaration planned for"
+         if t.mde > 0.4 else "(the test met its plan)"),
+        ("E per width on seeds 11-20", f"per width it is {per_width}"),
+        ("E over seeds 1-20, exploratory", f"over seeds 1–20 E is {words(pooled)}")]
 
 
 def width_doc_prose():
@@ -1068,6 +1111,9 @@ def width_doc_prose():
         ("every seed, exploratory", f"res_gelu is {with_sign(every['res_gelu'].estimate)}% (p = "
          f"{every['res_gelu'].p:.2g}) and res_gelu_no_half {with_sign(every['res_gelu_no_half'].estimate)}% (p = "
          f"{every['res_gelu_no_half'].p:.2g}), exploratory")]
+    e = dict(temperature_declaration_prose())  # the declared test of E, as results/width_ladder/README.md gives it
+    declared.append(("the declared test of E", f"{e['its verdict'].strip('*')} on seeds 11–20: "
+                     + e["the declared test of E"].split(" E is ", 1)[1]))
     at384 = rates_at_384()
     done = sum(len(losses) for losses in at384.values())
     best = best_at_384(at384)
