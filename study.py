@@ -31,7 +31,12 @@ takes the next point waiting in any arm's current stage, so no slot idles while 
 point's sweep output in its arm directory's sweep.log); Ctrl-C or SIGTERM reaches every point, which
 checkpoints. With a launcher that returns before its jobs finish (SLURM), a sweep per stage (sweeps.Sweep,
 its options typed) submits, and the study stops after submitting and says so; run the same command again
-once they are done. Exit status: 0 ok (or waiting for jobs), 1 a sweep failed (on this machine the
+once they are done. A study that declares tests ([[test]]: a paired contrast over the arms' per-seed gaps) and looks
+([sequential]) runs its held-out seeds one look at a time: when the look's runs all exist it evaluates each test
+against the look's alpha-spending boundary (nonlinear_queries/looks.py, sequential.py), records the look in
+study.json and TABLES.md, and stops; the same command runs the next look, until a boundary is crossed or the last
+look is done. --dry_run prints the looks (which is current) and, with [power], the seeds each test needs, its MDE
+and their cost (docs/studies.md). Exit status: 0 ok (or waiting for jobs), 1 a sweep failed (on this machine the
 other arms run to their end first), 2 a bad study file, 128 + N stopped by signal N.
 """
 
@@ -47,7 +52,7 @@ import statistics
 import sys
 from dataclasses import asdict
 
-from nonlinear_queries import comparison, sweeps
+from nonlinear_queries import comparison, looks, sweeps
 from nonlinear_queries.atomic import atomic_write, write_json
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.configurator import ConfigError
@@ -261,12 +266,16 @@ def write_tables(study):
         note = f"{table.note}\n\n" if table.note else ""
         sections.append(f"## {table.horizon} steps{title}\n\n{note}```bash\n{shlex.join(['python', *cmd])}\n"
                         f"```\n\n{printed}\n")
+    if study.sequential:
+        sections.append(looks.tables_section(study))
     with atomic_write(os.path.join(study.results_dir, "TABLES.md")) as f:
         f.write("\n".join(sections))
 
 
 def record(study, stages):
-    """RESULTS_DIR/study.json: every choice and the val losses it was based on (a diverged run's as null)."""
+    """RESULTS_DIR/study.json: every choice and the val losses it was based on (a diverged run's as null); with
+    [sequential] looks, each evaluated look's tests, and no held-out loss of a look whose runs do not all exist."""
+    stages = looks.withhold(study, stages)
     finite = lambda losses: {str(k): v if v is None or math.isfinite(v) else None for k, v in losses.items()}  # noqa: E731
     write_json(os.path.join(study.results_dir, "study.json"), {
         "study": study.path, "key": study.key,
@@ -277,7 +286,7 @@ def record(study, stages):
             "grid": s.values, "tuning_val_loss": finite(s.tuning), "chosen": s.chosen,
             "widening": [{**w, "because": finite(w["because"])} for w in s.widening],
             "held_out_val_loss": finite(s.held_out)} for name, s in arms.items()}
-            for max_iters, arms in stages.items()}})
+            for max_iters, arms in stages.items()}, **looks.record(study)})
 
 
 def local_slots(study):
@@ -476,6 +485,50 @@ def run(study):
     return 0
 
 
+def cost_of(study):
+    """cost(n) -> (floor, with widening and one rerun per arm), as text, of n held-out seeds of every arm: looks'
+    cost_text with this program's estimate (estimated_seconds)."""
+    return lambda n: looks.cost_text(study, lambda arm, horizon, runs: estimated_seconds(study, arm, horizon, runs), n)
+
+
+def plan_declared(study):
+    """--dry_run: the plan (at the current look's seeds where the study has looks), then the looks and the power
+    planning of its declared tests where it declares them."""
+    if study.sequential is None:
+        plan(study)
+    else:
+        s = looks.state(study)
+        plan(looks.at_look(study, s.current if s.current is not None else s.stopped_at))
+        print("\n".join(looks.describe_looks(study)))
+    if study.power:
+        print("\n".join(looks.describe_power(study, cost_of(study))))
+
+
+def run_looks(study):
+    """Run a sequential study's current look (run, on its seeds), evaluate it once its runs all exist, record it
+    and write the tables; the same command again runs the next look, until a boundary is crossed or the last look
+    is done."""
+    s = looks.state(study)
+    if s.current is None:
+        write_tables(study)
+        print(f"the study stopped at look {s.stopped_at + 1}; nothing is left to run (tables in "
+              f"{os.path.join(study.results_dir, 'TABLES.md')})")
+        return 0
+    code = run(looks.at_look(study, s.current))
+    after = looks.state(study)
+    if code or after.current == s.current:
+        return code
+    stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
+    record(study, stages)
+    write_tables(study)
+    for e in (e for e in after.evaluated if e.look == s.current + 1):
+        print(f"look {e.look}, {e.test}: {e.mean:+.3f} points, t = {e.t:+.2f} on {e.df} df against |t| >= "
+              f"{e.t_bound:.2f}: {e.decision}; sign-flip p {e.sign_flip_p:.3g}")
+    print(f"the study stopped at look {after.stopped_at + 1}" if after.current is None else
+          f"look {after.current + 1} is next: run the same command again to start it")
+    return 0
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", help="a study file, e.g. studies/ablations.toml")
@@ -489,11 +542,11 @@ def main(argv):
     except StudyError as e:
         print(f"study error: {e}", file=sys.stderr)
         return 2
-    if args.dry_run:
-        plan(study)
-        return 0
     try:
-        return run(study)
+        if args.dry_run:
+            plan_declared(study)
+            return 0
+        return run_looks(study) if study.sequential else run(study)
     except StudyError as e:
         print(f"study error: {e}", file=sys.stderr)
         return 1

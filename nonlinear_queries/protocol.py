@@ -71,6 +71,53 @@ class Horizon:
 
 
 @dataclass
+class DeclaredTest:
+    """A declared paired contrast ([[test]]): per held-out seed, sum over `contrast` {arm: coefficient} of
+    coefficient x g_arm, g_arm = 100 (L_baseline - L_arm) / L_baseline (points, positive = the arm's val loss lower),
+    tested two-sided at `level` by the paired (one-sample) t-test, the sign-flip test beside it. A diverged run's val
+    loss counts as `diverged_val_loss` (e.g. ln of the vocabulary size, a model that learned nothing), never
+    dropped."""
+
+    name: str
+    baseline: str
+    contrast: dict
+    level: float
+    diverged_val_loss: float
+    horizon: int  # max_iters of the horizon whose held-out runs it reads
+
+
+@dataclass
+class Sequential:
+    """Group-sequential looks ([sequential]): `looks` held-out seeds per arm at each look (the first looks[k] of
+    the horizon's seeds, in the order written), Lan-DeMets `spending` ('obrien_fleming' or 'pocock'), an optional
+    non-binding `futility` bound on |z| per look but the last (carried to t as the rejection bounds are), and the
+    sign-flip test's Monte Carlo draws where 2^n is too many."""
+
+    looks: list
+    spending: str
+    futility: list
+    sign_flip_draws: int
+
+
+@dataclass
+class PowerTarget:
+    """One declared test's power planning: the `effect` to detect (points) and its spread, `sd` given or from
+    `pilot`: {arm: [run or arm directories]} of finished runs of the same contrast, paired by each run's seed."""
+
+    effect: float
+    sd: float  # 0 = from the pilot
+    pilot: dict
+
+
+@dataclass
+class PowerPlan:
+    """[power]: the power wanted and, per declared test's name, its PowerTarget."""
+
+    power: float
+    targets: dict
+
+
+@dataclass
 class Study:
     """A parsed study file; see the module docstring and studies/*.toml."""
 
@@ -90,6 +137,9 @@ class Study:
     peak_flops: float
     mfu: float
     seconds_per_step: float  # the cost of a step where no run of the study has finished yet; 0 = from FLOPs
+    tests: list = field(default_factory=list)  # DeclaredTest: the declared paired contrasts ([[test]])
+    sequential: "Sequential | None" = None  # the looks and their spending ([sequential])
+    power: "PowerPlan | None" = None  # the power planning ([power])
 
     @property
     def tuning_seed(self):
@@ -221,9 +271,14 @@ def load_study(path):
     mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
     per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
     _no_more(cost, f"{path} [cost]")
+    tests = [_declared_test(t, f"{path} [[test]] {i + 1}", horizons) for i, t in
+             enumerate(_take(raw, "test", list, path, []))]
+    sequential = _sequential(raw.pop("sequential"), f"{path} [sequential]", tests, horizons) \
+        if "sequential" in raw else None
+    power = _power(raw.pop("power"), f"{path} [power]", tests) if "power" in raw else None
     _no_more(raw, path)
     study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
-                  launcher, tables, peak, mfu, per_step)
+                  launcher, tables, peak, mfu, per_step, tests, sequential, power)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
         for horizon in (h for h in horizons if arm.name in h.arms):
             try:
@@ -238,6 +293,86 @@ def load_study(path):
                                      f"{point_dir(study, arm, horizon, missing[0]) if missing else arm.runs}); "
                                      f"finish them in their own study first")
     return study
+
+
+def _declared_test(raw, where, horizons):
+    """A [[test]] table checked (module docstring of DeclaredTest). Raises StudyError."""
+    if not isinstance(raw, dict):
+        raise StudyError(f"{where}: must be a table")
+    test = DeclaredTest(_take(raw, "name", str, where), _take(raw, "baseline", str, where),
+                        _take(raw, "contrast", dict, where), _take(raw, "level", float, where, 0.05),
+                        _take(raw, "diverged_val_loss", float, where), _take(raw, "horizon", int, where,
+                                                                               horizons[0].max_iters))
+    _no_more(raw, where)
+    horizon = next((h for h in horizons if h.max_iters == test.horizon), None)
+    arms = [test.baseline, *test.contrast]
+    if horizon is None or set(arms) - set(horizon.arms):
+        raise StudyError(f"{where}: its horizon {test.horizon} must be one of the study's and run every arm it names "
+                         f"({', '.join(arms)})")
+    if not test.contrast or test.baseline in test.contrast or not all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) and c != 0 for c in test.contrast.values()):
+        raise StudyError(f"{where}: 'contrast' must map arms other than the baseline to nonzero numbers, got "
+                         f"{test.contrast!r}")
+    if not 0 < test.level < 1 or not test.diverged_val_loss > 0:
+        raise StudyError(f"{where}: 'level' must lie in (0, 1) and 'diverged_val_loss' be positive")
+    return test
+
+
+def _sequential(raw, where, tests, horizons):
+    """The [sequential] table checked against the declared tests and the held-out seeds. Raises StudyError."""
+    if not isinstance(raw, dict):
+        raise StudyError(f"{where}: must be a table")
+    plan = Sequential(_take(raw, "looks", list, where), _take(raw, "spending", str, where, "obrien_fleming"),
+                      _take(raw, "futility", list, where, []), _take(raw, "sign_flip_draws", int, where, 100_000))
+    _no_more(raw, where)
+    if not tests:
+        raise StudyError(f"{where}: looks need a declared test to evaluate: add a [[test]]")
+    seeds = min(len(h.seeds) for h in horizons if h.max_iters in {t.horizon for t in tests})
+    looks = plan.looks
+    if not looks or not all(isinstance(n, int) and not isinstance(n, bool) for n in looks) or looks[0] < 3 or any(
+            b <= a for a, b in zip(looks, looks[1:])) or looks[-1] > seeds:
+        raise StudyError(f"{where}: 'looks' must be increasing seed counts from at least 3 up to the {seeds} held-out "
+                         f"seeds, got {looks!r}")
+    if plan.spending not in ("obrien_fleming", "pocock"):
+        raise StudyError(f"{where}: 'spending' must be 'obrien_fleming' or 'pocock', got {plan.spending!r}")
+    if plan.futility and (len(plan.futility) != len(looks) - 1 or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 0 for f in plan.futility)):
+        raise StudyError(f"{where}: 'futility' must give one |z| bound (>= 0) for each look but the last, got "
+                         f"{plan.futility!r}")
+    if plan.sign_flip_draws < 1000:
+        raise StudyError(f"{where}: 'sign_flip_draws' must be at least 1000")
+    return plan
+
+
+def _power(raw, where, tests):
+    """The [power] table: `power`, and one table per declared test's name with `effect` and `sd` or `pilot`.
+    Raises StudyError."""
+    if not isinstance(raw, dict):
+        raise StudyError(f"{where}: must be a table")
+    wanted = _take(raw, "power", float, where, 0.8)
+    by_name = {t.name: t for t in tests}
+    targets = {}
+    for name in list(raw):
+        here = f"{where} [power.{name}]"
+        if name not in by_name:
+            raise StudyError(f"{where}: {name!r} is no declared test's name ({', '.join(by_name) or 'none declared'})")
+        t = _take(raw, name, dict, where)
+        target = PowerTarget(_take(t, "effect", float, here), _take(t, "sd", float, here, 0.0),
+                             _take(t, "pilot", dict, here, {}))
+        _no_more(t, here)
+        if (target.sd > 0) == bool(target.pilot) or target.sd < 0:
+            raise StudyError(f"{here}: give the spread as 'sd' (> 0) or as 'pilot' runs, one of the two")
+        arms = {by_name[name].baseline, *by_name[name].contrast}
+        if target.pilot and (set(target.pilot) != arms or not all(
+                isinstance(v, list) and v and all(isinstance(d, str) for d in v) for v in target.pilot.values())):
+            raise StudyError(f"{here}: 'pilot' must give a list of run or arm directories for each of the test's arms "
+                             f"({', '.join(sorted(arms))})")
+        if target.effect == 0:
+            raise StudyError(f"{here}: 'effect' must not be 0")
+        targets[name] = target
+    if not 0 < wanted < 1:
+        raise StudyError(f"{where}: 'power' must lie in (0, 1)")
+    return PowerPlan(wanted, targets)
 
 
 def train_args(study, arm, horizon):

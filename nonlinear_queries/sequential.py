@@ -1,0 +1,195 @@
+"""
+Group-sequential tests of a declared paired contrast: alpha-spending boundaries, their carrying to t statistics,
+the exact sign-flip test beside them, and the operating characteristics of the whole procedure by simulation.
+
+The boundaries (two-sided, symmetric, z scale). At looks with information fractions t_1 < ... < t_K = 1 (for a
+paired contrast, the seeds so far over the seeds at the last look), the standardized statistics Z_k of a
+cumulative mean have corr(Z_i, Z_j) = sqrt(t_i / t_j) for i <= j (Jennison & Turnbull 2000, "Group Sequential
+Methods with Applications to Clinical Trials", section 3.1). Lan & DeMets (1983, "Discrete sequential boundaries for
+clinical trials", Biometrika 70) choose c_k so that the chance of first crossing at look k under the null is
+alpha(t_k) - alpha(t_{k-1}) for a spending function alpha(t):
+
+- O'Brien-Fleming type: each side spends alpha_1(t) = 2 - 2 Phi(z_{1 - alpha_1 / 2} / sqrt(t)) of its one-sided
+  alpha_1 = alpha / 2, so alpha(t) = 2 alpha_1(t) (DeMets & Lan 1994, "Interim analysis: the alpha spending
+  function approach", Statistics in Medicine 13; R gsDesign's sfLDOF). Lan & DeMets' 1983 form, 2 - 2 Phi(z_{1 -
+  alpha/2} / sqrt(t)) two-sided, spends less early (3.395 at the first of three looks, not 3.710);
+- Pocock type: alpha(t) = alpha ln(1 + (e - 1) t).
+
+The classical boundaries (O'Brien & Fleming 1979, Biometrics 35; Pocock 1977, Biometrika 64) have a fixed shape,
+c_k = C / sqrt(t_k) or c_k = C, with C set so that the chance of any crossing is alpha. Three equally spaced looks
+at two-sided 0.05 give 3.471, 2.454, 2.004 (classical O'Brien-Fleming, C = 2.004: Jennison & Turnbull's Table 2.3),
+2.289 at every look (classical Pocock, their Table 2.1) and 3.710, 2.511, 1.993 (Lan-DeMets O'Brien-Fleming type);
+tests/test_sequential.py holds this code to them. The probabilities P(|Z_j| < c_j, j <= k) are the multivariate
+normal's rectangle probabilities, scipy.stats.multivariate_normal.cdf with lower_limit (Genz's algorithm, a
+quasi-Monte Carlo integration: a fixed rng and abseps 1e-7 make it repeatable and accurate far past the three
+decimals above); each c_k is solved for with scipy.optimize.brentq.
+
+Few seeds make the statistic a t with n_k - 1 degrees of freedom at look k, not a z. Each look's z boundary is
+carried to its t by the same nominal two-sided p-value: t_k = F_t^{-1}(Phi(c_k); n_k - 1) (t_boundaries), the
+"nominal p" carrying that Jennison & Turnbull section 3.8 discuss for small samples. It is not exact, so the level of
+the whole procedure is checked by simulation (operating_characteristics: the t statistics of simulated studies at
+the planned looks, their rejection rate under the null and their power under an effect).
+
+The sign-flip test (Fisher 1935, "The Design of Experiments", section 21; a randomisation test): under the null of
+a paired contrast symmetric about 0, each seed's difference is as likely negated, so the p-value is the share of the
+2^n sign patterns whose |mean| is at least the observed one: every pattern when 2^n is at most 2^20, else a seeded
+Monte Carlo sample of patterns with p = (1 + hits) / (1 + draws) (Phipson & Smyth 2010, "Permutation p-values should
+never be zero", Stat. Appl. Genet. Mol. Biol. 9).
+
+scipy: https://docs.scipy.org/doc/scipy/reference/generated/scipy.stats.multivariate_normal.html, scipy.stats.t,
+scipy.stats.norm, scipy.optimize.brentq. No torch here: study.py's dry run imports this.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as sps
+
+SPENDING = ("obrien_fleming", "pocock")
+
+
+def spent(fraction, alpha, spending):
+    """The two-sided alpha spent by information fraction `fraction` (0 < fraction <= 1) under the Lan-DeMets
+    `spending` function, 'obrien_fleming' (2 (2 - 2 Phi(z_{1-alpha/4} / sqrt(t))): each side's one-sided alpha/2
+    spent O'Brien-Fleming's way) or 'pocock' (alpha ln(1 + (e-1) t)).
+    Raises ValueError for another name."""
+    if spending == "obrien_fleming":
+        return float(4 * sps.norm.sf(sps.norm.isf(alpha / 4) / math.sqrt(fraction)))
+    if spending == "pocock":
+        return float(alpha * math.log(1 + (math.e - 1) * fraction))
+    raise ValueError(f"spending must be one of {', '.join(SPENDING)}, got {spending!r}")
+
+
+def _covariance(fractions):
+    """corr(Z_i, Z_j) = sqrt(t_i / t_j), i <= j: the statistics of a cumulative mean at the looks."""
+    t = np.asarray(fractions, dtype=float)
+    return np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
+
+
+def _inside(bounds, fractions):
+    """P(|Z_j| < c_j for every look j): a multivariate normal rectangle (scipy, Genz's algorithm, seeded)."""
+    c = np.asarray(bounds, dtype=float)
+    if len(c) == 1:
+        return float(1 - 2 * sps.norm.sf(c[0]))
+    return float(sps.multivariate_normal.cdf(c, mean=np.zeros(len(c)), cov=_covariance(fractions), lower_limit=-c,
+                                             maxpts=20_000 * len(c), abseps=1e-7, releps=0, rng=0))
+
+
+def spending_bounds(fractions, alpha=0.05, spending="obrien_fleming"):
+    """The two-sided Lan-DeMets boundaries (z scale) at information fractions `fractions` (increasing, the last
+    1): c_k such that the null chance of first crossing at look k is spent(t_k) - spent(t_{k-1}). Returns a list of
+    K floats. Raises ValueError for fractions that do not increase to 1 or an unknown spending function."""
+    _check_fractions(fractions)
+    bounds = []
+    for k, t in enumerate(fractions):
+        target = spent(t, alpha, spending) - (spent(fractions[k - 1], alpha, spending) if k else 0.0)
+        if k == 0:
+            bounds.append(float(sps.norm.isf(target / 2)))
+            continue
+        before = _inside(bounds, fractions[:k])
+
+        def excess(c, k=k):
+            # the chance of staying inside up to k-1 and crossing at k, less its share of alpha
+            return before - _inside([*bounds, c], fractions[:k + 1]) - target
+
+        bounds.append(float(optimize.brentq(excess, 0.5, 12.0, xtol=1e-7)))
+    return bounds
+
+
+def classical_bounds(fractions, alpha=0.05, shape="obrien_fleming"):
+    """The classical boundaries of O'Brien & Fleming (c_k = C / sqrt(t_k)) or Pocock (c_k = C), two-sided, C set so
+    that the null chance of any crossing is alpha. Returns a list of K floats (z scale)."""
+    _check_fractions(fractions)
+    scale = [1 / math.sqrt(t) if shape == "obrien_fleming" else 1.0 for t in fractions]
+    if shape not in SPENDING:
+        raise ValueError(f"shape must be one of {', '.join(SPENDING)}, got {shape!r}")
+    c = optimize.brentq(lambda c: 1 - _inside([c * s for s in scale], fractions) - alpha, 0.5, 12.0, xtol=1e-7)
+    return [float(c * s) for s in scale]
+
+
+def _check_fractions(fractions):
+    if not fractions or any(b <= a for a, b in zip(fractions, fractions[1:])) or fractions[0] <= 0 \
+            or not math.isclose(fractions[-1], 1.0):
+        raise ValueError(f"the information fractions must increase from above 0 to 1, got {list(fractions)}")
+
+
+def t_boundaries(z_bounds, dfs):
+    """Each look's z boundary carried to its t statistic with `dfs` degrees of freedom by the same nominal
+    two-sided p-value: t_k = t.isf(norm.sf(c_k), df_k) (module docstring)."""
+    return [float(sps.t.isf(sps.norm.sf(z), df)) for z, df in zip(z_bounds, dfs)]
+
+
+def nominal_levels(z_bounds):
+    """The nominal two-sided p-value of each look's boundary, 2 (1 - Phi(c_k)): a look rejects when its t-test's
+    p is at most this."""
+    return [float(2 * sps.norm.sf(z)) for z in z_bounds]
+
+
+def sign_flip_p(differences, exact_up_to=20, draws=100_000, seed=0):
+    """The two-sided sign-flip (randomisation) p-value of the mean of paired `differences` (shape (n,)): the share
+    of sign patterns whose |sum| is at least the observed |sum| (a relative tolerance of 1e-9 counts ties). Every
+    one of the 2^n patterns when n <= exact_up_to; else `draws` patterns drawn with numpy's default_rng(seed),
+    p = (1 + hits) / (1 + draws). Returns (p, how: 'exact, 2^n patterns' or 'Monte Carlo, D patterns, seed S').
+    Raises ValueError for fewer than 1 difference."""
+    d = np.asarray(differences, dtype=float)
+    n = len(d)
+    if n < 1:
+        raise ValueError("the sign-flip test needs at least one paired difference")
+    observed = abs(d.sum()) * (1 - 1e-9)
+    if n <= exact_up_to:
+        hits, chunk = 0, 1 << min(n, 16)
+        bits = np.arange(n)
+        for start in range(0, 1 << n, chunk):
+            patterns = ((np.arange(start, start + chunk)[:, None] >> bits) & 1) * 2 - 1
+            hits += int((np.abs(patterns @ d) >= observed).sum())
+        return hits / (1 << n), f"exact, 2^{n} patterns"
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for size in [10_000] * (draws // 10_000) + ([draws % 10_000] if draws % 10_000 else []):
+        patterns = rng.integers(0, 2, size=(size, n)) * 2 - 1
+        hits += int((np.abs(patterns @ d) >= observed).sum())
+    return (1 + hits) / (1 + draws), f"Monte Carlo, {draws} patterns, seed {seed}"
+
+
+@dataclass
+class Characteristics:
+    """The operating characteristics of a group-sequential paired t procedure, from simulated studies: the share
+    that rejected (at any look), the share that stopped at each look (efficacy or futility), the share that stopped
+    for futility, and the expected seeds per arm at stopping."""
+
+    rejected: float
+    stopped_at: list
+    futile: float
+    expected_seeds: float
+    studies: int
+
+
+def operating_characteristics(looks, t_bounds, effect, sd, studies=20_000, seed=0, futility_t=None):
+    """Simulate `studies` studies whose per-seed contrast is normal(effect, sd) (points), each analysed with the
+    paired (one-sample) t statistic of its first looks[k] seeds at look k: rejected at the first look with
+    |t| >= t_bounds[k]; with `futility_t` (one bound per look but the last, on |t|; non-binding, so the rejection
+    bounds ignore it), stopped without rejecting at the first earlier look with |t| < futility_t[k]. Seeded
+    (numpy default_rng(seed)). Returns a Characteristics."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(effect, sd, size=(studies, looks[-1]))
+    s1, s2 = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+    active = np.ones(studies, dtype=bool)
+    rejected = np.zeros(studies, dtype=bool)
+    futile = np.zeros(studies, dtype=bool)
+    stopped_at, seeds = [], np.full(studies, looks[-1], dtype=float)
+    for k, n in enumerate(looks):
+        mean = s1[:, n - 1] / n
+        var = (s2[:, n - 1] - n * mean * mean) / (n - 1)
+        t = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)
+        reject = active & (t >= t_bounds[k])
+        stop_futile = active & ~reject & (t < futility_t[k]) if futility_t and k < len(looks) - 1 else \
+            np.zeros(studies, dtype=bool)
+        stop = reject | stop_futile if k < len(looks) - 1 else active
+        rejected |= reject
+        futile |= stop_futile
+        seeds[stop] = n
+        stopped_at.append(float(stop.mean()))
+        active &= ~stop
+    return Characteristics(float(rejected.mean()), stopped_at, float(futile.mean()), float(seeds.mean()), studies)

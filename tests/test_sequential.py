@@ -1,0 +1,250 @@
+"""Declared tests run look by look: the group-sequential boundaries against published values, the power routine
+against R pwr's, the sign-flip test against enumeration, the simulated level, and study.py's looks on faked runs
+(no loss of a look read before all its runs exist, a diverged run counted, the stop at a crossed boundary)."""
+
+import itertools
+import json
+import math
+import os
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+import study
+from nonlinear_queries import design, looks, power, protocol, sequential
+from nonlinear_queries.train_config import TrainConfig
+
+THIRDS = [1 / 3, 2 / 3, 1.0]
+
+
+def test_boundaries_match_the_published_values_for_three_equally_spaced_looks():
+    """Two-sided 0.05 at three equal looks: classical O'Brien-Fleming 3.471, 2.454, 2.004 and Pocock 2.289
+    (Jennison & Turnbull 2000, Tables 2.3 and 2.1); Lan-DeMets O'Brien-Fleming type 3.710, 2.511, 1.993 (DeMets &
+    Lan 1994; R gsDesign's sfLDOF)."""
+    assert [round(c, 3) for c in sequential.classical_bounds(THIRDS)] == [3.471, 2.454, 2.004]
+    assert [round(c, 3) for c in sequential.classical_bounds(THIRDS, shape="pocock")] == [2.289] * 3
+    assert [round(c, 3) for c in sequential.spending_bounds(THIRDS)] == [3.710, 2.511, 1.993]
+    # one look spends the whole level: the fixed test's 1.960
+    assert round(sequential.spending_bounds([1.0])[0], 3) == 1.960
+
+
+def test_the_spending_is_spent_look_by_look():
+    """The null chance of first crossing at each look is what the spending function allots (Pocock type here),
+    and carrying a z boundary to t keeps its nominal p."""
+    z = sequential.spending_bounds(THIRDS, 0.05, "pocock")
+    inside = [sequential._inside(z[:k + 1], THIRDS[:k + 1]) for k in range(3)]
+    crossed = [1 - inside[0], inside[0] - inside[1], inside[1] - inside[2]]
+    spent = [sequential.spent(t, 0.05, "pocock") for t in THIRDS]
+    assert crossed == pytest.approx([spent[0], spent[1] - spent[0], spent[2] - spent[1]], abs=2e-6)
+    from scipy import stats
+
+    t = sequential.t_boundaries(z, [9, 19, 29])
+    assert [2 * stats.t.sf(b, df) for b, df in zip(t, [9, 19, 29])] == pytest.approx(sequential.nominal_levels(z))
+
+
+def test_the_paired_power_matches_r_pwr():
+    """pwr.t.test(d = 0.5, power = 0.8, type = "paired") prints n = 33.36713; the smallest whole n is 34, and the
+    MDE at n (stats.paired_detectable_effect) is the effect at which the power is 0.8."""
+    assert power.seeds_for_power(0.5, 1.0, exact=True) == pytest.approx(33.36713, abs=1e-5)
+    assert power.seeds_for_power(0.5, 1.0) == 34
+    mde = power.detectable_effect(0.786, 30)
+    assert power.paired_power(mde, 0.786, 30) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_sign_flip_p_is_the_share_of_sign_patterns_and_monte_carlo_comes_near_it():
+    d = np.array([0.9, 1.4, -0.3, 0.2, 0.7, -0.1, 1.1, 0.5, 0.05, -0.6, 0.8, 0.4])
+    sums = [abs(np.dot(s, d)) for s in itertools.product([-1, 1], repeat=len(d))]
+    by_hand = np.mean([s >= abs(d.sum()) * (1 - 1e-9) for s in sums])
+    p, how = sequential.sign_flip_p(d)
+    assert p == by_hand and how == "exact, 2^12 patterns"
+    p_mc, how = sequential.sign_flip_p(d, exact_up_to=0, draws=20_000, seed=3)
+    assert abs(p_mc - p) < 0.01 and how == "Monte Carlo, 20000 patterns, seed 3"
+
+
+def test_the_whole_procedure_holds_its_level_and_the_design_table_agrees_with_it():
+    """A small seeded run of the simulation the declaration's design table is made with (20,000 studies there):
+    at 4,000 studies under the null the t procedure at 10/20/30 with O'Brien-Fleming-type boundaries rejects
+    within 0.05 +- 0.01 (about 3 standard errors); a futility bound only lowers it and the expected seeds; the
+    design table's row reads the same numbers."""
+    z = sequential.spending_bounds(THIRDS)
+    tb = sequential.t_boundaries(z, [9, 19, 29])
+    null = sequential.operating_characteristics([10, 20, 30], tb, 0.0, 0.8, studies=4000, seed=1)
+    assert abs(null.rejected - 0.05) < 0.01 and sum(null.stopped_at) == pytest.approx(1.0)
+    futile = sequential.operating_characteristics([10, 20, 30], tb, 0.0, 0.8, studies=4000, seed=1,
+                                                  futility_t=sequential.t_boundaries([0.0, 1.0], [9, 19]))
+    assert futile.rejected <= null.rejected and futile.expected_seeds < null.expected_seeds and futile.futile > 0.2
+    row = design.design_rows([([10, 20, 30], "obrien_fleming", [])], [0.0], 0.8, studies=4000, seed=1)[0]
+    assert row[4:] == [f"{null.rejected:.3f}", f"{2 * null.expected_seeds:.1f}"]
+
+
+TOML = """
+name = "seq"
+results_dir = "{results}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3"]
+seed = 0
+[held_out]
+seeds = [1, 2, 3, 4, 5, 6]
+[[horizon]]
+max_iters = 10
+[[arm]]
+name = "base"
+config = "config/mini/baseline.py"
+value = "1e-3"
+[[arm]]
+name = "b"
+config = "config/mini/res_gelu.py"
+value = "1e-3"
+[[test]]
+name = "E"
+baseline = "base"
+contrast = { b = 1 }
+diverged_val_loss = 5.0
+[sequential]
+looks = [3, 6]
+"""
+
+
+def fake_run(path, val_loss, diverged=False):
+    """A finished run as train.py leaves it, with what the protocol and the pilot read."""
+    os.makedirs(path, exist_ok=True)
+    config = asdict(TrainConfig(max_iters=10))
+    records = [{"type": "config", "step": 0, "config": config},
+               {"type": "diverged", "step": 5, "reason": "loss is nan"} if diverged else
+               {"type": "eval", "step": 10, "train_loss": val_loss, "val_loss": val_loss}]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(records[0], f)
+
+
+def seq_study(tmp_path, text=TOML):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "seq.toml"
+    path.write_text(text.replace("{results}", str(tmp_path / "results")))
+    return study.load_study(str(path))
+
+
+def fake_seed(s, arm, seed, loss, diverged=False):
+    (horizon,) = s.horizons
+    a = next(x for x in s.arms if x.name == arm)
+    fake_run(protocol.point_dir(s, a, horizon, protocol.held_out_point(s, "1e-3", seed)), loss, diverged)
+
+
+def test_a_look_is_evaluated_only_once_its_runs_all_exist_and_its_losses_stay_out_of_study_json(tmp_path):
+    s = seq_study(tmp_path)
+    assert looks.state(s).current == 0
+    cut = looks.at_look(s, 0)
+    assert cut.horizons[0].seeds == [1, 2, 3] and s.horizons[0].seeds == [1, 2, 3, 4, 5, 6]
+    for seed in (1, 2, 3):
+        fake_seed(s, "base", seed, 2.0 + 0.01 * seed)
+    fake_seed(s, "b", 1, 1.9)
+    (horizon,) = s.horizons
+    stages = {10: {a.name: protocol.advance(cut, a, horizon) for a in s.arms}}
+    study.record(cut, stages)
+    written = json.load(open(tmp_path / "results" / "study.json"))
+    assert all(arm["held_out_val_loss"] == {} for arm in written["horizons"]["10"].values())
+    assert written["sequential"]["current_look"] == 1 and written["sequential"]["evaluated"] == []
+    for seed in (2, 3):
+        fake_seed(s, "b", seed, 1.9 + 0.002 * seed)
+    st = looks.state(s)
+    (e,) = st.evaluated
+    d = [100 * (2.0 + 0.01 * k - (1.9 + (0.002 * k if k > 1 else 0))) / (2.0 + 0.01 * k) for k in (1, 2, 3)]
+    assert e.mean == pytest.approx(np.mean(d)) and e.df == 2 and e.seeds == [1, 2, 3]
+    assert e.t == pytest.approx(np.mean(d) / (np.std(d, ddof=1) / math.sqrt(3)))
+    z, tb, _ = looks.boundaries(s, s.tests[0])
+    assert e.t_bound == tb[0] and e.z_bound == z[0] and e.decision == ("reject" if abs(e.t) >= tb[0] else "continue")
+    assert e.sign_flip_p == 0.25 and e.interval == pytest.approx((e.mean - tb[0] * e.se, e.mean + tb[0] * e.se))
+
+
+def test_a_crossed_boundary_stops_the_study_and_a_diverged_run_counts_at_the_declared_loss(tmp_path):
+    s = seq_study(tmp_path, TOML.replace("looks = [3, 6]", "looks = [3, 6]\nfutility = [0.5]"))
+    for seed in (1, 2, 3):  # a lead of ~5% on every seed: |t| far past look 1's bound
+        fake_seed(s, "base", seed, 2.0)
+        fake_seed(s, "b", seed, 1.9 + 0.001 * seed)
+    st = looks.state(s)
+    assert st.stopped_at == 0 and st.current is None and st.evaluated[0].decision == "reject"
+    text = looks.tables_section(s)
+    assert "the study stopped at look 1" in text and "| E | 1 | 3 |" in text
+    # a diverged run of b: its loss counts as 5.0; the look's |t| is then about 1, above the futility bound
+    # |z| < 0.5 carried to 2 df (0.58), so the study goes on; with |z| < 1.5 (2.0 on 2 df) it stops for futility
+    for bound, decision in ((0.5, "continue"), (1.5, "futility")):
+        s2 = seq_study(tmp_path / str(bound), TOML.replace("looks = [3, 6]", f"looks = [3, 6]\nfutility = [{bound}]"))
+        for seed, (lb, lo) in zip((1, 2, 3), [(2.0, 1.9), (2.0, 2.1), (2.0, 2.0)]):
+            fake_seed(s2, "base", seed, lb)
+            fake_seed(s2, "b", seed, lo, diverged=seed == 3)
+        st = looks.state(s2)
+        (e,) = st.evaluated
+        d = [5.0, -5.0, 100 * (2.0 - 5.0) / 2.0]
+        assert e.diverged == 1 and e.mean == pytest.approx(np.mean(d)) and e.decision == decision
+        assert e.t == pytest.approx(np.mean(d) / (np.std(d, ddof=1) / math.sqrt(3)))
+        assert (st.current, st.stopped_at) == ((1, None) if decision == "continue" else (None, 0))
+
+
+def test_study_py_runs_one_look_a_command_records_it_and_the_next_command_runs_the_next(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """run_looks: the first command runs look 1's seeds (here faked by a stand-in for study.run), evaluates and
+    records it (study.json: the look, the losses of its seeds and no other), writes TABLES.md's look section, and
+    says look 2 is next; the second runs look 2's and, it being the last, stops the study; a third runs nothing."""
+    s = seq_study(tmp_path)
+    ran = []
+
+    def fake(cut):
+        seeds = cut.horizons[0].seeds
+        ran.append(list(seeds))
+        for seed in seeds:  # b leads by about 1%, with a seed-to-seed spread: no boundary is crossed at look 1
+            fake_seed(s, "base", seed, 2.0)
+            fake_seed(s, "b", seed, 2.0 * (1 - (1.0 + (-1) ** seed * 1.5) / 100))
+        return 0
+
+    monkeypatch.setattr(study, "run", fake)
+    monkeypatch.setattr(study, "write_tables", lambda st: open(os.path.join(st.results_dir, "TABLES.md"), "w").write(
+        looks.tables_section(st)))
+    os.makedirs(s.results_dir)
+    assert study.run_looks(s) == 0 and ran == [[1, 2, 3]]
+    assert "look 1, E:" in capsys.readouterr().out
+    written = json.load(open(tmp_path / "results" / "study.json"))
+    assert set(written["horizons"]["10"]["b"]["held_out_val_loss"]) == {"1", "2", "3"}
+    (e,) = written["sequential"]["evaluated"]
+    assert e["look"] == 1 and e["decision"] == "continue" and written["sequential"]["current_look"] == 2
+    assert study.run_looks(s) == 0 and ran == [[1, 2, 3], [1, 2, 3, 4, 5, 6]]
+    assert "the study stopped at look 2" in capsys.readouterr().out
+    text = (tmp_path / "results" / "TABLES.md").read_text()
+    assert "| E | 1 | 3 |" in text and "| E | 2 | 6 |" in text and "the study stopped at look 2" in text
+    assert study.run_looks(s) == 0 and len(ran) == 2
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("contrast = { b = 1 }", "contrast = { base = 1 }", "'contrast' must map arms other than the baseline"),
+    ("looks = [3, 6]", "looks = [3, 9]", "'looks' must be increasing seed counts"),
+    ("looks = [3, 6]", 'looks = [3, 6]\nspending = "haybittle"', "'spending' must be"),
+    ("diverged_val_loss = 5.0\n", "", "'diverged_val_loss' is missing"),
+    ("looks = [3, 6]", "looks = [3, 6]\nfutility = [0.5, 1.0]", "'futility' must give one"),
+])
+def test_a_bad_declaration_is_one_error_naming_the_key(tmp_path, old, new, message):
+    path = tmp_path / "seq.toml"
+    path.write_text(TOML.replace("{results}", str(tmp_path)).replace(old, new))
+    with pytest.raises(protocol.StudyError, match=message):
+        study.load_study(str(path))
+
+
+def test_the_power_section_pairs_a_pilot_by_seed(tmp_path):
+    pilot = tmp_path / "pilot"
+    gaps = [0.5, 1.0, -0.2, 0.8]
+    for k, g in enumerate(gaps):
+        fake_run(str(pilot / "base" / f"s{k}"), 2.0)
+        fake_run(str(pilot / "b" / f"s{k}"), 2.0 * (1 - g / 100))
+    for arm in ("base", "b"):  # each run's seed from its config.json
+        for k in range(len(gaps)):
+            header = json.load(open(pilot / arm / f"s{k}" / "config.json"))
+            header["config"]["seed"] = 100 + k
+            json.dump(header, open(pilot / arm / f"s{k}" / "config.json", "w"))
+    s = seq_study(tmp_path, TOML + f'[power]\n[power.E]\neffect = 0.5\npilot = {{ base = ["{pilot}/base"], '
+                                   f'b = ["{pilot}/b"] }}\n')
+    sd, seeds = looks.pilot_spread(s, s.tests[0], s.power.targets["E"])
+    assert seeds == [100, 101, 102, 103] and sd == pytest.approx(np.std(gaps, ddof=1))
+    lines = "\n".join(looks.describe_power(s, lambda n: (f"{n} floor", f"{n} more")))
+    assert f"a fixed-n test needs {power.seeds_for_power(0.5, sd)} seeds an arm" in lines
+    assert f"its MDE is {power.detectable_effect(sd, 6):.2f} points" in lines
