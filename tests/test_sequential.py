@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import study
+from helpers import REPO
 from nonlinear_queries import design, looks, power, protocol, sequential
 from nonlinear_queries.train_config import TrainConfig
 
@@ -248,3 +249,67 @@ def test_the_power_section_pairs_a_pilot_by_seed(tmp_path):
     lines = "\n".join(looks.describe_power(s, lambda n: (f"{n} floor", f"{n} more")))
     assert f"a fixed-n test needs {power.seeds_for_power(0.5, sd)} seeds an arm" in lines
     assert f"its MDE is {power.detectable_effect(sd, 6):.2f} points" in lines
+
+
+def test_the_width256_study_dry_run_shows_its_looks_power_and_cost(capsys):
+    """studies/width256_e.toml, declared in results/width_ladder/width256_e/README.md: held-out seeds 21-50 of
+    baseline_temp2 and res_gelu_no_half at width 256 (μP, 3e-3, 3000 steps, data_seed = seed), looks at 10, 20,
+    30 seeds an arm; its dry run plans look 1's 20 runs, the boundaries, the power from seeds 1-20's pilot and
+    the cost."""
+    s = study.load_study(os.path.join(REPO, "studies", "width256_e.toml"))
+    (horizon,) = s.horizons
+    assert horizon.seeds == list(range(21, 51)) and s.sequential.looks == [10, 20, 30]
+    for arm in s.arms:
+        c = protocol.arm_config(s, arm, horizon, protocol.held_out_point(s, "3e-3", 21))
+        assert (c.n_embd, c.n_head, c.parametrization, c.learning_rate, c.seed, c.data_seed, c.max_iters) == (
+            256, 8, "mup", 3e-3, 21, 21, 3000)
+    assert study.main(["studies/width256_e.toml", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    done = int(out.split(" run directories exist")[0].split()[-1])
+    assert f"at least {20 - done} run(s) left" in out
+    assert "look 1: 10 seeds an arm (seeds 21-30), reject if |z| >= 3.710" in out
+    assert "look 3: 30 seeds an arm (seeds 21-50), reject if |z| >= 1.993" in out
+    assert "sd 0.786 points from the pilot's 20 paired seeds (seeds 1-20; 0 diverged run(s) among them)" in out
+    assert "a fixed-n test needs 26 seeds an arm" in out
+
+
+def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsys):
+    """results/width_ladder/width256_e/README.md: each design table equals what its marker's command prints (20,000
+    simulated studies per design and effect), and the numbers it quotes from the dry run are the dry run's."""
+    readme = open(os.path.join(REPO, "results", "width_ladder", "width256_e", "README.md")).read()
+    lines = readme.splitlines()
+    prefix = "<!-- table from: python -m nonlinear_queries.design "
+    markers = [i for i, line in enumerate(lines) if line.startswith(prefix)]
+    assert len(markers) == 2
+    for i in markers:
+        argv = lines[i].removeprefix(prefix).removesuffix(" -->")
+        assert design.main(argv.split()) == 0
+        printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+        committed = []
+        for line in lines[i + 1:]:
+            if not line.startswith("|"):
+                break
+            committed.append(line)
+        assert committed == printed, lines[i]
+    assert study.main(["studies/width256_e.toml", "--dry_run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    text = " ".join(readme.split())
+    for quoted, printed in [
+        ("needs 26 seeds an arm for 80% power at 0.45 points; at 30 seeds its MDE is 0.42 points",
+         "a fixed-n test needs 26 seeds an arm"),
+        ("1.80 points (look 1), 0.64 (look 2) and 0.42 (look 3)", "look 1 (10 seeds) 1.80 points, look 2 (20 seeds) "
+                                                                   "0.64 points, look 3 (30 seeds) 0.42 points"),
+        ("≥ 1.49, 0.49 and 0.30 points, and look 2 stops for futility where it is below 0.18",
+         "rejects where |estimate| >= 1.49, 0.49, 0.30 points; look 2 stops for futility where |estimate| < 0.18"),
+        ("|z| ≥ 3.710, 2.511, 1.993", "reject if |z| >= 3.710: |t| >= 5.98 on 9 df (nominal p <= 0.00021)"),
+        ("|t| ≥ 5.98 on 9 df, 2.78 on 19 df, 2.08 on 29 df (nominal p ≤ 0.00021, 0.012, 0.046)",
+         "|t| >= 2.78 on 19 df (nominal p <= 0.012), stop for futility if |t| < 1.03"),
+        ("carried to |t| < 1.03 on 19 df", "|t| >= 2.08 on 29 df (nominal p <= 0.046)"),
+        ("0.786 points", "sd 0.786 points"),
+        ("rejects 0.046 of the 20,000 studies", "at E = 0: rejects 0.046, stops at the looks 0.000, 0.695, 0.305"),
+        ("about 12.8 run-hours, 6.4 hours of wall time", "about 12.8 run-hours, about 6.4 hours of wall time"),
+        ("bring the total to 25.7 and 38.5 run-hours", "look 2 25.7 run-hours; look 3 38.5 run-hours"),
+        ("1.3 run-hours to the whole (39.8)", "cost 38.5 run-hours, with widening and one rerun per arm 39.8"),
+    ]:
+        assert quoted in text, quoted
+        assert printed in out, printed
