@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import study
-from helpers import REPO
+from helpers import ONE_THREAD, REPO, run_script
 from nonlinear_queries import design, looks, power, protocol, sequential
 from nonlinear_queries.train_config import TrainConfig
 
@@ -313,3 +313,54 @@ def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsy
     ]:
         assert quoted in text, quoted
         assert printed in out, printed
+
+
+@pytest.mark.slow
+def test_study_py_runs_a_tiny_sequential_study_one_look_a_command(tmp_path, shakespeare_dir):
+    """study.py on tiny real runs: the first command trains look 1's seeds (1-3) of both arms and no other, records
+    the look and says look 2 is next; the second trains seed 4 and stops the study at the last look."""
+    tiny = (f'n_layer = 1, n_head = 2, n_embd = 32, block_size = 32, batch_size = 2, eval_iters = 2, warmup_iters = 1, '
+            f'log_interval = 1, wandb_log = false, data_dir = "{shakespeare_dir}", eval_interval = 2')
+    path = tmp_path / "tiny_seq.toml"
+    path.write_text(f"""
+name = "tiny_seq"
+results_dir = "{tmp_path / 'results'}"
+runs_dir = "{tmp_path / 'runs'}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3"]
+seed = 0
+[held_out]
+seeds = [1, 2, 3, 4]
+[[horizon]]
+max_iters = 2
+[launcher]
+jobs = 2
+[[arm]]
+name = "linear"
+config = "config/quickstart.py"
+value = "1e-3"
+overrides = {{ query_mode = "linear", {tiny} }}
+[[arm]]
+name = "res_gelu"
+config = "config/quickstart.py"
+value = "1e-3"
+overrides = {{ {tiny} }}
+[[test]]
+name = "E"
+baseline = "linear"
+contrast = {{ res_gelu = 1 }}
+diverged_val_loss = 4.85
+[sequential]
+looks = [3, 4]
+""")
+    out = run_script("study.py", str(path), env=ONE_THREAD).stdout
+    assert "look 1, E:" in out and "look 2 is next" in out
+    runs = sorted(p.parent.name for p in (tmp_path / "runs").rglob("metrics.jsonl"))
+    assert runs == sorted(f"learning_rate=1e-3,seed={s},data_seed={s}" for s in (1, 2, 3) for _ in range(2))
+    record = json.loads((tmp_path / "results" / "study.json").read_text())["sequential"]
+    assert [e["look"] for e in record["evaluated"]] == [1] and record["current_look"] == 2
+    out = run_script("study.py", str(path), env=ONE_THREAD).stdout
+    assert "the study stopped at look 2" in out
+    assert len(list((tmp_path / "runs").rglob("metrics.jsonl"))) == 8
+    assert "| E | 2 | 4 |" in (tmp_path / "results" / "TABLES.md").read_text()
