@@ -525,6 +525,8 @@ def run_looks(study):
         print(f"look {e.look}, {e.test}: {e.mean:+.3f} points, t = {e.t:+.2f} on {e.df} df against |t| >= "
               f"{e.t_bound:.2f}: {e.decision}; sign-flip p {e.sign_flip_p:.3g}")
     print(f"the study stopped at look {after.stopped_at + 1}" if after.current is None else
+          (f"the pilot stage is done and sets the looks at {', '.join(map(str, looks.planned_looks(study)[0]))} seeds "
+           f"an arm; " if s.current == looks.PILOT else "") +
           f"look {after.current + 1} is next: run the same command again to start it")
     return 0
 

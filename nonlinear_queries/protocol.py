@@ -89,20 +89,24 @@ class DeclaredTest:
 @dataclass
 class Sequential:
     """Group-sequential looks ([sequential]): `looks` held-out seeds per arm at each look (the first looks[k] of
-    the horizon's seeds, in the order written), Lan-DeMets `spending` ('obrien_fleming' or 'pocock'), an optional
-    non-binding `futility` bound on |z| per look but the last (carried to t as the rejection bounds are), and the
-    sign-flip test's Monte Carlo draws where 2^n is too many."""
+    the horizon's seeds, in the order written), or `n_looks` equally spaced looks up to the seeds that [power] asks
+    of the first test of the family (looks.planned_looks); Lan-DeMets `spending` ('obrien_fleming' or 'pocock'), an
+    optional non-binding `futility` bound on |z| per look but the last (carried to t as the rejection bounds are),
+    and the sign-flip test's Monte Carlo draws where 2^n is too many."""
 
-    looks: list
+    looks: list  # [] = set by power (n_looks)
     spending: str
     futility: list
     sign_flip_draws: int
+    n_looks: int = 0
 
 
 @dataclass
 class PowerTarget:
     """One declared test's power planning: the `effect` to detect (points) and its spread, `sd` given or from
-    `pilot`: {arm: [run or arm directories]} of finished runs of the same contrast, paired by each run's seed."""
+    `pilot`: {arm: [run or arm directories]} of finished runs of the same contrast, paired by each run's seed; in a
+    study with a pilot stage ([pilot] seeds), from the pilot stage's runs once they all exist (`sd`, if given, is
+    the spread assumed until then)."""
 
     effect: float
     sd: float  # 0 = from the pilot
@@ -140,6 +144,8 @@ class Study:
     tests: list = field(default_factory=list)  # DeclaredTest: the declared paired contrasts ([[test]])
     sequential: "Sequential | None" = None  # the looks and their spending ([sequential])
     power: "PowerPlan | None" = None  # the power planning ([power])
+    pilot_seeds: list = field(default_factory=list)  # [pilot] seeds: run by every arm before the looks, tested never
+    family: list = field(default_factory=list)  # [family] order: the declared tests' fixed-sequence order
 
     @property
     def tuning_seed(self):
@@ -275,10 +281,17 @@ def load_study(path):
              enumerate(_take(raw, "test", list, path, []))]
     sequential = _sequential(raw.pop("sequential"), f"{path} [sequential]", tests, horizons) \
         if "sequential" in raw else None
-    power = _power(raw.pop("power"), f"{path} [power]", tests) if "power" in raw else None
+    pilot = _take(raw, "pilot", dict, path, {})
+    pilot_seeds = _take(pilot, "seeds", list, f"{path} [pilot]", []) if pilot else []
+    _no_more(pilot, f"{path} [pilot]")
+    power = _power(raw.pop("power"), f"{path} [power]", tests, bool(pilot_seeds)) if "power" in raw else None
+    family = _take(raw, "family", dict, path, {})
+    order = _take(family, "order", list, f"{path} [family]") if family else []
+    _no_more(family, f"{path} [family]")
     _no_more(raw, path)
+    _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_seeds, horizons)
     study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
-                  launcher, tables, peak, mfu, per_step, tests, sequential, power)
+                  launcher, tables, peak, mfu, per_step, tests, sequential, power, pilot_seeds, order)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
         for horizon in (h for h in horizons if arm.name in h.arms):
             try:
@@ -322,13 +335,17 @@ def _sequential(raw, where, tests, horizons):
     """The [sequential] table checked against the declared tests and the held-out seeds. Raises StudyError."""
     if not isinstance(raw, dict):
         raise StudyError(f"{where}: must be a table")
-    plan = Sequential(_take(raw, "looks", list, where), _take(raw, "spending", str, where, "obrien_fleming"),
-                      _take(raw, "futility", list, where, []), _take(raw, "sign_flip_draws", int, where, 100_000))
+    plan = Sequential(_take(raw, "looks", list, where, []), _take(raw, "spending", str, where, "obrien_fleming"),
+                      _take(raw, "futility", list, where, []), _take(raw, "sign_flip_draws", int, where, 100_000),
+                      _take(raw, "n_looks", int, where, 0))
     _no_more(raw, where)
     if not tests:
         raise StudyError(f"{where}: looks need a declared test to evaluate: add a [[test]]")
     seeds = min(len(h.seeds) for h in horizons if h.max_iters in {t.horizon for t in tests})
-    looks = plan.looks
+    looks = plan.looks or [3 * (k + 1) for k in range(plan.n_looks)]  # n_looks: checked as its smallest schedule
+    if bool(plan.looks) == (plan.n_looks > 0):
+        raise StudyError(f"{where}: give the looks as 'looks' (seeds an arm at each) or as 'n_looks' (set by [power]), "
+                         f"one of the two")
     if not looks or not all(isinstance(n, int) and not isinstance(n, bool) for n in looks) or looks[0] < 3 or any(
             b <= a for a, b in zip(looks, looks[1:])) or looks[-1] > seeds:
         raise StudyError(f"{where}: 'looks' must be increasing seed counts from at least 3 up to the {seeds} held-out "
@@ -344,9 +361,9 @@ def _sequential(raw, where, tests, horizons):
     return plan
 
 
-def _power(raw, where, tests):
-    """The [power] table: `power`, and one table per declared test's name with `effect` and `sd` or `pilot`.
-    Raises StudyError."""
+def _power(raw, where, tests, pilot_stage=False):
+    """The [power] table: `power`, and one table per declared test's name with `effect` and `sd` or `pilot` (with a
+    pilot stage, `sd` alone or nothing: the stage's runs give the spread). Raises StudyError."""
     if not isinstance(raw, dict):
         raise StudyError(f"{where}: must be a table")
     wanted = _take(raw, "power", float, where, 0.8)
@@ -360,8 +377,10 @@ def _power(raw, where, tests):
         target = PowerTarget(_take(t, "effect", float, here), _take(t, "sd", float, here, 0.0),
                              _take(t, "pilot", dict, here, {}))
         _no_more(t, here)
-        if (target.sd > 0) == bool(target.pilot) or target.sd < 0:
-            raise StudyError(f"{here}: give the spread as 'sd' (> 0) or as 'pilot' runs, one of the two")
+        if target.sd < 0 or (target.sd > 0 and target.pilot) or (
+                not pilot_stage and (target.sd > 0) == bool(target.pilot)):
+            raise StudyError(f"{here}: give the spread as 'sd' (> 0) or as 'pilot' runs, one of the two"
+                             + ("" if pilot_stage else " (or declare a [pilot] stage)"))
         arms = {by_name[name].baseline, *by_name[name].contrast}
         if target.pilot and (set(target.pilot) != arms or not all(
                 isinstance(v, list) and v and all(isinstance(d, str) for d in v) for v in target.pilot.values())):
@@ -373,6 +392,26 @@ def _power(raw, where, tests):
     if not 0 < wanted < 1:
         raise StudyError(f"{where}: 'power' must lie in (0, 1)")
     return PowerPlan(wanted, targets)
+
+
+def _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_seeds, horizons):
+    """The declared tests' parts checked against each other: the pilot's seeds, the family's order, the test whose
+    power sets the looks. Raises StudyError."""
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in pilot_seeds) or (pilot_seeds and (
+            set(pilot_seeds) & ({*tuning_seeds} | {s for h in horizons for s in h.seeds}) or not tests)):
+        raise StudyError(f"{path} [pilot]: 'seeds' must be integers that are neither tuning nor held-out seeds, in a "
+                         f"study that declares a [[test]]")
+    names = [t.name for t in tests]
+    if len(set(names)) != len(names):
+        raise StudyError(f"{path}: two [[test]] tables share a name")
+    if order and sorted(order) != sorted(names):
+        raise StudyError(f"{path} [family]: 'order' must list every declared test once ({', '.join(names)})")
+    if sequential and sequential.n_looks:
+        first = order[0] if order else names[0]
+        target = power.targets.get(first) if power else None
+        if target is None or not (target.sd or target.pilot or pilot_seeds):
+            raise StudyError(f"{path} [sequential]: 'n_looks' sets the looks from [power.{first}]'s effect and spread: "
+                             f"declare it, with 'sd', 'pilot' runs or a [pilot] stage")
 
 
 def train_args(study, arm, horizon):

@@ -217,6 +217,92 @@ def test_study_py_runs_one_look_a_command_records_it_and_the_next_command_runs_t
     assert study.run_looks(s) == 0 and len(ran) == 2
 
 
+PILOT_TOML = """
+name = "fam"
+results_dir = "{results}"
+[tuning]
+key = "learning_rate"
+grid = ["1e-3"]
+seed = 0
+[held_out]
+seeds = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+[[horizon]]
+max_iters = 10
+[[arm]]
+name = "base"
+config = "config/mini/baseline.py"
+value = "1e-3"
+[[arm]]
+name = "b"
+config = "config/mini/res_gelu.py"
+value = "1e-3"
+[[arm]]
+name = "c"
+config = "config/mini/res_gelu.py"
+value = "1e-3"
+[pilot]
+seeds = [91, 92, 93]
+[[test]]
+name = "E"
+baseline = "base"
+contrast = { b = 1 }
+diverged_val_loss = 5.0
+[[test]]
+name = "D"
+baseline = "base"
+contrast = { b = 1, c = -1 }
+diverged_val_loss = 5.0
+[family]
+order = ["E", "D"]
+[sequential]
+n_looks = 2
+[power]
+[power.E]
+effect = 2.0
+sd = 3.0
+"""
+
+
+def test_a_pilot_stage_sets_the_looks_and_a_family_is_tested_in_its_fixed_sequence(tmp_path):
+    """[pilot]: every arm runs the pilot's seeds first (the study is at the PILOT stage until they all exist), and
+    their spread of E replaces the assumed sd in setting the looks; [family]: at the look where the gate E rejects,
+    D is tested against its own boundary there, and the study stops; the pilot's seeds enter no test."""
+    s = seq_study(tmp_path, PILOT_TOML)
+    assert looks.state(s).current == looks.PILOT
+    assert looks.at_look(s, looks.PILOT).horizons[0].seeds == [91, 92, 93]
+    assumed = looks.planned_looks(s)
+    assert "assumed until the pilot stage's runs all exist" in assumed[1]
+    pilot_e = {91: 2.0, 92: 4.0, 93: 3.0}  # E's per-seed values on the pilot, in points
+    for seed, e in pilot_e.items():
+        fake_seed(s, "base", seed, 2.0)
+        fake_seed(s, "b", seed, 2.0 * (1 - e / 100))
+        fake_seed(s, "c", seed, 2.0)
+    sd = float(np.std(list(pilot_e.values()), ddof=1))
+    planned, how = looks.planned_looks(s)
+    assert "from the pilot stage's 3 seeds (seeds 91-93)" in how and f"sd {sd:.3f}" in how
+    # the pilot's spread (1.0) is a third of the assumed 3.0: fewer seeds reach the power, and they do reach it
+    assert planned[-1] < assumed[0][-1] and planned == [math.ceil(planned[-1] / 2), planned[-1]]
+    z = sequential.spending_bounds([n / planned[-1] for n in planned])
+    tb = sequential.t_boundaries(z, [n - 1 for n in planned])
+    assert sequential.operating_characteristics(planned, tb, 2.0, sd).rejected >= 0.8
+    st = looks.state(s)
+    assert st.current == 0 and looks.at_look(s, 0).horizons[0].seeds == [91, 92, 93, *range(1, planned[0] + 1)]
+    for seed in range(1, planned[0] + 1):  # b 10% ahead of base on every look-1 seed, c 10% behind b: E and D large
+        fake_seed(s, "base", seed, 2.0)
+        fake_seed(s, "b", seed, 1.8 - 0.001 * seed)
+        fake_seed(s, "c", seed, 2.0 + 0.001 * (seed % 3))
+    st = looks.state(s)
+    assert [(e.test, e.look, e.decision) for e in st.evaluated] == [("E", 1, "reject"), ("D", 1, "reject")]
+    assert st.stopped_at == 0 and all(91 not in e.seeds for e in st.evaluated)
+    d_values = [100 * (2.0 - (1.8 - 0.001 * k)) / 2.0 - 100 * (2.0 - (2.0 + 0.001 * (k % 3))) / 2.0
+                for k in range(1, planned[0] + 1)]
+    assert st.evaluated[1].mean == pytest.approx(np.mean(d_values))
+    cut = looks.at_look(s, 0)
+    stages = {10: {a.name: protocol.advance(cut, a, cut.horizons[0]) for a in s.arms}}
+    shown = looks.withhold(s, stages)[10]["b"].held_out
+    assert set(shown) == {91, 92, 93, *range(1, planned[0] + 1)}
+
+
 @pytest.mark.parametrize("old, new, message", [
     ("contrast = { b = 1 }", "contrast = { base = 1 }", "'contrast' must map arms other than the baseline"),
     ("looks = [3, 6]", "looks = [3, 9]", "'looks' must be increasing seed counts"),

@@ -17,7 +17,7 @@ from test_results import TABLES, printed_table
 
 import study
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
-from nonlinear_queries import protocol, runs, sweeps
+from nonlinear_queries import looks, protocol, runs, sweeps
 from nonlinear_queries.configurator import ConfigError
 from nonlinear_queries.train_config import TrainConfig
 
@@ -621,47 +621,73 @@ def test_the_temperature_study_plans_exactly_its_40_declared_runs():
     assert proc.stdout.count("held-out ") == 4
 
 
-def test_the_gpt2_temperature_study_plans_its_arms_and_its_tables_print_the_declared_tests(tmp_path):
-    """studies/table1_gpt2_temperature.toml: its --dry_run plans the five arms (3 tuning rates on seed 0, held-out
-    seeds 1-5 each) in GPU-hours; on faked finished runs its tables print the declared tests, each arm's gap with
-    Holm over four, D and E, E's estimate the mean of 100 (L_temp2 - L_no_half) / L_temp2."""
+def test_the_gpt2_temperature_study_plans_its_stages_and_tests_its_family_in_order(tmp_path, capsys):
+    """studies/table1_gpt2_temperature.toml: its --dry_run plans the five arms' tuning (each on a grid of 3 rates
+    around its known rate: 6e-4 for the linear queries and mlp475, 3e-3 for the res_gelu arms) and the pilot stage
+    (seeds 101-103), the looks set by E's power at the assumed spread, the family's order, each test's MDE at each
+    look and the GPU-hours with widening; on faked finished runs of the tuning, the pilot and look 1, E (the gate) is
+    tested on the look's seeds alone, and D, then the gaps, at that look while each before rejected."""
     path = os.path.join(REPO, "studies", "table1_gpt2_temperature.toml")
-    proc = run_script("study.py", path, "--dry_run")
+    assert study.main([path, "--dry_run"]) == 0
+    out = capsys.readouterr().out
     arms = ("baseline", "baseline_temp2", "res_gelu", "res_gelu_no_half", "mlp475")
-    assert all(f"  {a}: tuning 0/3 done, held-out 0/5 done" in proc.stdout for a in arms), proc.stdout
-    assert "at least 40 run(s) left" in proc.stdout and "GPU-hours" in proc.stdout
+    assert all(f"  {a}: tuning 0/3 done, held-out 0/3 done" in out for a in arms), out
+    assert "at least 30 run(s) left" in out and "pilot stage: seeds 101, 102, 103 of every arm" in out
+    assert "3 looks, at 9, 18, 27 seeds an arm, set by [power]: E's simulated power" in out
+    assert "E -> D -> gap_res_gelu -> gap_res_gelu_no_half -> gap_baseline_temp2 -> gap_mlp475" in out
+    assert "each look alone detects (MDE at its nominal level): look 1 (9 seeds)" in out
+    assert "with widening and one rerun per arm" in out and "GPU-hours" in out
     s = study.load_study(path)
     s.runs_dir, s.results_dir = str(tmp_path / "runs"), str(tmp_path / "results")
     (horizon,) = s.horizons
+    assert {a.name: (a.grid or s.grid)[1] for a in s.arms} == {
+        "baseline": "6e-4", "baseline_temp2": "6e-4", "res_gelu": "3e-3", "res_gelu_no_half": "3e-3", "mlp475": "6e-4"}
     offset = {"baseline": 0.0, "baseline_temp2": -0.02, "res_gelu": 0.01, "res_gelu_no_half": -0.03, "mlp475": -0.005}
     loss = {}
+
+    def fake(arm, points):
+        best = (arm.grid or s.grid)[1]
+        for point in points:
+            c = protocol.arm_config(s, arm, horizon, point)
+            # the middle rate is every arm's best on seed 0; the seeds move each arm by its own amount
+            value = 3.0 + offset[arm.name] + (0.0 if point["learning_rate"] == best else 0.1) + 0.003 * (
+                (point["seed"] * (1 + list(offset).index(arm.name))) % 7)
+            loss[arm.name, point["seed"]] = value
+            out_dir = protocol.point_dir(s, arm, horizon, point)
+            os.makedirs(out_dir)
+            header = {"type": "config", "step": 0, "config": asdict(c), "run_name": arm.name,
+                      "non_embedding_params": 1, "flops_per_token": 1.0}
+            with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in (header, {"type": "eval", "step": horizon.max_iters,
+                                                                     "train_loss": value, "val_loss": value}))
+            with open(os.path.join(out_dir, "config.json"), "w") as f:
+                json.dump(header, f)
+
     for arm in s.arms:
-        config = protocol.arm_config(s, arm, horizon, {"learning_rate": "6e-4", "seed": 0})
+        best = (arm.grid or s.grid)[1]
+        config = protocol.arm_config(s, arm, horizon, {"learning_rate": best, "seed": 0})
         assert (config.attn_scale, config.query_mode) == {"baseline_temp2": (0.25, "linear"),
                                                           "res_gelu_no_half": (0.125, "res_gelu")}.get(
             arm.name, (0.0, config.query_mode))
-        points = [{"learning_rate": v, "seed": 0} for v in s.grid] + [
-            protocol.held_out_point(s, "6e-4", seed) for seed in range(1, 6)]
-        for point in points:
-            c = protocol.arm_config(s, arm, horizon, point)
-            # 6e-4 is every arm's best on seed 0; the held-out seeds move each arm by its own amount
-            value = 3.0 + offset[arm.name] + (0.0 if point["learning_rate"] == "6e-4" else 0.1) + 0.003 * (
-                (point["seed"] * (1 + list(offset).index(arm.name))) % 7)
-            loss[arm.name, point["seed"]] = value
-            out = protocol.point_dir(s, arm, horizon, point)
-            os.makedirs(out)
-            header = {"type": "config", "step": 0, "config": asdict(c), "run_name": arm.name,
-                      "non_embedding_params": 1, "flops_per_token": 1.0}
-            with open(os.path.join(out, "metrics.jsonl"), "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in (header, {"type": "eval", "step": horizon.max_iters,
-                                                                     "train_loss": value, "val_loss": value}))
+        fake(arm, [{"learning_rate": v, "seed": 0} for v in arm.grid or s.grid] +
+             [protocol.held_out_point(s, best, seed) for seed in (101, 102, 103)])
+    planned, how = looks.planned_looks(s)
+    assert how.endswith("from the pilot stage's 3 seeds (seeds 101-103)") and looks.state(s).current == 0
+    for arm in s.arms:
+        fake(arm, [protocol.held_out_point(s, (arm.grid or s.grid)[1], seed) for seed in range(1, planned[-1] + 1)])
+    state = looks.state(s)
+    gate = [x for x in state.evaluated if x.test == "E"]
+    assert [x.look for x in gate] == list(range(1, len(gate) + 1)) and state.stopped_at == len(gate) - 1
+    assert all(x.decision == "continue" for x in gate[:-1])
+    e = [100 * (loss["baseline_temp2", k] - loss["res_gelu_no_half", k]) / loss["baseline_temp2", k]
+         for k in range(1, planned[0] + 1)]
+    assert gate[0].mean == pytest.approx(np.mean(e)) and gate[0].seeds == list(range(1, planned[0] + 1))
+    # the pilot's small spread sets three looks of 3 seeds; E crosses at the last, then the family in its order at
+    # that look while each rejects: mlp475's gap (its t 1.26) is not rejected, and nothing follows it
+    assert planned == [3, 6, 9] and [(x.test, x.look, x.decision) for x in state.evaluated] == [
+        ("E", 1, "continue"), ("E", 2, "continue"), ("E", 3, "reject"), ("D", 3, "reject"),
+        ("gap_res_gelu", 3, "reject"), ("gap_res_gelu_no_half", 3, "reject"), ("gap_baseline_temp2", 3, "reject"),
+        ("gap_mlp475", 3, "not rejected")]
     write_tables_from_the_repo(s)
     text = (tmp_path / "results" / "TABLES.md").read_text()
-    rows = [cells for cells in (line.strip("|").split("|") for line in text.splitlines() if line.startswith("|"))]
-    pooled = [[c.strip() for c in r] for r in rows if len(r) == 8 and r[1].strip() == "768"]
-    assert [r[0] for r in pooled] == ["res_gelu", "res_gelu_no_half", "baseline_temp2", "mlp475",
-                                      "res_gelu_no_half"]  # four under Holm, then E's one
-    e = np.mean([100 * (loss["baseline_temp2", k] - loss["res_gelu_no_half", k]) / loss["baseline_temp2", k]
-                 for k in range(1, 6)])
-    assert pooled[-1][3] == f"{e:+.2f}" and pooled[-1][5] == pooled[-1][6]  # E uncorrected: one test
-    assert any(line.startswith("| 768 | 5 |") for line in text.splitlines())  # D at the one width
+    assert "## The declared tests, look by look" in text and "E -> D -> gap_res_gelu" in text
