@@ -111,7 +111,7 @@ def planned_looks(study):
         return None, how
     target = study.power.targets[test.name]
     looks, reached = _looks_for_power(target.effect, sd, test.level, plan.spending, tuple(plan.futility),
-                                      plan.n_looks, study.power.power, len(_horizon(study, test).seeds))
+                                      plan.n_looks, study.power.power, len(plan.held_out))
     return list(looks), (f"set by [power]: {test.name}'s simulated power {reached:.3f} at {target.effect:g} points, "
                          f"sd {sd:.3f} {how}")
 
@@ -131,7 +131,8 @@ def _horizon(study, test):
 
 def _cut(study, n):
     """The study with every horizon's held-out seeds the pilot's then the first n (and an arm's own cut to n)."""
-    return replace(study, horizons=[replace(h, seeds=[*study.pilot_seeds, *h.seeds[:n]]) for h in study.horizons],
+    seeds = [*study.pilot_seeds, *study.sequential.held_out[:n]]
+    return replace(study, horizons=[replace(h, seeds=seeds) for h in study.horizons],
                    arms=[replace(a, seeds=a.seeds[:n]) if a.seeds is not None else a for a in study.arms])
 
 
@@ -164,7 +165,7 @@ def _losses(study, test, seeds):
 
 def _look_losses(study, test, k, looks):
     """_losses of look k's held-out seeds; None where the held-out seeds are fewer than the look asks."""
-    seeds = _horizon(study, test).seeds[:looks[k]]
+    seeds = study.sequential.held_out[:looks[k]]
     return _losses(study, test, seeds) if len(seeds) == looks[k] else None
 
 
@@ -328,7 +329,7 @@ def describe_looks(study):
         z, tb, ft = boundaries(study, test)
         lines.append(f"  {_contrast_text(test)}, level {test.level:g}:")
         for k, n in enumerate(looks):
-            seeds = _horizon(study, test).seeds[:n]
+            seeds = plan.held_out[:n]
             done = _runs_done(study, test, seeds)
             total = n * (1 + len(test.contrast))
             result = next((e for e in s.evaluated if e.test == test.name and e.look == k + 1), None)

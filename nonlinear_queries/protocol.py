@@ -99,6 +99,7 @@ class Sequential:
     futility: list
     sign_flip_draws: int
     n_looks: int = 0
+    held_out: list = field(default_factory=list)  # the tests' horizon's held-out seeds, in order (a cut study's too)
 
 
 @dataclass
@@ -341,7 +342,10 @@ def _sequential(raw, where, tests, horizons):
     _no_more(raw, where)
     if not tests:
         raise StudyError(f"{where}: looks need a declared test to evaluate: add a [[test]]")
-    seeds = min(len(h.seeds) for h in horizons if h.max_iters in {t.horizon for t in tests})
+    if len({t.horizon for t in tests}) > 1:
+        raise StudyError(f"{where}: the declared tests of a study with looks must read one horizon")
+    plan.held_out = list(next(h for h in horizons if h.max_iters == tests[0].horizon).seeds)
+    seeds = len(plan.held_out)
     looks = plan.looks or [3 * (k + 1) for k in range(plan.n_looks)]  # n_looks: checked as its smallest schedule
     if bool(plan.looks) == (plan.n_looks > 0):
         raise StudyError(f"{where}: give the looks as 'looks' (seeds an arm at each) or as 'n_looks' (set by [power]), "

@@ -303,6 +303,41 @@ def test_a_pilot_stage_sets_the_looks_and_a_family_is_tested_in_its_fixed_sequen
     assert set(shown) == {91, 92, 93, *range(1, planned[0] + 1)}
 
 
+def test_study_py_runs_the_pilot_stage_then_the_looks_it_sets(tmp_path, monkeypatch, capsys):
+    """run_looks with a pilot stage: the first command runs the pilot's seeds alone (recording and writing its
+    tables on the study cut to them, as study.run does) and says which looks they set; the second runs look 1, where
+    the gate E rejects and D is tested after it; a third runs nothing."""
+    s = seq_study(tmp_path, PILOT_TOML)
+    ran = []
+
+    def fake(cut):  # what study.run does to the cut study: its runs, then study.json and the tables
+        seeds = cut.horizons[0].seeds
+        ran.append(list(seeds))
+        for seed in seeds:
+            fake_seed(s, "base", seed, 2.0)
+            fake_seed(s, "b", seed, 1.9 - 0.001 * (seed % 3))
+            fake_seed(s, "c", seed, 2.0 + 0.01 * (seed % 2))
+        study.record(cut, {10: {a.name: protocol.advance(cut, a, cut.horizons[0]) for a in cut.arms}})
+        study.write_tables(cut)
+        return 0
+
+    monkeypatch.setattr(study, "run", fake)
+    monkeypatch.setattr(study, "write_tables", lambda st: open(os.path.join(st.results_dir, "TABLES.md"), "w").write(
+        looks.tables_section(st)))
+    os.makedirs(s.results_dir)
+    assert study.run_looks(s) == 0 and ran == [[91, 92, 93]]
+    planned = looks.planned_looks(s)[0]
+    assert f"the pilot stage is done and sets the looks at {', '.join(map(str, planned))} seeds an arm; look 1 is " \
+           f"next" in capsys.readouterr().out
+    assert study.run_looks(s) == 0 and ran[1] == [91, 92, 93, *range(1, planned[0] + 1)]
+    (e, d) = looks.state(s).evaluated
+    assert (e.test, e.decision, d.test, d.look) == ("E", "reject", "D", 1) and 91 not in e.seeds
+    assert "the study stopped at look 1" in capsys.readouterr().out
+    written = json.load(open(tmp_path / "results" / "study.json"))["sequential"]
+    assert written["stopped_at_look"] == 1 and written["family_order"] == ["E", "D"]
+    assert study.run_looks(s) == 0 and len(ran) == 2
+
+
 @pytest.mark.parametrize("old, new, message", [
     ("contrast = { b = 1 }", "contrast = { base = 1 }", "'contrast' must map arms other than the baseline"),
     ("looks = [3, 6]", "looks = [3, 9]", "'looks' must be increasing seed counts"),
