@@ -13,7 +13,7 @@ rejecting at an earlier look where |t| falls below it (non-binding: the rejectio
 study stops at the look where every test has stopped, or at the last look. Beside each, the exact sign-flip p of the
 same per-seed contrasts (sequential.sign_flip_p), reported and never a substitute for the declared test, and the
 repeated confidence interval, estimate +- t_k x SE (Jennison & Turnbull 2000, ch. 9: it covers the contrast at every
-look at once with probability 1 - level).
+look at once with probability about 1 - level, as the boundaries carried to t hold the level).
 
 A diverged run is never dropped: its val loss counts as the test's declared `diverged_val_loss` (power.contrast_values).
 
@@ -209,10 +209,16 @@ def evaluate(study, test, k, losses):
     futility = ft[k] if ft and not last and not gated else None
     decision = ("reject" if abs(t) >= tb[k] else "futility" if futility is not None and abs(t) < futility
                 else "not rejected" if last or gated else "continue")
-    p_flip, how = sequential.sign_flip_p(d, draws=study.sequential.sign_flip_draws)
+    p_flip, how = _sign_flip(tuple(d), study.sequential.sign_flip_draws)
     diverged = sum(math.isinf(losses[a][s]) for a in losses for s in seeds)
     return Evaluation(test.name, k + 1, seeds, mean, se, t, n - 1, float(2 * sps.t.sf(abs(t), n - 1)), z[k], tb[k],
                       futility, decision, (mean - tb[k] * se, mean + tb[k] * se), p_flip, how, diverged)
+
+
+@functools.lru_cache(maxsize=256)
+def _sign_flip(differences, draws):
+    """sequential.sign_flip_p of a look's per-seed contrasts (a tuple), kept: study.json is rewritten every round."""
+    return sequential.sign_flip_p(np.array(differences), draws=draws)
 
 
 @dataclass
@@ -262,8 +268,8 @@ def withhold(study, stages):
         return stages
     s = state(study)
     shown = set() if s.current == PILOT else {*study.pilot_seeds, *(seed for e in s.evaluated for seed in e.seeds)}
-    return {h: {a: replace(s, held_out={seed: v for seed, v in s.held_out.items() if seed in shown})
-                for a, s in arms.items()} for h, arms in stages.items()}
+    return {h: {a: replace(stage, held_out={seed: v for seed, v in stage.held_out.items() if seed in shown})
+                for a, stage in arms.items()} for h, arms in stages.items()}
 
 
 def record(study):
