@@ -412,6 +412,8 @@ def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsy
                 break
             committed.append(line)
         assert committed == printed, lines[i]
+        # every design holds its level by the 20,000 simulated studies: its null rejection rate within 0.05 +- 0.005
+        assert all(abs(float(row.split("|")[5]) - 0.05) <= 0.005 for row in printed[2:]), printed
     assert study.main(["studies/width256_e.toml", "--dry_run"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     text = " ".join(readme.split())
