@@ -61,7 +61,13 @@ from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import hold_out_dir, make_out_dir, release_new_out_dir, release_out_dir
+from nonlinear_queries.lock import (
+    hold_out_dir,
+    left_lock_file,
+    make_out_dir,
+    release_new_out_dir,
+    release_out_dir,
+)
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError, load_model
 from nonlinear_queries.runs import RunDir
@@ -138,15 +144,17 @@ def open_data(cfg):
 
 def hold_run_dir(cfg, rt, stop):
     """The run directory, out_dir: on rank 0 created and, with lock_out_dir, locked for this process's life
-    (lock.py; one run per out_dir); a new run that would replace the run there unasked is refused on every rank
+    (lock.py; one run per out_dir); a new run that would replace or append to what a run left there unasked
+    (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds) is refused on every rank
     (runs.RunDir.check_start). Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or CheckpointError."""
+    left_lock = left_lock_file(cfg.out_dir)  # before this run's own lock file is made
     if rt.master and cfg.lock_out_dir:
         with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
             hold_out_dir(cfg.out_dir)
     elif rt.master:
         make_out_dir(cfg.out_dir)
     run_dir = RunDir(cfg.out_dir)
-    run_dir.check_start(cfg.init_from, cfg.overwrite)
+    run_dir.check_start(cfg.init_from, cfg.overwrite, resume_command(rt), left_lock)
     return run_dir
 
 
