@@ -316,9 +316,10 @@ def read_back(cfg, reduced, grad_norm, guard, stop_agreed):
     return loss_total / cfg.gradient_accumulation_steps, norm, stop_agreed or votes > 0, guard.outcome(guarded)
 
 
-def report_divergence(cfg, out, checkpoints, diverged):
+def report_divergence(cfg, out, checkpoints, diverged, stop):
     """Log the `diverged` record of `diverged` ((reason, step, loss, grad_norm), DivergenceGuard.outcome's), say
-    that the checkpoints on disk are untouched and what may avoid it, close the log. Returns 3, the exit status."""
+    that the checkpoints on disk are untouched and what may avoid it, close the log. Returns 3, the exit status,
+    which a signal no longer changes (StopFlag.end)."""
     reason, at, loss, norm = diverged
     out.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
              "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
@@ -327,7 +328,7 @@ def report_divergence(cfg, out, checkpoints, diverged):
     out.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; {kept}. A lower "
               f"learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records it as 'diverged'.",
               file=sys.stderr)
-    out.finish(3)
+    out.finish(stop.end(3))
     return 3
 
 
@@ -389,19 +390,37 @@ def log_train(out, step, loss, lr, grad_norm, speed):
 def stopped(rt, run_dir, out, stop, state, checkpoints):
     """The end of a run that a signal stopped (stopping.py): says where it stopped and how to resume it, and
     returns 0. A new run stopped before its first update has no checkpoint (step 0 is its seed's): what it wrote
-    is removed, as for a run that could not start, and it returns 128 + the signal's number."""
+    is removed, as for a run that could not start, and it returns 128 + the signal's number. From here on a
+    signal changes neither (StopFlag.end)."""
     by = stop.signal or "a signal to another process"
     if checkpoints.path is None:
+        status = stop.end(128 + getattr(signal, stop.signal or "SIGTERM"))
         out.print(f"stopped by {by} before the first step: nothing to resume; run the same command to start again")
         out.finish(1)
         if rt.master:
             run_dir.remove_log()
             release_new_out_dir(run_dir.path)
-        return 128 + getattr(signal, stop.signal or "SIGTERM")
+        return status
+    stop.end(0)
     out.print(f"stopped by {by} after step {state.step}; the checkpoint is {checkpoints.path}. Resume with:\n"
               f"  {resume_command(rt)}")
     out.finish(0)
     return 0
+
+
+def compile_cut_by_stop(cfg, stop, error):
+    """Whether `error`, raised by a training step or an evaluation, is torch.compile's compilation cut short by a
+    stop request: a signal to the whole process group (a terminal's Ctrl-C, a scheduler's signal to a job) also
+    reaches inductor's compiler processes, and their end surfaces as an InductorError (CppCompileError: C++
+    compile error). Such an error is the stop itself: the step or evaluation is given up, as a signal gives up
+    an evaluation, and the run stops as stopped() says, with nothing of it reported as an error."""
+    if not cfg.compile or stop.signal is None:
+        return False
+    # loaded already by torch.compile; imported here, as a run without compile never needs them (2 s)
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError
+
+    return isinstance(error, (TorchDynamoException, CppCompileError))
 
 
 def train(cfg, config_files, rt):
@@ -442,7 +461,12 @@ def train(cfg, config_files, rt):
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
         if state.evaluated:
-            losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
+            try:
+                losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
+            except Exception as e:
+                if not compile_cut_by_stop(cfg, stop, e):
+                    raise
+                losses = None
             if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
                 state.evaluated, stopping = False, True
         if state.evaluated:
@@ -457,7 +481,13 @@ def train(cfg, config_files, rt):
             break
 
         clock.start()
-        lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
+        try:
+            lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
+        except Exception as e:  # no update of the step was applied: the run stops at state.step
+            if not compile_cut_by_stop(cfg, stop, e):
+                raise
+            stopping = True
+            continue
         state.step += 1
         # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
         # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
@@ -468,7 +498,7 @@ def train(cfg, config_files, rt):
             train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
                 cfg, reduced, grad_norm, guard, stop_agreed)
             if diverged:
-                return report_divergence(cfg, out, checkpoints, diverged)
+                return report_divergence(cfg, out, checkpoints, diverged, stop)
         clock.stop()
 
         if state.step % cfg.log_interval == 0 or stopping:
@@ -477,7 +507,7 @@ def train(cfg, config_files, rt):
             log_train(out, state.step, train_loss, lr, norm, clock.lap())
 
     out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
-    out.finish(0)
+    out.finish(stop.end(0))
     return 0
 
 
