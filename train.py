@@ -57,7 +57,7 @@ import torch
 
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
-from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device_memory, memory_floor
+from nonlinear_queries.budget import SLOW_RUN_S, cpu_matmul_flops, describe_duration, device_memory, memory_floor
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
@@ -195,20 +195,25 @@ def check_memory(cfg, rt, model):
             f"keeps the tokens per step), block_size or the model's size")
 
 
-def warn_slow_cpu_step(rt, out, flops_per_token, tokens_per_iter, steps):
-    """On the CPU, say before the first step when one step would take more than a minute: its FLOPs at the rate
-    this CPU's matmuls reach (budget.cpu_matmul_flops, so the true time is longer), the `steps` left at that
-    rate, and what to run instead."""
-    if rt.device_type != "cpu":
+def check_cpu_time(cfg, rt, model, steps):
+    """On the CPU, before the run compiles or writes anything: refuse a run whose `steps` would take more than
+    budget.SLOW_RUN_S (a week), unless allow_slow, and say when one step takes more than a minute. The time is a
+    floor: the step's FLOPs at the rate this CPU's matmuls reach (budget.cpu_matmul_flops), so the true time is
+    longer. Raises SetupError saying what to run instead."""
+    if rt.device_type != "cpu" or not steps:
         return
-    step_flops = flops_per_token * tokens_per_iter
+    step_flops = model.flops_per_token() * cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     seconds = step_flops / cpu_matmul_flops()
-    if seconds > 60:
-        out.print(f"warning: on this CPU a step of this run takes at least {describe_duration(seconds)} "
-                  f"({step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} "
-                  f"threads), the {steps:,} steps left at least {describe_duration(seconds * steps)}. "
-                  f"For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
-                  file=sys.stderr)
+    step, total = describe_duration(seconds), describe_duration(seconds * steps)
+    rate = f"{step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} threads"
+    if seconds * steps > SLOW_RUN_S and not cfg.allow_slow:
+        raise SetupError(f"on this CPU the {steps:,} steps of this run take at least {total} ({step} a step: {rate}), "
+                         f"more than a week; this config is meant for a GPU: for a CPU run, use config/quickstart.py "
+                         f"(minutes), or pass --allow_slow=True to start it anyway")
+    if seconds > 60 and rt.master:
+        print(f"warning: on this CPU a step of this run takes at least {step} ({rate}), the {steps:,} steps left at "
+              f"least {total}. For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
+              file=sys.stderr)
 
 
 @dataclass
@@ -251,10 +256,8 @@ def open_tasks(cfg, rt):
     return DownstreamEval(cfg, rt)
 
 
-def say_start(cfg, rt, out, checkpoints, model, clock, steps):
-    """Say what the run starts from (the checkpoint it resumes, or the model it fine-tunes) and, on the CPU, when
-    its `steps` would take long (warn_slow_cpu_step)."""
-    warn_slow_cpu_step(rt, out, clock.flops_per_token, clock.tokens_per_iter, steps)
+def say_start(cfg, out, checkpoints, model):
+    """Say what the run starts from: the checkpoint it resumes, or the model it fine-tunes."""
     if checkpoints.path:
         out.print(f"resuming from {checkpoints.path} at step {checkpoints.start_step}")
     elif cfg.init_from != "scratch":
@@ -438,6 +441,7 @@ def train(cfg, config_files, rt):
     cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
     data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
     check_memory(cfg, rt, raw_model)
+    check_cpu_time(cfg, rt, raw_model, 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = open_tasks(cfg, rt)
     checkpoints.check(model_settings, data_fingerprint, data.files())
@@ -450,7 +454,7 @@ def train(cfg, config_files, rt):
     stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
     out = start_log(cfg, rt, run_dir, state, run_name, config_files, raw_model, data_fingerprint,
                     clock.tokens_per_iter)
-    say_start(cfg, rt, out, checkpoints, raw_model, clock, cfg.max_iters - start_step)
+    say_start(cfg, out, checkpoints, raw_model)
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
                 "data": data_fingerprint}  # in every checkpoint
