@@ -29,7 +29,10 @@ writes. So 1, 2 or 8 processes train on the same tokens and log the same losses.
 Faults (stopping.py): SIGTERM or SIGINT is acknowledged at once; the step in flight, or the
 evaluation batch in flight (the evaluation is given up), is finished, every rank stops after the
 same step, at most one step after the signal, writes a checkpoint and exits 0; a second one
-exits at once (130, 143). During setup a signal undoes what setup made and exits 130 or 143.
+exits at once (130, 143), and one after the run has ended changes nothing. During setup a signal
+undoes what setup made and exits 130 or 143, and so does one before a new run's first step; a
+compilation that a signal to the process group cut short (inductor's compilers killed) is the stop,
+the step or evaluation being compiled given up, not an error.
 A non-finite loss or gradient norm, or a loss above divergence_threshold for
 divergence_patience consecutive steps, stops the run before that step's update with a
 `diverged` record in metrics.jsonl naming that step: its update, and those of any steps queued
@@ -38,6 +41,9 @@ disk are left as they were.
 Exit status: 0 finished, or stopped by a signal with a checkpoint written; 1 error;
 2 config error; 3 diverged; 130 or 143 stopped by SIGINT or SIGTERM with nothing to resume
 (during setup, before the first step, or by a second signal).
+A new run refuses an out_dir holding anything a run left (checkpoints, metrics.jsonl, config.json,
+wandb/, a .lock no process holds) unless --overwrite=True (runs.RunDir.check_start); on the CPU a
+run whose steps would take more than a week is refused unless --allow_slow=True (check_cpu_time).
 
 Step numbering: "step s" is the state after s optimizer updates. Evaluation runs at
 every multiple of eval_interval and after the last update (step max_iters), so with
