@@ -51,7 +51,8 @@ class Interrupted(BaseException):
 class StopFlag:
     """A run's stop requests. `signal` is the name of the first signal that asked for a stop (None
     until one does). install() handles STOP_SIGNALS; until start() a signal raises Interrupted in the
-    main thread, after it the handler records the request and the loop acts on it through agreed().
+    main thread (and the run has ended: end()), after it the handler records the request and the loop
+    acts on it through agreed().
     Messages go to stderr from the first process of each machine (LOCAL_RANK 0) alone."""
 
     def __init__(self, program="train.py"):
@@ -108,6 +109,7 @@ class StopFlag:
             return
         if not self.training:
             self._say(f"{name} during setup; stopping (nothing to checkpoint yet)")
+            self.end(128 + signum)  # what follows is undoing the setup: a signal now must not cut that short
             if self._deferred:
                 self._pending = signum
                 return

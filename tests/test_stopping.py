@@ -53,13 +53,17 @@ def test_a_signal_during_setup_raises_interrupted_and_deferred_holds_it_to_the_b
     with pytest.raises(Interrupted) as e:
         os.kill(os.getpid(), signal.SIGINT)
     assert e.value.status == 130
-    reached = []
+    os.kill(os.getpid(), signal.SIGTERM)  # while setup is undone: changes nothing
+    assert stop.ended == 130
+    stop, reached = StopFlag("train.py").install(), []
     with pytest.raises(Interrupted):
         with stop.deferred():
             os.kill(os.getpid(), signal.SIGTERM)
             reached.append("the block ran to its end")
     assert reached == ["the block ran to its end"]
-    assert capfd.readouterr().err.count("during setup; stopping (nothing to checkpoint yet)") == 2
+    err = capfd.readouterr().err
+    assert err.count("during setup; stopping (nothing to checkpoint yet)") == 2
+    assert "train.py: SIGTERM: the run has ended already; exiting with its status, 130\n" in err
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["before the first step", "after"])
