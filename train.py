@@ -29,7 +29,10 @@ writes. So 1, 2 or 8 processes train on the same tokens and log the same losses.
 Faults (stopping.py): SIGTERM or SIGINT is acknowledged at once; the step in flight, or the
 evaluation batch in flight (the evaluation is given up), is finished, every rank stops after the
 same step, at most one step after the signal, writes a checkpoint and exits 0; a second one
-exits at once (130, 143). During setup a signal undoes what setup made and exits 130 or 143.
+exits at once (130, 143), and one after the run has ended changes nothing. During setup a signal
+undoes what setup made and exits 130 or 143, and so does one before a new run's first step; a
+compilation that a signal to the process group cut short (inductor's compilers killed) is the stop,
+the step or evaluation being compiled given up, not an error.
 A non-finite loss or gradient norm, or a loss above divergence_threshold for
 divergence_patience consecutive steps, stops the run before that step's update with a
 `diverged` record in metrics.jsonl naming that step: its update, and those of any steps queued
@@ -38,6 +41,9 @@ disk are left as they were.
 Exit status: 0 finished, or stopped by a signal with a checkpoint written; 1 error;
 2 config error; 3 diverged; 130 or 143 stopped by SIGINT or SIGTERM with nothing to resume
 (during setup, before the first step, or by a second signal).
+A new run refuses an out_dir holding anything a run left (checkpoints, metrics.jsonl, config.json,
+wandb/, a .lock no process holds) unless --overwrite=True (runs.RunDir.check_start); on the CPU a
+run whose steps would take more than a week is refused unless --allow_slow=True (check_cpu_time).
 
 Step numbering: "step s" is the state after s optimizer updates. Evaluation runs at
 every multiple of eval_interval and after the last update (step max_iters), so with
@@ -57,11 +63,17 @@ import torch
 
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
-from nonlinear_queries.budget import cpu_matmul_flops, describe_duration, device_memory, memory_floor
+from nonlinear_queries.budget import SLOW_RUN_S, cpu_matmul_flops, describe_duration, device_memory, memory_floor
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import hold_out_dir, make_out_dir, release_new_out_dir, release_out_dir
+from nonlinear_queries.lock import (
+    hold_out_dir,
+    left_lock_file,
+    make_out_dir,
+    release_new_out_dir,
+    release_out_dir,
+)
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.pretrained import PretrainedError, load_model
 from nonlinear_queries.runs import RunDir
@@ -138,15 +150,17 @@ def open_data(cfg):
 
 def hold_run_dir(cfg, rt, stop):
     """The run directory, out_dir: on rank 0 created and, with lock_out_dir, locked for this process's life
-    (lock.py; one run per out_dir); a new run that would replace the run there unasked is refused on every rank
+    (lock.py; one run per out_dir); a new run that would replace or append to what a run left there unasked
+    (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds) is refused on every rank
     (runs.RunDir.check_start). Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or CheckpointError."""
+    left_lock = left_lock_file(cfg.out_dir)  # before this run's own lock file is made
     if rt.master and cfg.lock_out_dir:
         with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
             hold_out_dir(cfg.out_dir)
     elif rt.master:
         make_out_dir(cfg.out_dir)
     run_dir = RunDir(cfg.out_dir)
-    run_dir.check_start(cfg.init_from, cfg.overwrite)
+    run_dir.check_start(cfg.init_from, cfg.overwrite, resume_command(rt), left_lock)
     return run_dir
 
 
@@ -187,20 +201,25 @@ def check_memory(cfg, rt, model):
             f"keeps the tokens per step), block_size or the model's size")
 
 
-def warn_slow_cpu_step(rt, out, flops_per_token, tokens_per_iter, steps):
-    """On the CPU, say before the first step when one step would take more than a minute: its FLOPs at the rate
-    this CPU's matmuls reach (budget.cpu_matmul_flops, so the true time is longer), the `steps` left at that
-    rate, and what to run instead."""
-    if rt.device_type != "cpu":
+def check_cpu_time(cfg, rt, model, steps):
+    """On the CPU, before the run compiles or writes anything: refuse a run whose `steps` would take more than
+    budget.SLOW_RUN_S (a week), unless allow_slow, and say when one step takes more than a minute. The time is a
+    floor: the step's FLOPs at the rate this CPU's matmuls reach (budget.cpu_matmul_flops), so the true time is
+    longer. Raises SetupError saying what to run instead."""
+    if rt.device_type != "cpu" or not steps:
         return
-    step_flops = flops_per_token * tokens_per_iter
+    step_flops = model.flops_per_token() * cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     seconds = step_flops / cpu_matmul_flops()
-    if seconds > 60:
-        out.print(f"warning: on this CPU a step of this run takes at least {describe_duration(seconds)} "
-                  f"({step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} "
-                  f"threads), the {steps:,} steps left at least {describe_duration(seconds * steps)}. "
-                  f"For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
-                  file=sys.stderr)
+    step, total = describe_duration(seconds), describe_duration(seconds * steps)
+    rate = f"{step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} threads"
+    if seconds * steps > SLOW_RUN_S and not cfg.allow_slow:
+        raise SetupError(f"on this CPU the {steps:,} steps of this run take at least {total} ({step} a step: {rate}), "
+                         f"more than a week; this config is meant for a GPU: for a CPU run, use config/quickstart.py "
+                         f"(minutes), or pass --allow_slow=True to start it anyway")
+    if seconds > 60 and rt.master:
+        print(f"warning: on this CPU a step of this run takes at least {step} ({rate}), the {steps:,} steps left at "
+              f"least {total}. For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
+              file=sys.stderr)
 
 
 @dataclass
@@ -243,10 +262,8 @@ def open_tasks(cfg, rt):
     return DownstreamEval(cfg, rt)
 
 
-def say_start(cfg, rt, out, checkpoints, model, clock, steps):
-    """Say what the run starts from (the checkpoint it resumes, or the model it fine-tunes) and, on the CPU, when
-    its `steps` would take long (warn_slow_cpu_step)."""
-    warn_slow_cpu_step(rt, out, clock.flops_per_token, clock.tokens_per_iter, steps)
+def say_start(cfg, out, checkpoints, model):
+    """Say what the run starts from: the checkpoint it resumes, or the model it fine-tunes."""
     if checkpoints.path:
         out.print(f"resuming from {checkpoints.path} at step {checkpoints.start_step}")
     elif cfg.init_from != "scratch":
@@ -308,9 +325,10 @@ def read_back(cfg, reduced, grad_norm, guard, stop_agreed):
     return loss_total / cfg.gradient_accumulation_steps, norm, stop_agreed or votes > 0, guard.outcome(guarded)
 
 
-def report_divergence(cfg, out, checkpoints, diverged):
+def report_divergence(cfg, out, checkpoints, diverged, stop):
     """Log the `diverged` record of `diverged` ((reason, step, loss, grad_norm), DivergenceGuard.outcome's), say
-    that the checkpoints on disk are untouched and what may avoid it, close the log. Returns 3, the exit status."""
+    that the checkpoints on disk are untouched and what may avoid it, close the log. Returns 3, the exit status,
+    which a signal no longer changes (StopFlag.end)."""
     reason, at, loss, norm = diverged
     out.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
              "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
@@ -319,7 +337,7 @@ def report_divergence(cfg, out, checkpoints, diverged):
     out.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; {kept}. A lower "
               f"learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records it as 'diverged'.",
               file=sys.stderr)
-    out.finish(3)
+    out.finish(stop.end(3))
     return 3
 
 
@@ -381,19 +399,37 @@ def log_train(out, step, loss, lr, grad_norm, speed):
 def stopped(rt, run_dir, out, stop, state, checkpoints):
     """The end of a run that a signal stopped (stopping.py): says where it stopped and how to resume it, and
     returns 0. A new run stopped before its first update has no checkpoint (step 0 is its seed's): what it wrote
-    is removed, as for a run that could not start, and it returns 128 + the signal's number."""
+    is removed, as for a run that could not start, and it returns 128 + the signal's number. From here on a
+    signal changes neither (StopFlag.end)."""
     by = stop.signal or "a signal to another process"
     if checkpoints.path is None:
+        status = stop.end(128 + getattr(signal, stop.signal or "SIGTERM"))
         out.print(f"stopped by {by} before the first step: nothing to resume; run the same command to start again")
         out.finish(1)
         if rt.master:
             run_dir.remove_log()
             release_new_out_dir(run_dir.path)
-        return 128 + getattr(signal, stop.signal or "SIGTERM")
+        return status
+    stop.end(0)
     out.print(f"stopped by {by} after step {state.step}; the checkpoint is {checkpoints.path}. Resume with:\n"
               f"  {resume_command(rt)}")
     out.finish(0)
     return 0
+
+
+def compile_cut_by_stop(cfg, stop, error):
+    """Whether `error`, raised by a training step or an evaluation, is torch.compile's compilation cut short by a
+    stop request: a signal to the whole process group (a terminal's Ctrl-C, a scheduler's signal to a job) also
+    reaches inductor's compiler processes, and their end surfaces as an InductorError (CppCompileError: C++
+    compile error). Such an error is the stop itself: the step or evaluation is given up, as a signal gives up
+    an evaluation, and the run stops as stopped() says, with nothing of it reported as an error."""
+    if not cfg.compile or stop.signal is None:
+        return False
+    # loaded already by torch.compile; imported here, as a run without compile never needs them (2 s)
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError
+
+    return isinstance(error, (TorchDynamoException, CppCompileError))
 
 
 def train(cfg, config_files, rt):
@@ -411,6 +447,7 @@ def train(cfg, config_files, rt):
     cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
     data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
     check_memory(cfg, rt, raw_model)
+    check_cpu_time(cfg, rt, raw_model, 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = open_tasks(cfg, rt)
     checkpoints.check(model_settings, data_fingerprint, data.files())
@@ -423,7 +460,7 @@ def train(cfg, config_files, rt):
     stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
     out = start_log(cfg, rt, run_dir, state, run_name, config_files, raw_model, data_fingerprint,
                     clock.tokens_per_iter)
-    say_start(cfg, rt, out, checkpoints, raw_model, clock, cfg.max_iters - start_step)
+    say_start(cfg, out, checkpoints, raw_model)
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
                 "data": data_fingerprint}  # in every checkpoint
@@ -434,7 +471,12 @@ def train(cfg, config_files, rt):
         # evaluate, then checkpoint what was evaluated
         state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
         if state.evaluated:
-            losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
+            try:
+                losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
+            except Exception as e:
+                if not compile_cut_by_stop(cfg, stop, e):
+                    raise
+                losses = None
             if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
                 state.evaluated, stopping = False, True
         if state.evaluated:
@@ -449,7 +491,13 @@ def train(cfg, config_files, rt):
             break
 
         clock.start()
-        lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
+        try:
+            lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
+        except Exception as e:  # no update of the step was applied: the run stops at state.step
+            if not compile_cut_by_stop(cfg, stop, e):
+                raise
+            stopping = True
+            continue
         state.step += 1
         # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
         # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
@@ -460,7 +508,7 @@ def train(cfg, config_files, rt):
             train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
                 cfg, reduced, grad_norm, guard, stop_agreed)
             if diverged:
-                return report_divergence(cfg, out, checkpoints, diverged)
+                return report_divergence(cfg, out, checkpoints, diverged, stop)
         clock.stop()
 
         if state.step % cfg.log_interval == 0 or stopping:
@@ -469,7 +517,7 @@ def train(cfg, config_files, rt):
             log_train(out, state.step, train_loss, lr, norm, clock.lap())
 
     out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
-    out.finish(0)
+    out.finish(stop.end(0))
     return 0
 
 

@@ -1,7 +1,8 @@
 """
 What a run will cost, known before its first step: a floor on the memory it needs, checked against
 what the device has (a run that cannot fit is refused before any work), and on the CPU a floor on a
-step's time, said before the first step when it is long.
+step's time, said before the first step when it is long; a run whose steps would take more than
+SLOW_RUN_S at that floor is refused unless asked for (train.py's allow_slow).
 
 Both are lower bounds, so neither refuses nor warns about a run that could fit or be quick:
 
@@ -22,6 +23,9 @@ import time
 
 import torch
 
+# a week: what a CPU run may take, at least, before train.py asks for allow_slow. A CPU study's run takes minutes to
+# hours; the paper's config takes decades on a CPU, a mistaken device or config, not a run anyone waits for
+SLOW_RUN_S = 7 * 86400
 MIN_SAVED_PER_LAYER = 4  # values of n_embd per token kept per layer: the block input, LN1's, LN2's, MLP's input
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

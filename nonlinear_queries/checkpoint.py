@@ -469,6 +469,11 @@ class Checkpointer:
         self.ckpt = read_checkpoint(self.path, map_location=rt.device) if self.path else None
 
     @property
+    def resumed_step(self):
+        """The step of the resumed checkpoint, 0 for a new run."""
+        return self.ckpt["step"] if self.ckpt else 0
+
+    @property
     def model_args(self):
         """The resumed checkpoint's model_args (GPTConfig fields), {} for a new run."""
         return self.ckpt["model_args"] if self.ckpt else {}

@@ -114,6 +114,17 @@ def hold_out_dir(out_dir):
     _CREATED[out_dir] = created, found
 
 
+def left_lock_file(out_dir):
+    """Whether out_dir holds a lock file that no process holds, this one included: the mark of a run that was
+    killed or crashed there (a run that ends cleanly removes it: release_out_dir). Call it before taking the lock
+    (hold_out_dir takes an old lock file over). False where out_dir or its lock file cannot be read: taking the
+    lock then says why (OutDirUnwritable)."""
+    try:
+        return out_dir not in _HELD and os.path.lexists(lock_path(out_dir)) and out_dir_holder(out_dir) is None
+    except OSError:
+        return False
+
+
 def release_new_out_dir(out_dir):
     """After a run that failed or stopped before writing anything: remove what hold_out_dir created, the lock
     file and out_dir itself if it was new, so a failed start leaves no trace, also in an out_dir that holds

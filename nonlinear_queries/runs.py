@@ -21,6 +21,7 @@ logged after step s, and of records logged twice the later one counts. A line th
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -242,31 +243,55 @@ class RunDir:
             return "done"
         return "resume" if has_checkpoint(self.path) else "new"
 
-    def check_start(self, init_from, overwrite):
-        """Refuse a new run (init_from other than 'resume': from scratch or fine-tuning) that would replace the
-        run held here unasked (overwrite False). Raises checkpoint_file.CheckpointError naming a checkpoint of
-        the run held and the three ways on."""
-        from nonlinear_queries.checkpoint import CheckpointError, checkpoint_paths
+    def leftovers(self, left_lock=False):
+        """What a run left here, all of which a new run would replace: its checkpoints (checkpoint_paths, the
+        newest first) and what a crash left of one being written, metrics.jsonl, config.json, wandb/ and, with
+        left_lock, its .lock (one that no process holds: lock.left_lock_file). Returns their paths."""
+        from nonlinear_queries.checkpoint import checkpoint_paths
+        from nonlinear_queries.checkpoint_file import is_partial_checkpoint
 
-        held = checkpoint_paths(self.path) if init_from != "resume" else []
-        if held and not overwrite:
-            raise CheckpointError(f"{self.path} already holds a run ({held[0]}). Continue it with "
-                                  f"--init_from=resume, choose another --out_dir, or pass --overwrite=True to "
-                                  f"replace it")
+        names = sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []
+        partial = [os.path.join(self.path, n) for n in names if is_partial_checkpoint(n)]
+        files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock else [])
+        return checkpoint_paths(self.path) + partial + [p for p in files if os.path.lexists(p)]
+
+    def check_start(self, init_from, overwrite, resume, left_lock=False):
+        """Refuse a new run (init_from other than 'resume': from scratch or fine-tuning) that would replace or
+        append to what a run left here (leftovers: checkpoints, metrics.jsonl, config.json, wandb/, a .lock that
+        no process holds), in whatever state that run stopped, unless overwrite. resume: the command that
+        continues the run here (train.py's resume_command). Raises checkpoint_file.CheckpointError, one sentence
+        naming what is here and how to go on: the resume command where there is a checkpoint (with
+        --resume_from where only step checkpoints are left), --overwrite=True or another --out_dir."""
+        from nonlinear_queries.checkpoint import CheckpointError, checkpoint_paths
+        from nonlinear_queries.checkpoint_file import has_checkpoint
+
+        found = self.leftovers(left_lock) if init_from != "resume" and not overwrite else []
+        if not found:
+            return
+        what = ", ".join(os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in found)
+        if found == [self.lock]:
+            what += ", a lock file no process holds: a run was killed or crashed here"
+        checkpoints = checkpoint_paths(self.path)
+        if checkpoints:
+            command = resume if has_checkpoint(self.path) else f"{resume} --resume_from={shlex.quote(checkpoints[0])}"
+            raise CheckpointError(f"{self.path} already holds a run ({what}); continue it with `{command}`, pass "
+                                  f"--overwrite=True to replace it, or choose another --out_dir")
+        raise CheckpointError(f"{self.path} already holds a run with no checkpoint to resume ({what}); pass "
+                              f"--overwrite=True to replace it, or choose another --out_dir")
 
     def replace(self):
-        """Remove the run held here, its checkpoints (checkpoint.remove_checkpoints) and metrics.jsonl, for the
-        new run that replaces it (allowed by check_start) once every check of that run has passed. Call it on
-        rank 0 only."""
+        """Remove what the run held here left (leftovers but the lock: its checkpoints, metrics.jsonl, config.json,
+        wandb/), for the new run that replaces it (allowed by check_start) once every check of that run has
+        passed. Call it on rank 0 only."""
         from nonlinear_queries.checkpoint import remove_checkpoints
 
         remove_checkpoints(self.path)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.metrics)
+        self.remove_log()
 
     def remove_log(self):
         """Remove what open_log and log_header wrote (metrics.jsonl, config.json, wandb/), for a new run that
-        ends before its first checkpoint and so leaves nothing to resume. Call it on rank 0 only."""
+        ends before its first checkpoint and so leaves nothing to resume, and for replace. Call it on rank 0
+        only."""
         for path in (self.metrics, self.config):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)

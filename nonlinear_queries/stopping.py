@@ -17,7 +17,10 @@ removing the temporary file of any write in flight (atomic.discard_in_flight), s
 in out_dir are the ones that were whole before it. A copy of one signal that arrives within
 REPEAT_S of it (a terminal's Ctrl-C reaches both torchrun or sweep.py and its children, which
 forward it again) is the same request, not a second one; SIGUSR1 and SIGUSR2 are warnings and
-never stop a run at once (submitit repeats SIGUSR2 to a job's train.py).
+never stop a run at once (submitit repeats SIGUSR2 to a job's train.py). Once the run has ended (end():
+finished, or stopped with its checkpoint written and its resume command said, or diverged, or stopped before
+its first step with its files removed), a signal changes nothing: it is acknowledged and the exit goes on with
+the run's status.
 
 Under torchrun every rank must stop at the same step, since each step and each evaluation
 batch holds collectives: a rank's request travels as a vote summed over the ranks with the
@@ -48,7 +51,8 @@ class Interrupted(BaseException):
 class StopFlag:
     """A run's stop requests. `signal` is the name of the first signal that asked for a stop (None
     until one does). install() handles STOP_SIGNALS; until start() a signal raises Interrupted in the
-    main thread, after it the handler records the request and the loop acts on it through agreed().
+    main thread (and the run has ended: end()), after it the handler records the request and the loop
+    acts on it through agreed().
     Messages go to stderr from the first process of each machine (LOCAL_RANK 0) alone."""
 
     def __init__(self, program="train.py"):
@@ -59,6 +63,7 @@ class StopFlag:
         self._loud = os.environ.get("LOCAL_RANK", "0") == "0"
         self._host_vote, self._event = None, None  # the lagged CUDA read (agreed)
         self._deferred, self._pending = False, None  # a setup signal held back by deferred()
+        self.ended = None  # the run's exit status once it has ended (end())
 
     def install(self):
         """Handle STOP_SIGNALS from now on; returns self."""
@@ -84,6 +89,13 @@ class StopFlag:
         """From now on a signal asks the loop to stop at the next step boundary."""
         self.training = True
 
+    def end(self, status):
+        """The run has ended with the exit status `status`, its files as they stay: from now on a signal is
+        acknowledged and changes nothing, so the exit (closing wandb, giving out_dir's lock back) goes on and
+        ends with `status`. Returns status."""
+        self.ended = status
+        return status
+
     def _say(self, text):
         if self._loud:  # os.write: a signal handler must not re-enter a buffered stream mid-write
             os.write(2, f"{self.program}: {text}\n".encode())
@@ -92,8 +104,12 @@ class StopFlag:
         name = signal.Signals(signum).name
         hard = signum in (signal.SIGINT, signal.SIGTERM)
         now = time.monotonic()
+        if self.ended is not None:
+            self._say(f"{name}: the run has ended already; exiting with its status, {self.ended}")
+            return
         if not self.training:
             self._say(f"{name} during setup; stopping (nothing to checkpoint yet)")
+            self.end(128 + signum)  # what follows is undoing the setup: a signal now must not cut that short
             if self._deferred:
                 self._pending = signum
                 return

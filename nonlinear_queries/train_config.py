@@ -32,7 +32,8 @@ class TrainConfig(GPTConfig):
 
     # I/O
     out_dir: str = "out"  # the run directory: checkpoints, metrics.jsonl, config.json
-    overwrite: bool = False  # allow a scratch run to replace an existing run in out_dir
+    # allow a new run to replace what a run left in out_dir (its checkpoints, metrics.jsonl, config.json, wandb/)
+    overwrite: bool = False
     # hold out_dir/.lock (flock) for the run's life, so that a second run on out_dir is refused (lock.py); False
     # on a file system without file locks (Lustre mounted without -o flock), where you see to one run per out_dir
     lock_out_dir: bool = True
@@ -102,6 +103,9 @@ class TrainConfig(GPTConfig):
 
     # system
     device: str = "auto"  # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...
+    # on the CPU, start a run whose steps would take more than a week even at the rate of this CPU's matmuls
+    # (budget.SLOW_RUN_S; the paper's config: decades), which is refused otherwise
+    allow_slow: bool = False
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
     compile: bool = True  # torch.compile the model
     # torch.compile's mode: 'default', 'reduce-overhead' (CUDA graphs), 'max-autotune-no-cudagraphs' (inductor tries

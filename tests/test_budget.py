@@ -1,14 +1,17 @@
 """What a run costs, known before its first step (budget.py): the memory floor, exactly, and train.py's
-refusal of a run above it; the CPU step-time floor and its one-line warning; max_iters=0 refused."""
+refusal of a run above it; the CPU step-time floor, its one-line warning and train.py's refusal of a run of more
+than a week unless allow_slow; max_iters=0 refused."""
 
 import types
 
 import numpy as np
 import pytest
+import torch
 
-from helpers import TINY, run_in_process
-from nonlinear_queries import budget
+from helpers import TINY, read_metrics, run_in_process
+from nonlinear_queries import budget, runtime
 from nonlinear_queries.configurator import ConfigError, parse_config
+from nonlinear_queries.runtime import SetupError
 from nonlinear_queries.train_config import TrainConfig
 
 
@@ -55,22 +58,69 @@ def test_durations_read_in_a_persons_unit(seconds, says):
     assert budget.describe_duration(seconds) == says
 
 
-def test_a_slow_cpu_step_is_said_before_the_first_one(monkeypatch):
+def test_a_slow_cpu_step_is_said_and_a_run_of_more_than_a_week_refused_unless_asked_for(monkeypatch, capsys):
     import train
 
-    printed = []
-    out = types.SimpleNamespace(print=lambda *args, **kwargs: printed.append(" ".join(args)))
-    rt = types.SimpleNamespace(device_type="cpu")
     monkeypatch.setattr(train, "cpu_matmul_flops", lambda: 1e11)
     monkeypatch.setattr(train.torch, "get_num_threads", lambda: 2)
-    train.warn_slow_cpu_step(rt, out, 1e9, 59_000, 60_000)  # 5.9e13 FLOPs: 590 s a step at 100 GFLOP/s
-    assert printed == ["warning: on this CPU a step of this run takes at least 9.8 min (5.9e+13 FLOPs at the rate "
-                       "its float32 matmuls reach on 2 threads), the 60,000 steps left at least 409.7 days. For a CPU "
-                       "run, use config/quickstart.py (minutes); this config is meant for a GPU"]
-    printed.clear()
-    train.warn_slow_cpu_step(rt, out, 1e9, 5_900, 60_000)  # 59 s a step: said nothing
-    train.warn_slow_cpu_step(types.SimpleNamespace(device_type="cuda"), out, 1e9, 59_000, 60_000)
-    assert printed == []
+    model = types.SimpleNamespace(flops_per_token=lambda: 1e9)
+    cpu, cuda = types.SimpleNamespace(device_type="cpu", master=True), types.SimpleNamespace(device_type="cuda")
+
+    def config(block_size, allow_slow=False):
+        return types.SimpleNamespace(gradient_accumulation_steps=2, batch_size=59, block_size=block_size,
+                                     allow_slow=allow_slow)
+
+    rate = "5.9e+13 FLOPs at the rate its float32 matmuls reach on 2 threads"
+    train.check_cpu_time(config(500), cpu, model, 600)  # 590 s a step at 100 GFLOP/s; 600 steps, 4.1 days
+    assert capsys.readouterr().err == (f"warning: on this CPU a step of this run takes at least 9.8 min ({rate}), the "
+                                       f"600 steps left at least 4.1 days. For a CPU run, use config/quickstart.py "
+                                       f"(minutes); this config is meant for a GPU\n")
+    with pytest.raises(SetupError) as e:  # 60,000 steps: 409.7 days
+        train.check_cpu_time(config(500), cpu, model, 60_000)
+    assert str(e.value) == (f"on this CPU the 60,000 steps of this run take at least 409.7 days (9.8 min a step: "
+                            f"{rate}), more than a week; this config is meant for a GPU: for a CPU run, use "
+                            f"config/quickstart.py (minutes), or pass --allow_slow=True to start it anyway")
+    train.check_cpu_time(config(500, allow_slow=True), cpu, model, 60_000)
+    assert "the 60,000 steps left at least 409.7 days" in capsys.readouterr().err
+    train.check_cpu_time(config(50), cpu, model, 10_000)  # 59 s a step, 6.8 days: said nothing
+    train.check_cpu_time(config(500), cuda, model, 60_000)
+    train.check_cpu_time(config(500), cpu, model, 0)  # eval_only: no step
+    assert capsys.readouterr().err == ""
+
+
+def test_the_papers_config_on_a_cpu_is_refused_before_it_compiles_or_writes(shakespeare_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(budget, "cpu_matmul_flops", lambda: 1e11)
+    monkeypatch.setattr(budget, "device_memory", lambda device: None)  # whatever this machine's memory
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+
+    def compiled(*args, **kwargs):
+        raise AssertionError("the model was compiled")
+
+    monkeypatch.setattr(runtime, "parallelize", compiled)
+    out = tmp_path / "run"
+    code, stdout, stderr = run_in_process("train.py", "config/res_gelu.py", "--dataset=shakespeare",
+                                          f"--data_dir={shakespeare_dir}", f"--out_dir={out}", "--device=cpu")
+    # 854,880,768 FLOPs a token x 491,520 tokens a step: 4.2e14 FLOPs, 70 min at 100 GFLOP/s; 60,000 steps
+    assert (code, stdout) == (1, "")
+    assert stderr == ("error: on this CPU the 60,000 steps of this run take at least 8.0 years (1.2 h a step: 4.2e+14 "
+                      "FLOPs at the rate its float32 matmuls reach on 2 threads), more than a week; this config is "
+                      "meant for a GPU: for a CPU run, use config/quickstart.py (minutes), or pass --allow_slow=True "
+                      "to start it anyway\n")
+    assert not out.exists()
+
+
+def test_allow_slow_starts_a_run_that_would_be_refused(shakespeare_dir, tmp_path, monkeypatch):
+    # a CPU that reaches 1 kFLOP/s: the tiny model's step (1.3e9 FLOPs) takes 14.6 days, so even 2 steps are refused
+    monkeypatch.setattr(budget, "cpu_matmul_flops", lambda: 1e3)
+    args = [*TINY, f"--data_dir={shakespeare_dir}", "--max_iters=2", "--eval_interval=2"]
+    code, stdout, stderr = run_in_process("train.py", *args, f"--out_dir={tmp_path / 'refused'}")
+    assert code == 1 and stderr.startswith("error: on this CPU the 2 steps of this run take at least 29.1 days")
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "asked"
+    code, stdout, stderr = run_in_process("train.py", *args, f"--out_dir={out}", "--allow_slow=True")
+    assert code == 0, stderr
+    assert "warning: on this CPU a step of this run takes at least 14.6 days" in stderr
+    assert [r["step"] for r in read_metrics(out, "train")] == [1, 2]
 
 
 def test_the_cpu_matmul_rate_is_measured():

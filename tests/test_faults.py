@@ -31,6 +31,7 @@ from helpers import (
     read_metrics,
     read_wandb_history,
     run_script,
+    wait_until,
 )
 from helpers import losses_by_step as losses
 from helpers import train as train_tiny
@@ -259,6 +260,87 @@ def test_a_second_signal_exits_at_once_and_leaves_no_partial_file(shakespeare_di
     output = log_of(out)
     assert "train.py: SIGTERM again: exiting now" in output and "Traceback" not in output
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")] and not (out / "ckpt.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_signal_after_the_stop_has_ended_the_run_leaves_its_exit_status_0(shakespeare_dir, tmp_path):
+    # issue 74: a second Ctrl-C 2 s after the first, once the checkpoint was written and the resume command printed,
+    # made the exit status 130. Closing the log (wandb, when it uploads) takes 10 s here, so the second signal comes
+    # while the run is still exiting.
+    slow_finish = "\n".join([
+        "import time",
+        "from nonlinear_queries.runs import RunLog",
+        "finish = RunLog.finish",
+        "def slow_finish(self, exit_code):",
+        "    time.sleep(10)",
+        "    finish(self, exit_code)",
+        "RunLog.finish = slow_finish"])
+    out = tmp_path / "out"
+    proc = start_patched(tmp_path, shakespeare_dir, out, slow_finish, "--max_iters=1000", "--eval_interval=1000")
+    wait_for(lambda: last_logged_step(out) >= 2, proc)
+    proc.send_signal(signal.SIGINT)
+    signalled = time.time()
+    wait_for(lambda: "Resume with:" in log_of(out), proc)
+    time.sleep(max(0.0, signalled + 1.5 - time.time()))  # past the second in which a copy counts as the same request
+    assert proc.poll() is None  # the run is still exiting
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0, log_of(out)
+    output = log_of(out)
+    assert "train.py: SIGINT: the run has ended already; exiting with its status, 0" in output
+    assert "Traceback" not in output and "again: exiting now" not in output
+    # the stop ended as it does without the second signal: its checkpoint, no lock file left
+    assert checkpoint_step(out / "ckpt.pt") == last_logged_step(out) and not (out / ".lock").exists()
+
+
+def group_processes(pgid):
+    """{pid: command line} of the live processes of the process group `pgid`, from /proc."""
+    found = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(stat.replace("stat", "cmdline"), "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # a process that ended meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found[int(stat.split("/")[2])] = command
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, moment", [("SIGINT", "the first evaluation"), ("SIGTERM", "the first step")])
+def test_a_signal_to_the_process_group_while_torch_compile_compiles_stops_the_run_before_its_first_step(
+        shakespeare_dir, tmp_path, name, moment):
+    # issue 74: a SIGTERM to the process group during the C++ build reached g++, and the run ended in a 1,319-line
+    # InductorError and left config.json and metrics.jsonl. Here inductor starts from an empty cache, so it compiles
+    # the first evaluation's graph, then the first step's, with its C++ compiler; the group, train.py, inductor's
+    # compile workers and the compilers they run, is signalled while a compiler builds one of those graphs' kernels.
+    out, cache = tmp_path / "run", tmp_path / "inductor"
+    with open(f"{out}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, os.path.join(REPO, "train.py"), *TINY, *RUN, "--compile=True",
+                                 f"--data_dir={shakespeare_dir}", f"--out_dir={out}", "--max_iters=24"], cwd=REPO,
+                                env={**os.environ, **ONE_THREAD, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    try:
+        def compiling():
+            evaluated = (out / "metrics.jsonl").exists() and bool(evals(out))
+            building = any(str(cache) in c and "main.cpp" in c for c in group_processes(proc.pid).values())
+            return building and evaluated == (moment == "the first step")
+
+        wait_for(compiling, proc)
+        os.killpg(proc.pid, getattr(signal, name))
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    stderr = log_of(out)
+    assert code == 128 + getattr(signal, name), stderr
+    # the acknowledgement (and the evaluation's progress bar, where it was shown): no traceback, no compiler output
+    assert f"train.py: {name}: stopping: a checkpoint at the next step boundary; send it again to stop now" in stderr
+    assert len(stderr.strip().splitlines()) <= 3 and "Error" not in stderr, stderr
+    assert not out.exists(), os.listdir(out)  # as a new run stopped before its first step: nothing left
+    # inductor's compile workers and compilers ended with the run
+    wait_until(lambda: not group_processes(proc.pid), 30, "the processes of the run's group ending")
 
 
 @pytest.mark.slow

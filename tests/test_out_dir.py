@@ -5,6 +5,7 @@ sharded (FSDP)."""
 import contextlib
 import errno
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -364,3 +365,82 @@ def test_a_finished_run_says_what_it_trains_first_and_leaves_no_lock_file(shakes
     assert out_dir_holder(str(out)) == "the next run"
     f.close()
     stale.close()
+
+
+# What a run that stopped can leave in its out_dir (issue 74): the record alone (a kill right after its header), its
+# header and lock (a second Ctrl-C before the first checkpoint), wandb's files, a lock no process holds (a kill during
+# setup), a checkpoint half written, and checkpoints of every kind with or without the rest.
+LEFT_BY_A_STOPPED_RUN = {
+    "record": ["metrics.jsonl"],
+    "header": ["config.json"],
+    "wandb": ["wandb/"],
+    "lock": [".lock"],
+    "record, header, lock": ["metrics.jsonl", "config.json", ".lock"],
+    "record, header, wandb, lock": ["metrics.jsonl", "config.json", "wandb/", ".lock"],
+    "a checkpoint half written": ["metrics.jsonl", "config.json", "ckpt.pt.tmp"],
+    "checkpoint": ["ckpt.pt"],
+    "checkpoint and record": ["ckpt.pt", "ckpt_000004.pt", "metrics.jsonl", "config.json"],
+    "checkpoint, record, wandb, lock": ["ckpt.pt", "metrics.jsonl", "config.json", "wandb/", ".lock"],
+    "step checkpoints alone": ["ckpt_000004.pt", "ckpt_000008.pt", "metrics.jsonl"],
+    "sharded checkpoint": ["ckpt.dcp/", "metrics.jsonl", "config.json"],
+}
+
+
+def leave(out_dir, names):
+    """Files named as a stopped run leaves them in out_dir (a name ending in / a directory holding one file)."""
+    os.makedirs(out_dir)
+    for name in names:
+        path = os.path.join(out_dir, name)
+        if name.endswith("/"):
+            os.makedirs(path)
+            path = os.path.join(path, "run-1.wandb" if name == "wandb/" else "meta.pt")
+        with open(path, "w") as f:
+            f.write(f"{name} of the stopped run\n")
+
+
+def snapshot(out_dir):
+    """{path: (contents, modification time)} of every file under out_dir; of the lock file, whose contents name the
+    last process that took the lock, only that it is there."""
+    files = {}
+    for root, _, names in os.walk(out_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            files[path] = None if name == ".lock" else (open(path).read(), os.stat(path).st_mtime_ns)
+    return files
+
+
+@pytest.mark.parametrize("state", LEFT_BY_A_STOPPED_RUN)
+def test_a_new_run_refuses_whatever_a_stopped_run_left_and_says_how_to_go_on(tmp_path, state):
+    out = str(tmp_path / "run")
+    left = LEFT_BY_A_STOPPED_RUN[state]
+    leave(out, left)
+    before = snapshot(out)
+    args = [*TINY, f"--data_dir={tmp_path / 'no data'}", f"--out_dir={out}", "--max_iters=2"]
+    code, stdout, stderr = run_in_process("train.py", *args)
+    assert (code, stdout) == (1, ""), stderr
+    # nothing was replaced, appended to or removed; the refusal comes before the missing data is looked at
+    assert snapshot(out) == before
+    if any(name.startswith(("ckpt_", "ckpt.")) and not name.endswith(".tmp") for name in left):
+        resume = "python " + shlex.join([os.path.join(REPO, "train.py"), *args, "--init_from=resume"])
+        if state == "step checkpoints alone":
+            resume += f" --resume_from={out}/ckpt_000008.pt"  # the newest
+        ways = f"continue it with `{resume}`, pass --overwrite=True to replace it, or choose another --out_dir"
+    else:
+        ways = "pass --overwrite=True to replace it, or choose another --out_dir"
+    order = {"ckpt.pt": 0, "ckpt.dcp/": 0, "ckpt_000008.pt": 1, "ckpt_000004.pt": 2, "ckpt.pt.tmp": 3,
+             "metrics.jsonl": 4, "config.json": 5, "wandb/": 6, ".lock": 7}
+    what = ", ".join(sorted(left, key=order.get))
+    if left == [".lock"]:
+        what += ", a lock file no process holds: a run was killed or crashed here"
+    run = "a run" if "continue it" in ways else "a run with no checkpoint to resume"
+    assert stderr == f"error: {out} already holds {run} ({what}); {ways}\n"
+
+
+def test_overwrite_replaces_everything_a_stopped_run_left(shakespeare_dir, tmp_path):
+    out = str(tmp_path / "run")
+    leave(out, LEFT_BY_A_STOPPED_RUN["checkpoint, record, wandb, lock"] + ["ckpt_000004.pt", "ckpt.pt.tmp"])
+    assert train_in_process(shakespeare_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=True") == 0
+    # the new run's files alone: one header, its own checkpoints, no wandb files (wandb_log is off)
+    assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "ckpt_000002.pt", "config.json", "metrics.jsonl"]
+    assert [r["step"] for r in read_metrics(out, "config")] == [0]
+    assert read_checkpoint(os.path.join(out, "ckpt.pt"))["step"] == 2

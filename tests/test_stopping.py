@@ -1,7 +1,7 @@
 """How a run stops on a signal (stopping.py), in this process: the request recorded and acknowledged, a
 forwarded copy of it counted once, setup's signals raised as Interrupted, signals held back where setup must
-not be cut, and the ranks' agreement; and a second request exiting at once, in a subprocess. The runs that
-stop are in tests/test_faults.py."""
+not be cut, signals changing nothing once the run has ended, and the ranks' agreement; and a second request
+exiting at once, in a subprocess. The runs that stop are in tests/test_faults.py."""
 
 import os
 import signal
@@ -53,13 +53,34 @@ def test_a_signal_during_setup_raises_interrupted_and_deferred_holds_it_to_the_b
     with pytest.raises(Interrupted) as e:
         os.kill(os.getpid(), signal.SIGINT)
     assert e.value.status == 130
-    reached = []
+    os.kill(os.getpid(), signal.SIGTERM)  # while setup is undone: changes nothing
+    assert stop.ended == 130
+    stop, reached = StopFlag("train.py").install(), []
     with pytest.raises(Interrupted):
         with stop.deferred():
             os.kill(os.getpid(), signal.SIGTERM)
             reached.append("the block ran to its end")
     assert reached == ["the block ran to its end"]
-    assert capfd.readouterr().err.count("during setup; stopping (nothing to checkpoint yet)") == 2
+    err = capfd.readouterr().err
+    assert err.count("during setup; stopping (nothing to checkpoint yet)") == 2
+    assert "train.py: SIGTERM: the run has ended already; exiting with its status, 130\n" in err
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["before the first step", "after"])
+def test_once_the_run_has_ended_a_signal_changes_nothing(handlers, capfd, monkeypatch, training):
+    monkeypatch.setattr(stopping, "REPEAT_S", 0.0)  # every signal below would be a second request
+    stop = StopFlag("train.py").install()
+    if training:
+        stop.start()
+        os.kill(os.getpid(), signal.SIGINT)  # the stop a run ends with
+    assert stop.end(0 if training else 130) == (0 if training else 130)
+    capfd.readouterr()
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):  # no Interrupted, no exit at once
+        os.kill(os.getpid(), s)
+    assert stop.signal == ("SIGINT" if training else None)
+    status = 0 if training else 130
+    assert capfd.readouterr().err == "".join(f"train.py: {name}: the run has ended already; exiting with its status, "
+                                             f"{status}\n" for name in ("SIGINT", "SIGTERM", "SIGUSR2"))
 
 
 def test_the_ranks_agree_on_the_summed_vote():
