@@ -276,8 +276,8 @@ class RunDir:
         """The RunLog of the run (the directory created if missing). On rank 0 a torn last line of an
         existing metrics.jsonl (a crash in the middle of a write) is cut first, and said so
         (cut_torn_line). wandb_log starts or, with wandb_id, continues a wandb run on rank 0
-        (wandb_init: project, group, name, config), in the mode wandb_mode() chooses; otherwise
-        the run logs to NullWandb."""
+        (wandb_init: wandb.init's project, group, name, job_type, tags, config), in the mode wandb_mode()
+        chooses; otherwise the run logs to NullWandb."""
         os.makedirs(self.path, exist_ok=True)
         torn = cut_torn_line(self.metrics) if master else ""
         if torn:
