@@ -10,7 +10,7 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
     python compare.py results/ablations/{baseline,res_gelu} --best_over=learning_rate --select_on=seed=0 --holm --paired
     python compare.py results/width_transfer/* --width_transfer --plot=transfer.png   # the best rate per width
-    python compare.py results/width_ladder/* --width_ladder --seeds=1,2,3,4,5         # the gap per width, its slope
+    python compare.py results/width_ladder/*_w* --width_ladder --seeds=1,2,3,4,5       # the gap per width, its slope
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
