@@ -23,7 +23,14 @@ import tiktoken.load
 import tiktoken.registry
 
 from helpers import run_script
-from nonlinear_queries.corpus import MIN_VAL_TOKENS, DataError, load_hub_documents, load_local_documents, prepare
+from nonlinear_queries.corpus import (
+    MIN_VAL_TOKENS,
+    DataError,
+    load_hub_documents,
+    load_local_documents,
+    prepare,
+    split_documents,
+)
 from nonlinear_queries.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 
 # where tiktoken_ext.openai_public.gpt2() fetches the files; its cache key is sha1(url)
@@ -216,6 +223,18 @@ def test_split_is_deterministic(tmp_path):
     for split in ("train.bin", "val.bin"):
         with open(tmp_path / "a" / split, "rb") as fa, open(tmp_path / "b" / split, "rb") as fb:
             assert fa.read() == fb.read()
+
+
+def test_a_val_split_short_of_min_val_tokens_takes_the_next_documents_of_its_shuffled_order():
+    documents = datasets.Dataset.from_dict({"id": list(range(50)), "len": [10] * 50})  # 10 tokens each
+    assert len(split_documents(documents, 0.02)["val"]) == 1  # ceil(0.02 * 50)
+    val = split_documents(documents, 0.02, min_val_tokens=95)["val"]
+    assert val["id"] == documents.train_test_split(test_size=10, seed=2357)["test"]["id"]
+    assert val["id"][:1] == split_documents(documents, 0.02)["val"]["id"]  # the fraction's document first
+    assert len(split_documents(documents, 0.5, min_val_tokens=95)["val"]) == 25  # the fraction already holds it
+    with pytest.raises(DataError, match=r"^50 documents of 500 tokens are too few: the validation split needs at "
+                                        r"least 260 tokens from at most half of them; pass a larger corpus$"):
+        split_documents(documents, 0.02, min_val_tokens=260)
 
 
 def test_failed_prepare_removes_stale_meta(tmp_path):
