@@ -98,6 +98,8 @@ EXCLUDED = {
         "needs hf-baseline, the export of a paper's run (tests/test_pretrained.py round-trips a tiny one)",
     "python -m nonlinear_queries.checkpoint --out_dir=out-gpt3-2p7b-res-gelu": "needs a sharded checkpoint of the "
                                                                                "2.7B model: GPUs",
+    "python analyze.py --coord_check=config/mini/res_gelu.py --plot=coord.png":
+        "the coordinate check, widths 64 to 512: minutes of CPU (tests/test_width.py holds it)",
     # benchmarks
     "python bench/train_speed.py": "a benchmark: minutes of timed steps",
     "python bench/sample_speed.py": "a benchmark: minutes of timed generation",
