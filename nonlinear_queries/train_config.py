@@ -71,7 +71,7 @@ class TrainConfig(GPTConfig):
     # the run's name in compare.py's tables (its arm's label) and in wandb; '' = the last config file's name in the
     # tables and the out_dir's last component in wandb, unique per run
     wandb_run_name: str = ""
-    wandb_job_type: str = ""  # wandb's job type, '' = none; study.py sets the stage: tuning or held-out
+    wandb_job_type: str = ""  # wandb's job type, '' = none; study.py sets the stage: tuning, pilot or held-out
     wandb_tags: str = ""  # wandb's tags, comma-separated, '' = none; sweep.py and study.py tag a point's seed: seed=3
 
     # data

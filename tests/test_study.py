@@ -106,6 +106,8 @@ def test_each_arm_is_one_wandb_group_its_stage_the_job_type_and_its_seed_a_tag(t
         assert parse_config(TrainConfig, args)[0].wandb_init() == {
             "project": "nonlinear-queries", "group": "toy/a", "name": point.name, "job_type": stage,
             "tags": [f"seed={values['seed']}"]}
+    s.pilot_seeds = [7]  # a [pilot] stage's seeds
+    assert protocol.wandb_args(s, arm, horizon, [protocol.held_out_point(s, "2e-3", 7)])[1] == "--wandb_job_type=pilot"
     # an arm's own overrides win
     arm.overrides["wandb_group"] = "mine"
     assert protocol.wandb_args(s, arm, horizon, [values]) == ["--wandb_job_type=held-out"]
