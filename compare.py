@@ -10,7 +10,7 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
     python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
     python compare.py results/ablations/{baseline,res_gelu} --best_over=learning_rate --select_on=seed=0 --holm --paired
     python compare.py results/width_transfer/* --width_transfer --plot=transfer.png   # the best rate per width
-    python compare.py results/width_ladder/* --width_ladder --seeds=1,2,3,4,5         # the gap per width, its slope
+    python compare.py results/width_ladder/*_w* --width_ladder --seeds=1,2,3,4,5       # the gap per width, its slope
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
@@ -26,7 +26,8 @@ A run's history is its metrics.jsonl as it stands now: a `config` record at step
 restart) replaces what an earlier session logged after step s, and of records logged twice
 the later one counts. A setting missing from an older run's config (one added to train.py
 later) counts as today's default, which reproduces what the older code did. --seeds keeps only the runs
-with those seeds (e.g. the held-out ones).
+with those seeds (e.g. the held-out ones). A directory that is not a run stands for every run beneath it (a
+sweep, a study's arms), and files among the paths (the README.md a glob catches) are skipped with a note.
 
 Across widths (nonlinear_queries/width.py, docs/width.md): --width_transfer tables each arm's mean val loss
 at every learning rate per width and parametrization, where the best rate sits and whether it transfers;

@@ -68,6 +68,7 @@ from nonlinear_queries.protocol import (
     point_dir,
     points_had,
     train_args,
+    wandb_args,
 )
 from nonlinear_queries.runs import RunDir, RunsError, finished
 from nonlinear_queries.sweeps import Point, point_name, write_record
@@ -102,6 +103,7 @@ def sweep_command(study, arm, horizon, points, jobs=None):
     launcher = [f"--{k}={x}" for k, v in {**study.launcher, **({"jobs": jobs} if jobs else {})}.items()
                 for x in (v if isinstance(v, list) else [v])]  # a list option (slurm_setup) is given once a line
     return [sys.executable, os.path.join(REPO, "sweep.py"), *train_args(study, arm, horizon),
+            *wandb_args(study, arm, horizon, points),
             *(arg for axis in sweep_grid(study, points) for arg in ("--grid", axis)),
             f"--sweep_dir={arm_dir(study, arm, horizon)}", *launcher]
 
@@ -376,7 +378,8 @@ class StageQueue:
         print(f"{arm.name} @ {horizon.max_iters} steps: {point.name} in slot {slot} (log: {log})\n  "
               f"{shlex.join(cmd)}", flush=True)
         os.makedirs(os.path.dirname(log), exist_ok=True)
-        return train_args(self.study, arm, horizon), f"[1/1] {point.name}", log
+        args = [*train_args(self.study, arm, horizon), *wandb_args(self.study, arm, horizon, [dict(point.values)])]
+        return args, f"[1/1] {point.name}", log
 
     def ended(self, point, code, status, stopping):
         """Record the point, say how it ended in sweep.log, and fail its arm where its train.py failed (exit
@@ -449,7 +452,8 @@ def run_sequential(study):
             cmd = sweep_command(study, arm, horizon, stage.todo)
             print(f"{arm.name} @ {horizon.max_iters} steps: {len(stage.todo)} run(s)\n  {shlex.join(cmd)}", flush=True)
             code, stopped_by = sweeps.run_sweep(sweeps.Sweep(
-                train_args=train_args(study, arm, horizon), grid=sweep_grid(study, stage.todo),
+                train_args=[*train_args(study, arm, horizon), *wandb_args(study, arm, horizon, stage.todo)],
+                grid=sweep_grid(study, stage.todo),
                 sweep_dir=arm_dir(study, arm, horizon), command=cmd[2:], **study.launcher))
             if stopped_by:
                 print("study stopped; every running point wrote its checkpoint. Run the same command again to "

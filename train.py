@@ -171,10 +171,11 @@ def start_log(cfg, rt, run_dir, state, run_name, config_files, model, data_finge
     resolved config. Returns the runs.RunLog."""
     if rt.master and cfg.init_from != "resume":
         run_dir.replace()
-    out = run_dir.open_log(rt.master, cfg.wandb_log, state.wandb_id or None, project=cfg.wandb_project,
-                           group=cfg.wandb_group or None, name=run_name, config=asdict(cfg))
+    wandb_init = cfg.wandb_init()
+    out = run_dir.open_log(rt.master, cfg.wandb_log, state.wandb_id or None, config=asdict(cfg), **wandb_init)
     state.wandb_id = out.wandb.id or ""
-    run_dir.log_header(out, state.step, __file__, run_name=run_name, config_files=config_files,
+    run_dir.log_header(out, state.step, __file__, run_name=run_name, wandb={**wandb_init, "id": out.wandb.id},
+                       config_files=config_files,
                        torch=torch.__version__, device=rt.device, world_size=rt.world_size, dtype=rt.dtype,
                        numerics=numerics(rt.device),
                        tokens_per_iter=tokens_per_iter, non_embedding_params=model.get_num_params(),
@@ -184,7 +185,9 @@ def start_log(cfg, rt, run_dir, state, run_name, config_files, model, data_finge
     out.print(f"{run_name}: query_mode={cfg.query_mode}, {model.get_num_params():,} non-embedding parameters, "
               f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
               + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else "")
-              + (f", wandb {out.wandb.settings.mode} in {wandb_dir}" if wandb_dir else "")
+              + (f", wandb {out.wandb.settings.mode} run {wandb_init['name']}"
+                 + (f" in group {wandb_init['group']}" if wandb_init["group"] else "") + f" in {wandb_dir}"
+                 if wandb_dir else "")
               + f"; the full config is in {run_dir.config}")
     return out
 

@@ -14,10 +14,10 @@ from nonlinear_queries.runs import RunsError, fill_defaults, find_run_dirs, load
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
-    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "data_dir", "compile",
-    "compile_mode", "compile_pointwise_cat", "compile_options", "kernels", "backend", "peak_flops", "device",
-    "eval_tasks", "eval_tasks_interval", "eval_tasks_limit", "eval_tasks_include_path", "parallelism",
-    "activation_checkpointing", "diagnostics", "diagnostics_batches",
+    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "wandb_job_type", "wandb_tags",
+    "data_dir", "compile", "compile_mode", "compile_pointwise_cat", "compile_options", "kernels", "backend",
+    "peak_flops", "device", "eval_tasks", "eval_tasks_interval", "eval_tasks_limit", "eval_tasks_include_path",
+    "parallelism", "activation_checkpointing", "diagnostics", "diagnostics_batches",
 }
 
 @dataclass

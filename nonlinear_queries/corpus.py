@@ -2,8 +2,8 @@
 The one data pipeline shared by every data/<name>/prepare.py:
 
     documents (a datasets.Dataset with a `text` column, from local files or the hub)
-    -> train/val split of documents (train_test_split, seed 2357)
     -> GPT-2 BPE tokens, encode_ordinary + EOT (50256) after each document
+    -> train/val split of documents (train_test_split, seed 2357), val at least MIN_VAL_TOKENS tokens
     -> <out_dir>/train.bin, val.bin (uint16, read with np.memmap) and meta.json
 
 meta.json is written last: a directory without it holds no finished run.
@@ -12,6 +12,7 @@ meta.json is written last: a directory without it holds no finished run.
 import argparse
 import glob
 import importlib.util
+import math
 import os
 import sys
 import time
@@ -29,6 +30,10 @@ SPLIT_SEED = 2357
 LOCAL_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "txt"}
 SCRIPT_REFUSED = "Dataset scripts are no longer supported"  # what datasets 5.x raises for script repos
 PARQUET_REVISION = "refs/convert/parquet"  # the hub's automatic parquet export of every dataset
+# the validation split's floor for the prepare scripts: four windows of GPT-2's context (block_size 1024) and the
+# token after each, so that a run at the paper's block_size draws its eval batches from val.bin (a fixed fraction of
+# a small --input corpus gave one of 446 tokens, refused only at training)
+MIN_VAL_TOKENS = 4 * (1024 + 1)
 
 
 # -----------------------------------------------------------------------------
@@ -136,19 +141,34 @@ def load_hub_documents(name, num_proc=None):
 # split, tokenize, write
 
 
-def split_documents(documents, test_size, seed=SPLIT_SEED):
+def split_documents(documents, test_size, seed=SPLIT_SEED, min_val_tokens=0):
     """
     Shuffle and split whole documents: returns DatasetDict {"train", "val"} where val holds
-    ceil(test_size * n) documents. Raises DataError if either side would be empty.
+    ceil(test_size * n) documents, or, where those hold fewer than `min_val_tokens` tokens (by the
+    `len` column of tokenize_splits, which `documents` then needs), the fewest documents of the same
+    shuffled order that hold that many (train_test_split's test rows are a prefix of one permutation
+    of seed). Raises DataError if either side would be empty, or if the val split would need more
+    than half the documents to reach min_val_tokens.
     """
     if not 0.0 < test_size < 1.0:
         raise DataError(f"test_size must be a fraction in (0, 1), got {test_size}")
-    if len(documents) < 2:
-        raise DataError(f"need at least 2 documents to split off a validation set, got {len(documents)}")
+    n = len(documents)
+    if n < 2:
+        raise DataError(f"need at least 2 documents to split off a validation set, got {n}")
     try:
         splits = documents.train_test_split(test_size=test_size, seed=seed, shuffle=True)
+        if min_val_tokens and pc.sum(splits["test"].with_format("arrow")["len"]).as_py() < min_val_tokens:
+            # the first k test rows of the largest split allowed are the test rows of a split of k
+            half = documents.train_test_split(test_size=n // 2, seed=seed, shuffle=True)["test"]
+            reach = np.cumsum(half.with_format("arrow")["len"].to_numpy())
+            if reach[-1] < min_val_tokens:
+                total = pc.sum(documents.with_format("arrow")["len"]).as_py()
+                raise DataError(f"{n:,} documents of {total:,} tokens are too few: the validation split needs at "
+                                f"least {min_val_tokens:,} tokens from at most half of them; pass a larger corpus")
+            count = int(np.searchsorted(reach, min_val_tokens)) + 1
+            splits = documents.train_test_split(test_size=count, seed=seed, shuffle=True)
     except ValueError as e:
-        raise DataError(f"cannot split {len(documents)} documents with test_size={test_size}: {e}") from e
+        raise DataError(f"cannot split {n} documents with test_size={test_size}: {e}") from e
     return datasets.DatasetDict({"train": splits["train"], "val": splits["test"]})
 
 
@@ -160,7 +180,8 @@ def tokenize_batch(batch):
 
 
 def tokenize_splits(splits, num_proc=None):
-    """Tokenize every split with `num_proc` worker processes; columns `ids` (uint16) and `len`."""
+    """Tokenize `splits` (a Dataset, or a DatasetDict: every split) with `num_proc` worker processes; columns `ids`
+    (uint16) and `len`."""
     get_gpt2_encoding()  # build once here so forked workers inherit it
     # ids fit uint16 (vocab 50257 < 65536); storing them so halves the cache versus int32
     features = datasets.Features({"ids": datasets.List(datasets.Value("uint16")), "len": datasets.Value("int64")})
@@ -196,19 +217,19 @@ def write_bin(tokenized, path, batch_size=1024):
     return n_tokens
 
 
-def prepare(documents, out_dir, source, test_size, num_proc=None, seed=SPLIT_SEED):
+def prepare(documents, out_dir, source, test_size, num_proc=None, seed=SPLIT_SEED, min_val_tokens=0):
     """
-    Split `documents` (a Dataset with a `text` column), tokenize, and write
-    <out_dir>/train.bin, val.bin (uint16) and meta.json. `source` (str or list of str)
-    is recorded in meta.json. Returns the meta dict. Raises DataError on bad input.
+    Tokenize `documents` (a Dataset with a `text` column), split them (split_documents: val at
+    least min_val_tokens tokens), and write <out_dir>/train.bin, val.bin (uint16) and meta.json.
+    `source` (str or list of str) is recorded in meta.json. Returns the meta dict. Raises
+    DataError on bad input, or a corpus too small for min_val_tokens.
     """
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
     # meta.json marks a finished run: drop a stale one until this run has finished
     if os.path.exists(meta_path):
         os.remove(meta_path)
-    splits = split_documents(documents, test_size, seed)
-    tokenized = tokenize_splits(splits, num_proc)
+    tokenized = split_documents(tokenize_splits(documents, num_proc), test_size, seed, min_val_tokens)
     tokens = {split: write_bin(tokenized[split], os.path.join(out_dir, f"{split}.bin")) for split in ("train", "val")}
     enc = get_gpt2_encoding()
     meta = {
@@ -218,10 +239,11 @@ def prepare(documents, out_dir, source, test_size, num_proc=None, seed=SPLIT_SEE
         "dtype": "uint16",
         "train_tokens": tokens["train"],
         "val_tokens": tokens["val"],
-        "train_documents": len(splits["train"]),
-        "val_documents": len(splits["val"]),
+        "train_documents": len(tokenized["train"]),
+        "val_documents": len(tokenized["val"]),
         "source": source,
         "test_size": test_size,
+        "min_val_tokens": min_val_tokens,
         "split_seed": seed,
     }
     write_json(meta_path, meta)  # last: meta.json marks a finished run
@@ -250,8 +272,9 @@ def make_parser(description, out_dir, test_size, accept_input=True):
 def run_prepare(load, description, out_dir, test_size, accept_input=True, argv=None):
     """
     Entry point of a prepare script: parse argv, call load(args) -> (documents, source),
-    run prepare() and print the token counts. A DataError is printed to stderr and
-    exits with status 1.
+    run prepare() with a validation split of at least MIN_VAL_TOKENS tokens and print both
+    splits' sizes. A DataError (a corpus too small for that split among them) is printed to
+    stderr and exits with status 1.
     """
     args = make_parser(description, out_dir, test_size, accept_input).parse_args(argv)
     if args.num_proc < 1:
@@ -259,12 +282,16 @@ def run_prepare(load, description, out_dir, test_size, accept_input=True, argv=N
     t0 = time.time()
     try:
         documents, source = load(args)
-        meta = prepare(documents, args.out_dir, source, args.test_size, args.num_proc)
+        meta = prepare(documents, args.out_dir, source, args.test_size, args.num_proc, min_val_tokens=MIN_VAL_TOKENS)
     except DataError as e:
         sys.exit(f"error: {e}")
     print(f"wrote {args.out_dir} in {time.time() - t0:.1f}s")
     print(f"train.bin: {meta['train_tokens']:,} tokens from {meta['train_documents']:,} documents")
-    print(f"val.bin: {meta['val_tokens']:,} tokens from {meta['val_documents']:,} documents")
+    documents = meta["train_documents"] + meta["val_documents"]
+    grown = meta["val_documents"] > math.ceil(args.test_size * documents)
+    print(f"val.bin: {meta['val_tokens']:,} tokens from {meta['val_documents']:,} documents"
+          + (f" (more than the --test_size={args.test_size} fraction, {math.ceil(args.test_size * documents):,}, "
+             f"to hold at least {MIN_VAL_TOKENS:,} tokens)" if grown else ""))
     return meta
 
 

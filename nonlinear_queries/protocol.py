@@ -444,6 +444,19 @@ def held_out_point(study, value, seed):
     return point
 
 
+def wandb_args(study, arm, horizon, points):
+    """The train.py arguments, after train_args', that make wandb show each arm as one line with its spread over
+    seeds: the arm as the runs' wandb group (STUDY/ARM, the horizon's subdir between) and the stage of `points` (the
+    points to run, all of one stage) as their job type, tuning, pilot or held-out; each unless the arm's overrides
+    set it."""
+    settings = {"wandb_group": "/".join(filter(None, (study.name, horizon.subdir, arm.name)))}
+    if points:
+        seed = points[0]["seed"]
+        settings["wandb_job_type"] = ("tuning" if seed in study.tuning_seeds else
+                                      "pilot" if seed in study.pilot_seeds else "held-out")
+    return [f"--{k}={v}" for k, v in settings.items() if k not in arm.overrides]
+
+
 def point_dir(study, arm, horizon, point):
     """The run directory of `point` ({key: raw value}, in order) of `arm` at `horizon`, named as sweep.py names it."""
     return os.path.join(arm_dir(study, arm, horizon), point_name(point))

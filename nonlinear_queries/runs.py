@@ -301,8 +301,8 @@ class RunDir:
         """The RunLog of the run (the directory created if missing). On rank 0 a torn last line of an
         existing metrics.jsonl (a crash in the middle of a write) is cut first, and said so
         (cut_torn_line). wandb_log starts or, with wandb_id, continues a wandb run on rank 0
-        (wandb_init: project, group, name, config), in the mode wandb_mode() chooses; otherwise
-        the run logs to NullWandb."""
+        (wandb_init: wandb.init's project, group, name, job_type, tags, config), in the mode wandb_mode()
+        chooses; otherwise the run logs to NullWandb."""
         os.makedirs(self.path, exist_ok=True)
         torn = cut_torn_line(self.metrics) if master else ""
         if torn:
@@ -433,20 +433,30 @@ def fill_defaults(runs):
 
 
 def find_run_dirs(paths):
-    """Run directories named in `paths`: a directory holding metrics.jsonl is a run; one that does not but whose
-    subdirectories do (a sweep) stands for those, sorted. A run named twice counts once. Raises RunsError for a
-    path that is neither."""
-    dirs = []
+    """Run directories named in `paths`, as a shell glob gives them: a directory holding metrics.jsonl is a run; any
+    other directory stands for every run beneath it (a sweep, a study's arms, a folder of studies), in sorted order,
+    a run's own subdirectories not searched; a plain file (the README.md or figure.png a glob catches) is skipped,
+    said in one line on stderr. A run named twice counts once. Raises RunsError for a path that is not there, a
+    directory that holds no run, or paths that name no run at all."""
+    dirs, files = [], []
     for path in paths:
-        if RunDir(path).has_record():
-            dirs.append(path)
+        if os.path.isfile(path):
+            files.append(path)
             continue
-        subdirs = sorted(os.path.join(path, d) for d in os.listdir(path)) if os.path.isdir(path) else []
-        runs = [d for d in subdirs if RunDir(d).has_record()]
+        runs = []
+        for top, subdirs, _ in os.walk(path):
+            subdirs.sort()
+            if RunDir(top).has_record():
+                runs.append(top)
+                subdirs.clear()
         if not runs:
             raise RunsError(f"{path} is not a run directory (one holding the metrics.jsonl and config.json that "
                             f"train.py writes) nor a directory of such runs; pass the out_dir of a train.py run")
         dirs += runs
+    if not dirs:
+        raise RunsError(f"no run directory among {', '.join(paths)}; pass the out_dir of a train.py run")
+    if files:
+        print(f"note: skipped {len(files)} file(s), not run directories: {', '.join(files)}", file=sys.stderr)
     unique = {}
     for d in dirs:
         unique.setdefault(os.path.realpath(d), d)

@@ -165,9 +165,11 @@ class Point:
         return f"another sweep ({other})" if other else out_dir_holder(self.out_dir)
 
     def train_args(self, train_args, resume):
-        """train.py's arguments for this point: the sweep's, the point's values, its out_dir, and
+        """train.py's arguments for this point: its seed as a wandb tag (seed=N, where the point sets one; first,
+        so that the sweep's own wandb_tags win), the sweep's, the point's values, its out_dir, and
         --init_from=resume where it has a checkpoint (else --overwrite=True: a new run)."""
-        return [TRAIN, *train_args, *(f"--{k}={v}" for k, v in self.values), f"--out_dir={self.out_dir}",
+        tags = [f"--wandb_tags=seed={v}" for k, v in self.values if k == "seed"]
+        return [TRAIN, *tags, *train_args, *(f"--{k}={v}" for k, v in self.values), f"--out_dir={self.out_dir}",
                 "--init_from=resume" if resume else "--overwrite=True"]
 
 
@@ -494,8 +496,11 @@ def plan(sweep):
     sweep.sweep_dir = sweep.sweep_dir or dict(shared).get("out_dir", base.out_dir)
     grid = [[(k, v) for (keys, _), v in zip(axes, combo) for k in keys]
             for combo in itertools.product(*(raws for _, raws in axes))]
-    # a named point's run is named after it; its settings, then the grid's, override the config
-    values = [([("wandb_run_name", label)] if label else []) + [*own, *g] for label, own in named for g in grid]
+    # a named point's run is named after it; its settings, then the grid's, override the config. Each arm (a named
+    # point, else the sweep) is one wandb group, unless the sweep's config or command names one
+    group = None if "wandb_group" in base.set_keys else os.path.normpath(sweep.sweep_dir)
+    values = [([("wandb_group", os.path.join(group, label) if label else group)] if group else [])
+              + ([("wandb_run_name", label)] if label else []) + [*own, *g] for label, own in named for g in grid]
     names = [",".join(filter(None, [label, point_name(g)])) for label, _ in named for g in grid]
     unique = {}  # a point given twice (--grid seed=1,1) is one point: one directory, one run
     for name, point in zip(names, values):

@@ -4,6 +4,7 @@ so that sweep.py can check a whole grid of configs before the first run starts.
 """
 
 import ast
+import os
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -65,8 +66,14 @@ class TrainConfig(GPTConfig):
     # wandb
     wandb_log: bool = False  # log to wandb as well as to metrics.jsonl
     wandb_project: str = "nonlinear-queries"  # the wandb project
-    wandb_group: str = ""  # the wandb group, '' = none
-    wandb_run_name: str = ""  # '' = the name of the last config file
+    # wandb's group, '' = none; sweep.py and study.py set it to the arm (a study's arm, a sweep's named point or the
+    # sweep), so that grouping by it shows each arm as one line with its spread over seeds
+    wandb_group: str = ""
+    # the run's name in compare.py's tables (its arm's label) and in wandb; '' = the last config file's name in the
+    # tables and the out_dir's last component in wandb, unique per run
+    wandb_run_name: str = ""
+    wandb_job_type: str = ""  # wandb's job type, '' = none; study.py sets the stage: tuning, pilot or held-out
+    wandb_tags: str = ""  # wandb's tags, comma-separated, '' = none; sweep.py and study.py tag a point's seed: seed=3
 
     # data
     dataset: str = "openwebtext"  # the data/<dataset> whose prepare.py wrote train.bin and val.bin
@@ -218,6 +225,15 @@ class TrainConfig(GPTConfig):
             return f.name in self.set_keys if self.set_keys is not None else getattr(self, f.name) != f.default
 
         return {f.name: getattr(self, f.name) for f in fields(GPTConfig) if given(f)}
+
+    def wandb_init(self):
+        """wandb.init's project, group, name, job_type and tags for this run (each None where unset): the name is
+        wandb_run_name or else out_dir's last component, since a config file's name is shared by every run of it;
+        the tags are wandb_tags split at its commas."""
+        return {"project": self.wandb_project, "group": self.wandb_group or None,
+                "name": self.wandb_run_name or os.path.basename(os.path.abspath(self.out_dir)),
+                "job_type": self.wandb_job_type or None,
+                "tags": [t.strip() for t in self.wandb_tags.split(",") if t.strip()] or None}
 
 
 def parse_compile_options(text, what="compile_options"):

@@ -1,5 +1,5 @@
 """Helpers shared by the tests: the tiny training run, running the repo's programs as a user
-would, readers of what a run writes (metrics.jsonl, markdown tables, .wandb files), and the
+would, readers of what a run writes (metrics.jsonl, markdown tables, .wandb files through wandb's reader), and the
 hand-written references the model is held to (random parameters, causal attention written out).
 tests/conftest.py keeps the fixtures and the environment every test runs in."""
 
@@ -9,7 +9,6 @@ import io
 import json
 import os
 import runpy
-import struct
 import subprocess
 import sys
 import time
@@ -166,28 +165,17 @@ def markdown_table(stdout, first_header):
     return {row[first_header]: row for row in markdown_rows(stdout, first_header)}
 
 
-def read_wandb_history(run_file):
-    """History rows of a .wandb file: W&B's 7-byte header, then LevelDB-log-format records
-    (crc32, length, type; 32 KiB blocks) holding protobuf `Record`s."""
-    from wandb.proto import wandb_internal_pb2 as pb
+def wandb_records(run_file):
+    """The records of a .wandb file as wandb's own reader prints them, offline (`wandb leet inspect --json`: one
+    JSON object a line, {"type": "run", "run": {...}}, {"type": "history", "history": {"item": {...}}}, ...)."""
+    proc = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_file)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
-    data = open(run_file, "rb").read()
-    pos, rows, pending = 7, [], b""
-    while pos + 7 <= len(data):
-        block_left = 32768 - pos % 32768
-        if block_left < 7:
-            pos += block_left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST
-            record = pb.Record.FromString(pending)
-            pending = b""
-            if record.HasField("history"):
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                             for item in record.history.item})
-    return rows
+
+def read_wandb_history(run_file):
+    """History rows of a .wandb file, {key: value} with wandb's _step, read by wandb's reader (wandb_records)."""
+    return [r["history"]["item"] for r in wandb_records(run_file) if r["type"] == "history"]
 
 
 def randomize(module, seed=0, biases=True):

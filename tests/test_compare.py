@@ -366,6 +366,31 @@ def test_bad_input_is_a_clear_error(seeds, tmp_path):
         assert proc.stderr.startswith(f"error: {path} is not a run directory") and "metrics.jsonl" in proc.stderr
 
 
+def test_a_glob_over_a_study_skips_its_files_and_counts_nested_runs(tmp_path, capsys):
+    # what `compare.py results/width_ladder/*` gets from the shell: files, arms (sweeps), and a folder of arms
+    study = tmp_path / "study"
+    for seed, final in enumerate([3.0, 3.2]):
+        make_run(study / "baseline" / f"seed={seed}", "baseline", {1000: 3.6, 2000: final}, seed=seed)
+        make_run(study / "later" / "res_gelu" / f"seed={seed}", "res_gelu", {1000: 3.6, 2000: final - 0.2},
+                 seed=seed, **RES_GELU)
+    (study / "later" / "res_gelu" / "seed=0" / "wandb").mkdir()  # a run's own subdirectories are not searched
+    for name in ("README.md", "TABLES.md", "figure.png"):
+        (study / name).write_text("not a run")
+    compare.main(sorted(str(p) for p in study.iterdir()))
+    out, err = capsys.readouterr()
+    assert err == (f"note: skipped 3 file(s), not run directories: {study / 'README.md'}, {study / 'TABLES.md'}, "
+                   f"{study / 'figure.png'}\n")
+    table = rows(out)
+    assert list(table) == ["baseline", "res_gelu"] and table["res_gelu"]["n"] == "2"
+    assert table["res_gelu"]["val"] == "2.9000 ± 0.1414"
+    # a directory that holds no run, however deep, is the one error; so are files alone
+    (study / "empty" / "sub").mkdir(parents=True)
+    message = compare_error(capsys, study / "baseline", study / "empty")
+    assert message.startswith(f"error: {study / 'empty'} is not a run directory") and "\n" not in message
+    message = compare_error(capsys, study / "README.md")
+    assert message == f"error: no run directory among {study / 'README.md'}; pass the out_dir of a train.py run"
+
+
 @pytest.mark.parametrize("option", ["--plot", "--figure2"])
 def test_figure_path_that_cannot_be_written_is_refused_before_the_table(seeds, tmp_path, capsys, monkeypatch, option):
     # refused before any run is read: the figure is the last thing drawn, after minutes of reading a big sweep

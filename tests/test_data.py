@@ -23,7 +23,14 @@ import tiktoken.load
 import tiktoken.registry
 
 from helpers import run_script
-from nonlinear_queries.corpus import DataError, load_hub_documents, load_local_documents, prepare
+from nonlinear_queries.corpus import (
+    MIN_VAL_TOKENS,
+    DataError,
+    load_hub_documents,
+    load_local_documents,
+    prepare,
+    split_documents,
+)
 from nonlinear_queries.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 
 # where tiktoken_ext.openai_public.gpt2() fetches the files; its cache key is sha1(url)
@@ -218,6 +225,18 @@ def test_split_is_deterministic(tmp_path):
             assert fa.read() == fb.read()
 
 
+def test_a_val_split_short_of_min_val_tokens_takes_the_next_documents_of_its_shuffled_order():
+    documents = datasets.Dataset.from_dict({"id": list(range(50)), "len": [10] * 50})  # 10 tokens each
+    assert len(split_documents(documents, 0.02)["val"]) == 1  # ceil(0.02 * 50)
+    val = split_documents(documents, 0.02, min_val_tokens=95)["val"]
+    assert val["id"] == documents.train_test_split(test_size=10, seed=2357)["test"]["id"]
+    assert val["id"][:1] == split_documents(documents, 0.02)["val"]["id"]  # the fraction's document first
+    assert len(split_documents(documents, 0.5, min_val_tokens=95)["val"]) == 25  # the fraction already holds it
+    with pytest.raises(DataError, match=r"^50 documents of 500 tokens are too few: the validation split needs at "
+                                        r"least 260 tokens from at most half of them; pass a larger corpus$"):
+        split_documents(documents, 0.02, min_val_tokens=260)
+
+
 def test_failed_prepare_removes_stale_meta(tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -299,15 +318,39 @@ def test_openwebtext_cli_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_openwebtext_cli_local_input(tmp_path):
-    paths = write_inputs(tmp_path, "parquet")
+def test_openwebtext_cli_local_input_gets_a_val_split_of_min_val_tokens(tmp_path):
+    # 200 documents of 44 to 124 tokens: the 0.0005 fraction is 1 document, far below four block_size-1024 windows
+    path = tmp_path / "docs.jsonl"
+    corpus = [f"Document {i}: " + "To be, or not to be, that is the question. " * (i % 5 + 4) for i in range(200)]
+    path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in corpus))
     out_dir = tmp_path / "owt"
-    args = ["--input", *paths, "--out_dir", str(out_dir), "--num_proc", "1"]
-    result = run_prepare("data/openwebtext/prepare.py", args, tmp_path)
+    result = run_prepare("data/openwebtext/prepare.py", ["--input", str(path), "--out_dir", str(out_dir),
+                                                         "--num_proc", "1"], tmp_path)
     assert result.returncode == 0, result.stderr
     meta = json.loads((out_dir / "meta.json").read_text())
-    assert meta["test_size"] == 0.0005 and meta["val_documents"] == 1
-    assert f"train.bin: {meta['train_tokens']:,} tokens" in result.stdout
+    assert meta["test_size"] == 0.0005 and meta["min_val_tokens"] == MIN_VAL_TOKENS == 4100
+    assert meta["val_tokens"] >= 4100 and meta["train_documents"] + meta["val_documents"] == 200
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(len(get_gpt2_encoding().encode_ordinary(d)) + 1
+                                                            for d in corpus)
+    # the fewest documents of the split's shuffled order: one fewer holds less than 4,100 tokens
+    lengths = datasets.Dataset.from_dict({"len": [len(get_gpt2_encoding().encode_ordinary(d)) + 1 for d in corpus]})
+    smaller = lengths.train_test_split(test_size=meta["val_documents"] - 1, seed=2357)["test"]["len"]
+    assert sum(smaller) < 4100 <= sum(smaller) + max(lengths["len"])
+    assert len(np.memmap(out_dir / "val.bin", dtype=np.uint16, mode="r")) == meta["val_tokens"]
+    assert f"train.bin: {meta['train_tokens']:,} tokens from {meta['train_documents']} documents" in result.stdout
+    assert (f"val.bin: {meta['val_tokens']:,} tokens from {meta['val_documents']} documents (more than the "
+            f"--test_size=0.0005 fraction, 1, to hold at least 4,100 tokens)") in result.stdout
+
+    # a corpus that would need more than half its documents for that split is refused in one sentence
+    small = write_inputs(tmp_path, "parquet")
+    result = run_prepare("data/openwebtext/prepare.py", ["--input", *small, "--out_dir", str(tmp_path / "small"),
+                                                         "--num_proc", "1"], tmp_path)
+    total = sum(len(get_gpt2_encoding().encode_ordinary(d)) + 1 for d in DOCS)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {len(DOCS)} documents of {total} tokens are too few: the validation split needs at least 4,100 "
+        f"tokens from at most half of them; pass a larger corpus")
+    assert not (tmp_path / "small" / "meta.json").exists()
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from test_results import TABLES, printed_table
 import study
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
 from nonlinear_queries import looks, protocol, runs, sweeps
-from nonlinear_queries.configurator import ConfigError
+from nonlinear_queries.configurator import ConfigError, parse_config
 from nonlinear_queries.train_config import TrainConfig
 
 TOML = """
@@ -91,6 +91,26 @@ def test_the_protocol_widens_at_an_edge_then_reports_the_inside_best_on_held_out
         fake_run(study.point_dir(s, arm, horizon, protocol.held_out_point(s, "4e-3", seed)), 2.0 + seed / 100)
     stage = study.advance(s, arm, horizon)
     assert stage.todo == [] and stage.held_out == {1: 2.01, 2: 2.02}
+
+
+def test_each_arm_is_one_wandb_group_its_stage_the_job_type_and_its_seed_a_tag(tmp_path):
+    # grouped by wandb_group in wandb, an arm is one line with its spread over seeds; job type and tag tell them apart
+    s = write_study(tmp_path)
+    arm, horizon = s.arms[0], s.horizons[0]
+    for values, stage in (({"learning_rate": "1e-3", "seed": 0}, "tuning"),
+                          (protocol.held_out_point(s, "2e-3", 2), "held-out")):
+        point = sweeps.Point(sweeps.point_name(values), list(values.items()), study.point_dir(s, arm, horizon, values),
+                             10)
+        shared = [*protocol.train_args(s, arm, horizon), *protocol.wandb_args(s, arm, horizon, [values])]
+        args = point.train_args(shared, resume=False)[1:]
+        assert parse_config(TrainConfig, args)[0].wandb_init() == {
+            "project": "nonlinear-queries", "group": "toy/a", "name": point.name, "job_type": stage,
+            "tags": [f"seed={values['seed']}"]}
+    s.pilot_seeds = [7]  # a [pilot] stage's seeds
+    assert protocol.wandb_args(s, arm, horizon, [protocol.held_out_point(s, "2e-3", 7)])[1] == "--wandb_job_type=pilot"
+    # an arm's own overrides win
+    arm.overrides["wandb_group"] = "mine"
+    assert protocol.wandb_args(s, arm, horizon, [values]) == ["--wandb_job_type=held-out"]
 
 
 def test_widening_stops_at_max_widen_and_an_arm_may_have_its_own_grid(tmp_path):

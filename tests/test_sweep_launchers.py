@@ -28,6 +28,9 @@ from helpers import (
     wait_until,
 )
 from helpers import val_losses_by_step as evals
+from nonlinear_queries import sweeps
+from nonlinear_queries.configurator import parse_config
+from nonlinear_queries.train_config import TrainConfig
 
 # one worker under pytest-xdist holds the one SLURM cluster (a session fixture) and every test that asks for it
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -155,6 +158,30 @@ def test_a_point_given_twice_is_one_point_and_two_points_in_one_directory_are_re
     assert out.count(": starting") == 2 and "[2/2] seed=2: starting" in out
     assert sweep.main([*args, "--grid", "data_dir=a/b,a-b"]) == 2
     assert "two points would train in one directory, 'data_dir=a-b'" in capsys.readouterr().err
+
+
+def test_a_local_sweep_makes_each_arm_one_wandb_group_and_tags_each_point_s_seed(tmp_path):
+    config = os.path.join(REPO, "config", "mini", "baseline.py")
+
+    def wandb_of(**options):
+        points, train_args, _ = sweeps.plan(sweeps.Sweep(**options))
+        return [parse_config(TrainConfig, p.train_args(train_args, False)[1:])[0].wandb_init() for p in points]
+
+    grid = ["learning_rate=1e-3,2e-3", "seed=1,2"]
+    runs = wandb_of(train_args=[config], grid=grid, sweep_dir=str(tmp_path / "lr"))
+    assert [(r["group"], r["name"], r["tags"]) for r in runs] == [
+        (str(tmp_path / "lr"), f"learning_rate={lr},seed={seed}", [f"seed={seed}"])
+        for lr in ("1e-3", "2e-3") for seed in (1, 2)]
+    # named points are arms: each its own group under the sweep's, its runs named by the label (wandb_run_name)
+    points = tmp_path / "arms.toml"
+    points.write_text('[baseline]\n[res_gelu]\nquery_mode = "res_gelu"\n')
+    runs = wandb_of(train_args=[config], grid=["seed=1,2"], points=str(points), sweep_dir=str(tmp_path / "arms"))
+    assert [(r["group"], r["name"]) for r in runs] == [
+        (str(tmp_path / "arms" / arm), arm) for arm in ("baseline", "baseline", "res_gelu", "res_gelu")]
+    # a group the sweep's config or command names is kept, and so are its own tags
+    runs = wandb_of(train_args=[config, "--wandb_group=mine", "--wandb_tags=a"], grid=["seed=1"],
+                    sweep_dir=str(tmp_path / "own"))
+    assert [(r["group"], r["tags"]) for r in runs] == [("mine", ["a"])]
 
 
 def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):

@@ -21,11 +21,11 @@ from helpers import (
     TINY,
     losses_by_step,
     read_metrics,
-    read_wandb_history,
     run_in_process,
     run_script,
     train,
     train_in_process,
+    wandb_records,
 )
 from model import GPT, GPTConfig
 from nonlinear_queries import checkpoint
@@ -201,16 +201,32 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_has_val_loss_history(shakespeare_dir, tmp_path):
-    out = tmp_path / "out"
-    train(shakespeare_dir, out, "--max_iters=4", "--eval_interval=2", "--wandb_log=True",
-          "--wandb_run_name=tiny", env={"WANDB_MODE": "offline"})
+def test_wandb_offline_run_read_back_by_wandb_has_its_name_group_job_type_tags_and_history(shakespeare_dir,
+                                                                                             tmp_path):
+    out = tmp_path / "out-arm-seed3"
+    proc = train(shakespeare_dir, out, "--max_iters=4", "--eval_interval=2", "--wandb_log=True",
+                 "--wandb_group=study/arm", "--wandb_job_type=held-out", "--wandb_tags=seed=3,x",
+                 env={"WANDB_MODE": "offline"})
     (run_file,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
-    rows = read_wandb_history(run_file)
+    records = wandb_records(run_file)
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    # the name defaults to out_dir's last component, unique per run (not the config file's, shared by its runs)
+    assert (run["display_name"], run["run_group"], run["job_type"], run["tags"], run["project"]) == (
+        "out-arm-seed3", "study/arm", "held-out", ["seed=3", "x"], "nonlinear-queries")
+    # what wandb got is what the header and config.json record, and what the run says where it starts
+    (header,) = read_metrics(out, "config")
+    assert header["wandb"] == {"project": "nonlinear-queries", "name": "out-arm-seed3", "group": "study/arm",
+                               "job_type": "held-out", "tags": ["seed=3", "x"], "id": run["run_id"]}
+    assert json.loads((out / "config.json").read_text())["wandb"] == header["wandb"]
+    assert f"wandb offline run out-arm-seed3 in group study/arm in {os.path.dirname(run_file)};" in proc.stdout
+    rows = [r["history"]["item"] for r in records if r["type"] == "history"]
     val = [(r["_step"], r["eval/val_loss"]) for r in rows if "eval/val_loss" in r]
     expected = [(e["step"], e["val_loss"]) for e in read_metrics(out, "eval")]
     assert [s for s, _ in val] == [s for s, _ in expected] == [0, 2, 4]
     assert [v for _, v in val] == pytest.approx([v for _, v in expected], rel=1e-6)
+    logged = set().union(*rows)
+    assert {"train/loss", "train/lr", "eval/train_loss", "diag/layer1/attn_entropy"} <= logged
+    assert {f"train/{k}" for r in read_metrics(out, "train") for k in r if k not in ("type", "step")} <= logged
 
 
 @pytest.mark.slow

@@ -4,7 +4,10 @@ OpenWebText -> data/openwebtext/{train,val}.bin (uint16 GPT-2 tokens) + meta.jso
 Default source: the hub data set Skylion007/openwebtext (about 8.0M documents; the
 download and datasets' cache take tens of GB). Expect about 9.04B train and 4.43M val
 tokens (test_size 0.0005, seed 2357), i.e. an 18 GB train.bin.
-Where the hub is unreachable, pass local copies (e.g. its parquet files) with --input.
+Where the hub is unreachable, pass local copies (e.g. its parquet files) with --input. The
+validation split is that fraction of the documents or, for a small corpus, the fewest documents
+that hold 4,100 tokens (four windows of block_size 1024 and the next token); a corpus that needs
+more than half its documents for that is refused.
 
     python data/openwebtext/prepare.py
     python data/openwebtext/prepare.py --input /path/to/openwebtext/*.parquet --num_proc 8
