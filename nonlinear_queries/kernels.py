@@ -436,10 +436,11 @@ def _cross_entropy_fwd(LOGITS, TARGETS, LOSS, LSE, stride_logits, ignore_index, 
 
 
 @triton.jit
-def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, stride_logits, stride_dloss, ignore_index, V: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
+def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, DLOGITS, stride_logits, stride_dloss, stride_dlogits, ignore_index,
+                       V: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = LOGITS + row * stride_logits
+    out = DLOGITS + row * stride_dlogits
     lse = tl.load(LSE + row)
     target = tl.load(TARGETS + row)
     # the row's loss gradient, read on the device: 1 / (valid rows x micro-steps) as autograd made it
@@ -449,7 +450,7 @@ def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, stride_logits, stride_dloss,
         mask = cols < V
         z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         grad = (tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)) * dloss
-        tl.store(base + cols, grad.to(LOGITS.dtype.element_ty), mask=mask)  # in place of the logits
+        tl.store(out + cols, grad.to(DLOGITS.dtype.element_ty), mask=mask)
 
 
 CE_BLOCK_V = 4096  # logits per chunk of a row: 13 chunks of GPT-2's 50,304
@@ -486,21 +487,35 @@ def _(logits, targets, ignore_index):
     return logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
 
 
-@torch.library.custom_op("nlq::cross_entropy_rows_backward_", mutates_args=("logits",))
-def cross_entropy_rows_backward_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
-                                 ignore_index: int) -> None:
-    """cross_entropy_rows' backward, written in place of the logits (N, V): (softmax(logits) - onehot(target))
-    times dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row.
-    No copy of the logits' size is made, and nothing is read on the host."""
+def cross_entropy_rows_backward_reference(logits, targets, lse, dloss, ignore_index):
+    """The PyTorch path of cross_entropy_rows_backward, in float32."""
+    valid = (targets != ignore_index)[:, None]
+    grad = torch.exp(logits.float() - lse[:, None])
+    grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
+    return torch.where(valid, grad * dloss[:, None], 0.0).to(logits.dtype)
+
+
+@torch.library.custom_op("nlq::cross_entropy_rows_backward", mutates_args=())
+def cross_entropy_rows_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                                ignore_index: int) -> torch.Tensor:
+    """cross_entropy_rows' backward: the gradient of the logits (N, V), (softmax(logits) - onehot(target)) times
+    dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row; a new
+    tensor in the logits' dtype, contiguous. Functional, so that torch.compile copies nothing: an op that wrote it
+    in place of the saved logits made inductor copy them first (issue 77), a read and a write of N x V elements.
+    Nothing is read on the host."""
+    logits = _rows(logits)
     if not use_triton(logits):
-        valid = (targets != ignore_index)[:, None]
-        grad = torch.exp(logits.float() - lse[:, None])
-        grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
-        logits.copy_(torch.where(valid, grad * dloss[:, None], 0.0))
-        return
+        return cross_entropy_rows_backward_reference(logits, targets, lse, dloss, ignore_index)
     N, V = logits.shape
-    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, logits.stride(0), dloss.stride(0), ignore_index, V=V,
-                             BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+    dlogits = torch.empty(N, V, dtype=logits.dtype, device=logits.device)
+    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, dlogits, logits.stride(0), dloss.stride(0),
+                             dlogits.stride(0), ignore_index, V=V, BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+    return dlogits
+
+
+@cross_entropy_rows_backward.register_fake
+def _(logits, targets, lse, dloss, ignore_index):
+    return logits.new_empty(logits.numel() // logits.size(-1), logits.size(-1))
 
 
 def _cross_entropy_setup(ctx, inputs, output):
@@ -511,8 +526,8 @@ def _cross_entropy_setup(ctx, inputs, output):
 
 def _cross_entropy_grad(ctx, dloss, _):
     logits, targets, lse = ctx.saved_tensors
-    torch.ops.nlq.cross_entropy_rows_backward_(logits, targets, lse, dloss, ctx.ignore_index)
-    return logits, None, None
+    dlogits = torch.ops.nlq.cross_entropy_rows_backward(logits, targets, lse, dloss, ctx.ignore_index)
+    return dlogits.view(logits.shape), None, None
 
 
 cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
@@ -520,9 +535,9 @@ cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_e
 
 def cross_entropy(logits, targets, ignore_index=-100):
     """The mean cross-entropy in nats over the rows whose target is not ignore_index, in float32, as
-    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows. logits: (N, V), which the
-    backward overwrites with their gradient: for a caller that keeps no other use of them (GPT.forward
-    with return_logits=False); targets: (N,) int64. No host read: the count of rows is a device tensor."""
+    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows; its backward
+    (cross_entropy_rows_backward) allocates the logits' gradient and leaves them as they were. logits: (N, V);
+    targets: (N,) int64. No host read: the count of rows is a device tensor."""
     loss, _ = torch.ops.nlq.cross_entropy_rows(logits, targets, ignore_index)
     return loss.sum() / (targets != ignore_index).sum()
 
