@@ -145,8 +145,8 @@ def _layer_norm_residual_bwd(DOUT, Y, W, MEAN, RSTD, DY, DW_PART, DB_PART, strid
         tl.store(DY + rows[:, None] * stride_dy + cols[None, :], dy.to(DY.dtype.element_ty), mask=mask)
         dw += tl.sum(dout * yhat, axis=0)
         db += tl.sum(dout, axis=0)
-    tl.store(DW_PART + program * C + cols, dw, mask=mask_c)
-    tl.store(DB_PART + program * C + cols, db, mask=mask_c)
+    tl.store(DW_PART + program.to(tl.int64) * C + cols, dw, mask=mask_c)  # 64 bits, as every offset of a row
+    tl.store(DB_PART + program.to(tl.int64) * C + cols, db, mask=mask_c)
 
 
 def use_triton(t):

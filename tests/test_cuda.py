@@ -448,6 +448,38 @@ def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
     assert rel_err(logits.grad.double(), logits64.grad) <= (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.skipif(DEVICE_TYPE != "cuda", reason="the Triton kernels compile for CUDA; 20 GB of logits and their "
+                    "gradient (tests/test_kernels.py checks the 64-bit offsets in what the kernels compile to)")
+def test_kernel_ops_cross_entropy_at_96_x_5_rows_past_2_31_logits():
+    # one micro-batch of the prepared run's 96 x 5: 98,304 rows of GPT-2's 50,304 bf16 logits, 4.9e9 elements, so
+    # rows from 42,691 on start past 2^31 elements; each row's loss and log-sum-exp, and the gradient, against
+    # torch's in float32, a chunk of rows at a time (a wrapped 32-bit offset reads another row: an O(1) error)
+    from nonlinear_queries import kernels
+
+    rows, V, chunk = 96 * 1024, 50304, 4096
+    assert rows * V > 2 ** 32
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    logits = torch.empty(rows, V, dtype=torch.bfloat16, device=DEVICE)
+    for start in range(0, rows, chunk):  # no float32 copy of the whole
+        logits[start:start + chunk] = torch.randn(min(chunk, rows - start), V, generator=g, device=DEVICE) * 2
+    targets = torch.randint(0, V, (rows,), generator=g, device=DEVICE)
+    targets[-1] = -100  # the last row ignored: its gradient 0
+    loss, lse = kernels.cross_entropy_rows(logits, targets, -100)
+    dloss = torch.rand(rows, generator=g, device=DEVICE)  # each row's own loss gradient (stride 1)
+    grad = kernels.cross_entropy_rows_backward(logits, targets, lse, dloss, -100)
+    worst = 0.0
+    for start in range(0, rows, chunk):
+        part = slice(start, start + chunk)
+        z = logits[part].float().requires_grad_()
+        want = F.cross_entropy(z, targets[part], ignore_index=-100, reduction="none")
+        torch.testing.assert_close(loss[part], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse[part], torch.logsumexp(z.detach(), -1), rtol=1e-5, atol=1e-5)
+        want.backward(dloss[part])
+        worst = max(worst, rel_err(grad[part].double(), z.grad.double()))
+    print(f"cross-entropy at {rows} x {V} bf16 logits: worst chunk's gradient relative error {worst:.2e}")
+    assert worst <= 1e-2 and not grad[-1].any()  # bf16's rounding of the gradient: 2^-8
+
+
 @pytest.mark.parametrize("query_mode", ["linear", "res_gelu", "anchored_res_gelu"])
 def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query_mode):
     # TrainConfig's kernels: the compiled bf16 step (inductor around the custom ops) with the Triton ops against

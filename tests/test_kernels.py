@@ -11,9 +11,9 @@ results are compared with a tolerance of 2 ulps (2^-6 relative).
 """
 
 import collections
-import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -198,76 +198,179 @@ def test_cross_entropy_backward_under_compile_copies_no_logits(monkeypatch):
 
 
 # Compiles each recorded launch for Hopper (sm_90) with the Triton installed here, in a process without the
-# interpreter: triton.compile needs no GPU, and ptxas ships in triton's wheel
+# interpreter (triton.compile needs no GPU, and ptxas ships in triton's wheel), specialized as triton's JIT
+# specializes the launch: its binder (create_function_from_signature) and JITFunction._pack_args, run against a
+# Hopper backend, give the signature, the constexprs and the attributes (divisibility by 16 of each pointer and
+# integer) that JITFunction.run compiles with. Writes each launch's signature, its arguments divisible by 16 and
+# its TTIR to argv[2] as JSON.
 COMPILE_FOR_HOPPER = """
 import json, sys
-import triton
+import torch, triton
 from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
 from nonlinear_queries import kernels
-for name, signature, constexprs in json.load(sys.stdin):
+sys.path.insert(0, sys.argv[1])
+import planted
+
+
+class Pointer:  # a tensor argument as the binder reads it: its dtype and its address
+    def __init__(self, dtype, address):
+        self.dtype, self.address = getattr(torch, dtype), address
+
+    def data_ptr(self):
+        return self.address
+
+
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+out = []
+for module, name, args, kwargs in json.load(sys.stdin):
+    kernel = getattr(planted if module == "planted" else kernels, name)
+    args = [Pointer(*arg[1:]) if arg[0] == "tensor" else arg[1] for arg in args]
+    bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     try:
-        triton.compile(triton.compiler.ASTSource(fn=getattr(kernels, name), signature=signature,
-                                                 constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+        compiled = triton.compile(triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
+                                                            attrs=attrs), target=target, options=options.__dict__)
     except Exception as e:
         sys.exit(f"{name} {signature} {constexprs}: {type(e).__name__}: {e}")
+    divisible = [kernel.arg_names[path[0]] for path, attr in attrs.items() if ["tt.divisibility", 16] in attr]
+    out.append({"name": name, "signature": signature, "divisible_by_16": divisible, "ttir": compiled.asm["ttir"]})
+with open(sys.argv[2], "w") as f:
+    json.dump(out, f)
 """
-TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
-                torch.int32: "i32"}
+# a kernel that computes its row offset in 32 bits, for the check of the int64 offsets to find
+PLANTED = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_offset_in_int32(X, Y, stride):
+    row = tl.program_id(0)
+    tl.store(Y + row * stride, tl.load(X + row * stride))
+"""
+INTEGER_ARITHMETIC = {"arith.addi", "arith.subi", "arith.muli", "arith.divsi", "arith.remsi", "arith.shli"}
+
+
+def offsets_from_the_program_id(ttir):
+    """(narrow, wide) of a kernel's TTIR: narrow, the lines that compute in 32-bit integers from a value that
+    depends on the program id (a row offset that wraps past 2^31 elements: the logits at 96 x 5 hold 4.9e9), a
+    pointer offset among them; wide, the number of pointer offsets (tt.addptr) that depend on it in 64 bits."""
+    depends, narrow, wide = set(), [], 0
+    for line in ttir.splitlines():
+        found = re.match(r"\s*(%\w+)(?::\d+)? = \"?([\w.]+)\"?(.*)", line)
+        if not found:
+            continue
+        result, op, rest = found.groups()
+        rest = rest.split(" loc(")[0]
+        types = rest.rsplit(" : ", 1)[-1]
+        operands = re.findall(r"%\w+", rest.split(" : ")[0])
+        if op == "tt.get_program_id" or depends.intersection(operands):
+            depends.add(result)
+        else:
+            continue
+        if op in INTEGER_ARITHMETIC and re.fullmatch(r"i32|tensor<.*xi32>", types.strip()):
+            narrow.append(line.strip())
+        if op == "tt.addptr" and operands[1] in depends:
+            if re.fullmatch(r"i64|tensor<.*xi64>", types.split(", ")[-1].strip()):
+                wide += 1
+            else:
+                narrow.append(line.strip())
+    return narrow, wide
 
 
 @pytest.mark.slow
 def test_every_launch_compiles_for_hopper_outside_the_interpreter(monkeypatch, tmp_path):
     """The interpreter runs what compiled Triton refuses: the H200 run of 2026-12-04 (bench/RESULTS.md) failed
-    every res_gelu kernel on a plain-float global that the tests here had run for days. So each op's launches at
-    GPT-2 small's widths (C = 768, r = 384, V = 50,304), bf16 and fp32, with and without biases, are recorded
-    here (types and constexprs as the GPU would see them) and compiled to sm_90 machine code in a subprocess, by
-    the Triton installed here (3.9 from PyPI; the GPU image has 3.6, so this finds what both refuse)."""
+    every res_gelu kernel on a plain-float global that the tests here had run for days. So each op's launches are
+    recorded here, with the arguments the GPU run gives them, and compiled to sm_90 machine code in a subprocess
+    as triton's JIT compiles them (COMPILE_FOR_HOPPER: the same specialization, divisibility by 16 included), by
+    the Triton installed here (3.9 from PyPI; the GPU image has 3.6, so this finds what both refuse). The launches:
+    the model's own at GPT-2 small's widths (C = 768, r = 384, V = 50,304) under bf16 autocast, res_gelu and
+    anchored_res_gelu, at 2 x 64 rows, a multiple of 16 as 96 x 1024 is (so the same binary: a launch's
+    specialization sees only types and divisibility), and each op alone in bf16 and fp32, with and without biases,
+    at 100 rows. Then, in what they compile to (TTIR), every offset that depends on the program id is computed in
+    64 bits, as the rows past 2^31 elements of the logits at 96 x 5 need (4.9e9 of them); a kernel planted with a
+    32-bit row offset is caught."""
     launches = {}
 
+    def describe(arg):
+        if isinstance(arg, torch.Tensor):
+            return ["tensor", str(arg.dtype).removeprefix("torch."), arg.data_ptr()]
+        return ["float" if isinstance(arg, float) else "int", arg]
+
     class Recorded:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
+        def __init__(self, name):
+            self.name = name
 
         def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                params = list(inspect.signature(self.kernel.fn).parameters)
-                signature, constexprs = {}, dict(kwargs)
-                for param, arg in zip(params, args):
-                    if isinstance(arg, torch.Tensor):
-                        signature[param] = "*" + TRITON_TYPES[arg.dtype]
-                    elif isinstance(arg, float):
-                        signature[param] = "fp32"
-                    else:
-                        signature[param] = "i32" if -2 ** 31 <= arg < 2 ** 31 else "i64"
-                signature.update(dict.fromkeys(kwargs, "constexpr"))
-                launches[json.dumps([self.name, signature, constexprs])] = None
-                return self.kernel[grid](*args, **kwargs)
+            def launch(*args, **kwargs):  # recorded, not run: no output of it is read here
+                args = [describe(arg) for arg in args]
+                # one launch per specialization the JIT would tell apart: types, divisibility by 16, ones
+                key = json.dumps([self.name, [a[:2] + [a[2] % 16 == 0] if a[0] == "tensor" else
+                                              [a[0], a[1] % 16 == 0 if a[0] == "int" else None, a[1] == 1]
+                                              for a in args], kwargs])
+                launches.setdefault(key, ["kernels", self.name, args, kwargs])
             return launch
 
     names = [name for name, f in vars(kernels).items() if callable(getattr(f, "fn", None))]
     for name in names:
-        monkeypatch.setattr(kernels, name, Recorded(name, getattr(kernels, name)))
-    C, R, V = 768, 384, 50304
+        monkeypatch.setattr(kernels, name, Recorded(name))
+    for query_mode in ("res_gelu", "anchored_res_gelu"):
+        model = GPT(GPTConfig(n_layer=1, n_head=12, n_embd=768, block_size=64, vocab_size=50304,
+                              query_mode=query_mode))
+        kernels.use_kernels(model)
+        idx = torch.randint(0, 50304, (2, 64))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(idx, idx, return_logits=False)[1]
+        loss.backward()
+    model_launches = len(launches)
+    C, R, V, rows = 768, 384, 50304, 100
     for dtype in (torch.float32, torch.bfloat16):
         for bias in (False, True):
-            x, h, da = (torch.randn(8, n, dtype=dtype, requires_grad=True) for n in (C, R, R))
+            x, p, da = (torch.randn(rows, n, dtype=dtype, requires_grad=True) for n in (C, 2 * C + R, R))
             b1 = torch.randn(R, dtype=dtype, requires_grad=True) if bias else None
-            torch.ops.nlq.rms_gelu(x, h, b1, EPS)[0].backward(da)
-            anchor, y, dout = (torch.randn(8, C, dtype=dtype, requires_grad=True) for _ in range(3))
+            *_, a = kernels.SplitRMSGELU.apply(p, x, b1, EPS, (C, C))
+            a.backward(da)
+            anchor, y, dout = (torch.randn(rows, C, dtype=dtype, requires_grad=True) for _ in range(3))
             w, b = torch.randn(C, dtype=dtype, requires_grad=True), torch.randn(C, dtype=dtype) if bias else None
             torch.ops.nlq.layer_norm_residual(anchor, y, w, b, EPS)[0].backward(dout)
-        logits = torch.randn(2, V, dtype=dtype, requires_grad=True)
-        kernels.cross_entropy(logits * 1, torch.tensor([5, -100])).backward()
-    assert {json.loads(k)[0] for k in launches} == set(names) and len(names) == 6
+        logits = torch.randn(rows, V, dtype=dtype, requires_grad=True)
+        kernels.cross_entropy(logits * 1, torch.randint(0, V, (rows,))).backward()
+    recorded = list(launches.values())
+    assert {name for _, name, _, _ in recorded[:model_launches]} == set(names) and len(names) == 6
+    recorded.append(["planted", "row_offset_in_int32", [["tensor", "float32", 1024], ["tensor", "float32", 2048],
+                                                         ["int", 50304]], {}])
+    (tmp_path / "planted.py").write_text(PLANTED)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
-    recorded = json.dumps([json.loads(k) for k in launches])
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], input=recorded, capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(tmp_path), str(tmp_path / "out.json")],
+                          input=json.dumps(recorded), capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    # rms_gelu's two kernels and layer_norm_residual's forward at 2 dtypes x 2 biases, its backward at 2 dtypes (its
-    # bias gradient is always written), the cross-entropy's two at 2 dtypes
-    assert len(launches) == 18, sorted(launches)
+    compiled = json.loads((tmp_path / "out.json").read_text())
+    assert len(compiled) == len(recorded)
+    by_name = collections.defaultdict(list)
+    for launch in compiled[:model_launches]:
+        by_name[launch["name"]].append(launch)
+    # the model's launches as the GPU makes them: x the float32 LayerNorm output under autocast, h a bf16 view of
+    # the projection, and every pointer, stride and size divisible by 16, so specialized as such
+    fwd = by_name["_rms_gelu_fwd"][0]
+    assert (fwd["signature"]["X"], fwd["signature"]["H"]) == ("*fp32", "*bf16")
+    assert {"X", "H", "A", "RSTD", "stride_x", "stride_h", "stride_a", "N", "C", "R"} <= set(fwd["divisible_by_16"])
+    ce = by_name["_cross_entropy_fwd"][0]
+    assert ce["signature"]["LOGITS"] == "*bf16" and {"LOGITS", "stride_logits"} <= set(ce["divisible_by_16"])
+    # the cross-entropy's kernels take no row count (the rows are the grid): at 96 x 5 the binary is this one
+    assert all("N" not in launch["signature"] for launch in by_name["_cross_entropy_fwd"] +
+               by_name["_cross_entropy_bwd"])
+    for launch in compiled:
+        narrow, wide = offsets_from_the_program_id(launch["ttir"])
+        if launch["name"] == "row_offset_in_int32":
+            assert narrow and wide == 0, narrow
+        else:
+            assert not narrow and wide > 0, (launch["name"], launch["signature"], narrow)
 
 
 def test_ops_pass_torch_library_opcheck():
