@@ -66,7 +66,8 @@ def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias, C
     p, p64 = rounded(N, 2 * C + R, dtype=dtype, scale=3.0)
     h, h64 = p[:, 2 * C:], p64[:, 2 * C:]
     b1, b164 = rounded(R, dtype=dtype) if bias else (None, None)
-    a, rstd = torch.ops.nlq.rms_gelu(x, h, b1, EPS)
+    rstd = kernels.rms_statistic(x, EPS)  # in PyTorch, where x is made; the op reads one number a row
+    a = torch.ops.nlq.rms_gelu(h, rstd, b1)
     # eq. 3's GELU(RMSNorm(x) W1) with the gain folded into W1: h / rms(x), in float64
     rstd64 = torch.rsqrt(x64.pow(2).mean(-1) + EPS)
     u64 = h64 * rstd64[:, None] + (b164 if bias else 0)
@@ -75,8 +76,12 @@ def test_rms_gelu_matches_float64_eq3_outputs_and_gradients(path, dtype, bias, C
     torch.testing.assert_close(a.double(), a64, **TOL[dtype])
     torch.testing.assert_close(rstd.double(), rstd64, rtol=1e-6, atol=0)
     da = torch.randn(N, R, dtype=torch.float64).to(dtype)
+    # the op's backward gives rstd's gradient, one float32 a row, where a full dx (N, C) would be written
+    dh, du, drstd = torch.ops.nlq.rms_gelu_backward(h.detach(), rstd.detach(), b1, da)
+    assert drstd.shape == (N,) and drstd.dtype == torch.float32 and dh.dtype == dtype
     a.backward(da)
     a64.backward(da.double())
+    # x's gradient through rms(x): autograd's of rms_statistic from that one number a row
     for got, want in [(x.grad, x64.grad), (p.grad, p64.grad)] + ([(b1.grad, b164.grad)] if bias else []):
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), want, **TOL[dtype])
@@ -95,7 +100,7 @@ def test_split_rms_gelu_matches_float64_and_gives_the_projection_one_gradient(pa
     x, x64 = rounded(7, 10, C, dtype=dtype)
     p, p64 = rounded(7, 10, sum(widths) + R, dtype=dtype, scale=3.0)
     b1, b164 = rounded(R, dtype=dtype) if bias else (None, None)
-    *pieces, a = kernels.SplitRMSGELU.apply(p, x, b1, EPS, widths)
+    *pieces, a = kernels.SplitRMSGELU.apply(p, kernels.rms_statistic(x, EPS), b1, widths)
     *pieces64, h64 = p64.split([*widths, R], dim=-1)
     # eq. 3's GELU(RMSNorm(x) W1) with the gain folded into W1: h / rms(x), in float64
     u64 = h64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) + (b164 if bias else 0)
@@ -142,6 +147,28 @@ def test_layer_norm_residual_matches_float64_outputs_and_gradients(path, dtype, 
         torch.testing.assert_close(got.double(), want, **TOL[dtype])
 
 
+def test_layer_norm_residual_gives_q_in_autocasts_dtype(path):
+    # bf16 autocast's tensors: the anchor x float32 (ln_1's output), y bfloat16 (W2's), the LN weight float32; q in
+    # bfloat16 is the float32 sum rounded once (as the attention's cast of a float32 q rounds it), and its gradient
+    # arrives in bfloat16: the anchor's is that gradient in float32, y's in bfloat16
+    torch.manual_seed(5)
+    anchor, anchor64 = rounded(N, 600, dtype=torch.float32)
+    y, y64 = rounded(N, 600, dtype=torch.bfloat16, scale=4.0)
+    w, w64 = rounded(600, dtype=torch.float32)
+    out, _, _ = torch.ops.nlq.layer_norm_residual(anchor, y, w, None, EPS, torch.bfloat16)
+    mean64 = y64.mean(-1, keepdim=True)
+    out64 = anchor64 + (y64 - mean64) * torch.rsqrt((y64 - mean64).pow(2).mean(-1, keepdim=True) + EPS) * w64
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), out64, **TOL[torch.bfloat16])
+    dout = torch.randn(N, 600, dtype=torch.float64).to(torch.bfloat16)
+    out.backward(dout)
+    out64.backward(dout.double())
+    assert (anchor.grad.dtype, y.grad.dtype, w.grad.dtype) == (torch.float32, torch.bfloat16, torch.float32)
+    assert torch.equal(anchor.grad, dout.float())
+    for got, want in [(y.grad, y64.grad), (w.grad, w64.grad)]:
+        torch.testing.assert_close(got.double(), want, **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("V", [64, 5000])
 def test_cross_entropy_matches_float64_loss_and_gradient(path, dtype, V):
@@ -163,7 +190,7 @@ def test_cross_entropy_matches_float64_loss_and_gradient(path, dtype, V):
     assert torch.equal(logits.detach(), leaf.detach())
 
 
-def test_cross_entropy_backward_under_compile_copies_no_logits(monkeypatch):
+def test_cross_entropy_backward_under_compile_copies_no_logits():
     # the backward allocates the logits' gradient: an op that wrote it in place of the saved logits made inductor
     # copy them first (issue 77: a read and a write of N x V elements, 4 ms a micro-batch at 96 x 5 on an H200),
     # seen in inductor's generated backward (CPU here) as a loop over the N x V logits before the op
@@ -175,7 +202,6 @@ def test_cross_entropy_backward_under_compile_copies_no_logits(monkeypatch):
     torch._dynamo.reset()
     # compiled afresh: AOTAutograd's cache keys the backward by the forward graph, blind to a change of the op's
     # registered backward, so a cached backward of another version of kernels.py could come back
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     compiled = torch.compile(lambda x, w: kernels.cross_entropy(x @ w, targets), backend="inductor")
 
     def step():
@@ -183,7 +209,8 @@ def test_cross_entropy_backward_under_compile_copies_no_logits(monkeypatch):
         loss.backward()
         return loss.detach()
 
-    loss, codes = run_and_get_code(step)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        loss, codes = run_and_get_code(step)
     backward = [code for code in codes if "tangents_1" in code]
     assert len(backward) == 1
     assert f"{rows * V}L" not in backward[0]  # no kernel over the logits' elements (the copy: load, store)
@@ -333,7 +360,7 @@ def test_every_launch_compiles_for_hopper_outside_the_interpreter(monkeypatch, t
         for bias in (False, True):
             x, p, da = (torch.randn(rows, n, dtype=dtype, requires_grad=True) for n in (C, 2 * C + R, R))
             b1 = torch.randn(R, dtype=dtype, requires_grad=True) if bias else None
-            *_, a = kernels.SplitRMSGELU.apply(p, x, b1, EPS, (C, C))
+            *_, a = kernels.SplitRMSGELU.apply(p, kernels.rms_statistic(x, EPS), b1, (C, C))
             a.backward(da)
             anchor, y, dout = (torch.randn(rows, C, dtype=dtype, requires_grad=True) for _ in range(3))
             w, b = torch.randn(C, dtype=dtype, requires_grad=True), torch.randn(C, dtype=dtype) if bias else None
@@ -355,11 +382,14 @@ def test_every_launch_compiles_for_hopper_outside_the_interpreter(monkeypatch, t
     by_name = collections.defaultdict(list)
     for launch in compiled[:model_launches]:
         by_name[launch["name"]].append(launch)
-    # the model's launches as the GPU makes them: x the float32 LayerNorm output under autocast, h a bf16 view of
-    # the projection, and every pointer, stride and size divisible by 16, so specialized as such
+    # the model's launches as the GPU makes them: h a bf16 view of the projection, rms(x) float32, the anchor x the
+    # float32 LayerNorm output under autocast, and every pointer, stride and size divisible by 16, so specialized
+    # as such
     fwd = by_name["_rms_gelu_fwd"][0]
-    assert (fwd["signature"]["X"], fwd["signature"]["H"]) == ("*fp32", "*bf16")
-    assert {"X", "H", "A", "RSTD", "stride_x", "stride_h", "stride_a", "N", "C", "R"} <= set(fwd["divisible_by_16"])
+    assert (fwd["signature"]["H"], fwd["signature"]["RSTD"], fwd["signature"]["A"]) == ("*bf16", "*fp32", "*bf16")
+    assert {"H", "RSTD", "A", "stride_h", "stride_a", "N", "R"} <= set(fwd["divisible_by_16"])
+    ln = by_name["_layer_norm_residual_fwd"][0]  # q out in bf16, as the attention takes it
+    assert (ln["signature"]["ANCHOR"], ln["signature"]["Y"], ln["signature"]["OUT"]) == ("*fp32", "*bf16", "*bf16")
     ce = by_name["_cross_entropy_fwd"][0]
     assert ce["signature"]["LOGITS"] == "*bf16" and {"LOGITS", "stride_logits"} <= set(ce["divisible_by_16"])
     # the cross-entropy's kernels take no row count (the rows are the grid): at 96 x 5 the binary is this one
@@ -378,17 +408,18 @@ def test_ops_pass_torch_library_opcheck():
     which is what torch.compile and FSDP rely on (torch.library.opcheck, on the PyTorch path)."""
     torch.manual_seed(2)
     # (B, T, C) inputs, as the model passes them, and h a slice of the fused projection's output
-    x, p = torch.randn(2, 3, 8), torch.randn(2, 3, 20)
+    p, rstd = torch.randn(2, 3, 20), torch.rand(2, 3) + 0.5
     b1 = torch.randn(4, requires_grad=True)
-    torch.library.opcheck(torch.ops.nlq.rms_gelu, (x.requires_grad_(), p[..., 16:].requires_grad_(), b1, EPS))
-    torch.library.opcheck(torch.ops.nlq.layer_norm_residual,
-                          (torch.randn(2, 3, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
-                           torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True), EPS))
+    torch.library.opcheck(torch.ops.nlq.rms_gelu, (p[..., 16:].requires_grad_(), rstd.requires_grad_(), b1))
+    for out_dtype in (None, torch.bfloat16):  # bfloat16: q as the attention takes it under autocast
+        torch.library.opcheck(torch.ops.nlq.layer_norm_residual,
+                              (torch.randn(2, 3, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True),
+                               torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True), EPS, out_dtype))
     torch.library.opcheck(torch.ops.nlq.cross_entropy_rows, (torch.randn(6, 8) * 1, torch.randint(0, 8, (6,)), -100))
-    # the gradients of K's and V's pieces (one strided, as the attention's backward may give it), x, h, da and rstd
+    # the gradients of K's and V's pieces (one strided, as the attention's backward may give it), h, rstd and da
     torch.library.opcheck(torch.ops.nlq.split_rms_gelu_backward,
-                          ([torch.randn(2, 3, 8), torch.randn(3, 2, 8).transpose(0, 1)], x.detach(),
-                           p[..., 16:].detach(), b1.detach(), torch.randn(2, 3, 4), torch.rand(2, 3) + 0.5))
+                          ([torch.randn(2, 3, 8), torch.randn(3, 2, 8).transpose(0, 1)], p[..., 16:].detach(),
+                           rstd.detach(), b1.detach(), torch.randn(2, 3, 4)))
 
 
 TINY = dict(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=64)
@@ -496,6 +527,59 @@ def test_model_with_kernels_under_autocast_and_aot_autograd():
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
     for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
+
+
+@pytest.mark.parametrize("settings, dtype", [({}, torch.bfloat16), ({"qk_norm": True}, torch.float32),
+                                             ({"pos_encoding": "rope"}, torch.float32)],
+                         ids=["plain", "qk_norm", "rope"])
+def test_q_comes_out_in_autocasts_dtype_where_the_attention_casts_it(path, settings, dtype):
+    # under bf16 autocast the plain query module's q is float32 (torch's LayerNorm), which the attention casts to
+    # bfloat16; with the ops q comes out in bfloat16 (the same rounding, half the bytes) unless QK-norm or RoPE
+    # computes on q in float32 first, where a rounded q would change what they compute; without autocast, float32
+    torch.manual_seed(9)
+    model = GPT(GPTConfig(**TINY, query_mode="res_gelu", **settings))
+    kernels.use_kernels(model)
+    query, x = model.transformer.h[0].attn.query, torch.randn(2, 5, TINY["n_embd"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q = query(x)
+        fast, query.kernels = query.kernels, None
+        want = query(x)
+    assert (q.dtype, want.dtype) == (dtype, torch.float32)
+    # the matmuls round to bfloat16 under autocast either way, a and y at their own places: bf16's tolerance
+    torch.testing.assert_close(q.double(), want.to(dtype).double(), **TOL[torch.bfloat16])
+    query.kernels = fast
+    assert query(x).dtype == torch.float32
+
+
+def test_compile_computes_rms_x_in_the_kernel_that_makes_x_and_its_gradient_in_x_s():
+    # rms(x) is PyTorch's (rms_statistic), so inductor fuses it into the kernel of the LayerNorm that makes x (the
+    # block's ln_1), and rstd's gradient (one float32 a row from the op) into the kernel of that LayerNorm's
+    # backward, which makes x's gradient: no pass over x of its own either way (CPU inductor's generated code, its
+    # kernels named after what they fuse)
+    torch.manual_seed(10)
+    model = GPT(GPTConfig(**TINY, query_mode="res_gelu"))
+    kernels.use_kernels(model)
+    ln_1, query = model.transformer.h[0].ln_1, model.transformer.h[0].attn.query
+    stream, dq = torch.randn(2, 16, TINY["n_embd"], requires_grad=True), torch.randn(2, 16, TINY["n_embd"])
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            x = ln_1(stream)
+            q = query.from_projection(x, F.linear(x, query.fused_weight()), [])[0]
+        q.backward(dq.to(q.dtype))
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):  # this version's graphs, compiled afresh
+        _, codes = run_and_get_code(torch.compile(step))
+    forward, backward = (re.findall(r"^\s+(cpp_fused\w+)\(", code, re.MULTILINE) for code in codes)
+
+    def fuses(name, *ops):
+        return all(f"_{op}_" in f"{name}_" for op in ops)
+
+    assert any(fuses(name, "native_layer_norm", "pow", "mean", "rsqrt") for name in forward), forward
+    assert not any(fuses(name, "pow") and not fuses(name, "native_layer_norm") for name in forward), forward
+    assert any(fuses(name, "native_layer_norm_backward", "pow") for name in backward), backward
+    assert "torch.ops.nlq.rms_gelu.default(" in codes[0] and "split_rms_gelu_backward.default(" in codes[1]
 
 
 def test_use_kernels_leaves_other_activations_and_unnormed_f_to_pytorch():
