@@ -73,7 +73,7 @@ def table(N, C, R, V, bandwidth):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].strip(),
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--rows", type=int, default=96 * 1024, help="tokens of one micro-batch (batch_size x block_size)")
     p.add_argument("--n_embd", type=int, default=768)
