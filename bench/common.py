@@ -1,4 +1,8 @@
-"""Shared pieces of the bench/ scripts: device flags, timing, and the header every table carries."""
+"""Shared pieces of the bench/ scripts: device flags, timing, and the header every table carries.
+
+The scripts run as `python bench/NAME.py` from a checkout that need not be installed (a fresh GPU machine's):
+Python puts bench/ on sys.path, and importing this module puts the repo root beside it, so that `model` and
+`nonlinear_queries` come from this checkout. Every bench script imports it before either."""
 
 import argparse
 import os
@@ -9,9 +13,11 @@ import time
 
 import torch
 
-from nonlinear_queries.runtime import DTYPES, SetupError, setup
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # `python bench/NAME.py` puts bench/ on the path, not the root
+    sys.path.insert(1, REPO)
+
+from nonlinear_queries.runtime import DTYPES, SetupError, setup  # noqa: E402  (the root is on the path now)
 
 
 def parser(description, model=True):

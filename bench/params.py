@@ -17,10 +17,9 @@ import os
 
 import torch
 
+from common import REPO  # first: it puts the repo root on the path
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.configurator import read_config_file
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 rows = []
 for folder in ("", "modern/", "gpt3/", "official/"):

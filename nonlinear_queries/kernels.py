@@ -6,16 +6,23 @@ of the same ops as the CPU path and the reference.
 f of the paper's eq. 2-3, Q = (x + f(x)) / 2 with f(x) = LN(GELU(RMSNorm(x) W1) W2), on the
 fused projection (model.py): h = x diag(g) W1 comes out of the [K | V | W1] matmul, and
 
-    a = GELU(h / rms(x) + b1)            rms(x) = sqrt(mean(x^2) + eps)     torch.ops.nlq.rms_gelu
+    rstd = 1 / rms(x)                    rms(x) = sqrt(mean(x^2) + eps)     rms_statistic (PyTorch)
+    a = GELU(h rstd + b1)                                                    torch.ops.nlq.rms_gelu
     y = a W2 + b2                        cuBLAS, as before
     q = anchor + LN(y) w + b             anchor x (res_gelu) or x W_Q        torch.ops.nlq.layer_norm_residual
+
+rms(x) is plain PyTorch so that torch.compile computes it in the kernel that makes x (the block's ln_1) and
+x's gradient through it where x's gradient is made: rms_gelu reads one float32 a row, not x (float32 under
+autocast), and its backward gives rstd's gradient, one float32 a row, not a full (N, C) dx. Under bf16
+autocast q comes out in bf16 where the attention would cast it so (use_kernels), half the bytes of the
+float32 q torch's LayerNorm gives (issue 77).
 
 Each op is one kernel per direction, each program a tile of whole rows (tokens; TILE_ELEMENTS
 elements, 4 rows of 768), so no loop has a runtime bound (triton 3.6's interpreter fails those
 under numpy 2.4), with every statistic in float32 and GELU exact (erf). The ½ of eq. 2 stays
 folded into the softmax scale (ResGELUQuery.scale_mult).
 rms_gelu reads h in place, a strided view of the fused projection's output p = x [W_K | W_V | diag(g) W1],
-and its backward writes GELU' times 1/rms(x) as h's gradient, so no kernel runs GELU's backward over the
+and its backward writes GELU' times rstd as h's gradient, so no kernel runs GELU's backward over the
 K and V columns (bench/RESULTS.md's +21 ms was GELU's backward fused into autograd's cat, over all
 2.5 C columns). SplitRMSGELU makes the split of p and rms_gelu one autograd node, K and V views of p:
 its backward (split_rms_gelu_backward) allocates p's gradient once, the kernel writes h's gradient into
@@ -56,14 +63,11 @@ def _block_m(width):
 
 
 @triton.jit
-def _rms_gelu_fwd(X, H, B1, A, RSTD, stride_x, stride_h, stride_a, N, C, R, eps,
-                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+def _rms_gelu_fwd(H, RSTD, B1, A, stride_h, stride_a, N, R,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < N
-    cols_c = tl.arange(0, BLOCK_C)
-    mask_c = row_mask[:, None] & (cols_c < C)[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / C + eps)
+    rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
     cols = tl.arange(0, BLOCK_R)
     mask = row_mask[:, None] & (cols < R)[None, :]
     u = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32) * rstd[:, None]
@@ -71,12 +75,11 @@ def _rms_gelu_fwd(X, H, B1, A, RSTD, stride_x, stride_h, stride_a, N, C, R, eps,
         u += tl.load(B1 + cols, mask=cols < R, other=0.0).to(tl.float32)[None, :]
     a = 0.5 * u * (1.0 + tl.math.erf(u * SQRT1_2))
     tl.store(A + rows[:, None] * stride_a + cols[None, :], a.to(A.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=row_mask)
 
 
 @triton.jit
-def _rms_gelu_bwd(X, H, B1, DA, RSTD, DX, DH, DU, stride_x, stride_h, stride_da, stride_dx, stride_dh, N, C, R,
-                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr):
+def _rms_gelu_bwd(H, RSTD, B1, DA, DH, DU, DRSTD, stride_h, stride_da, stride_dh, N, R,
+                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < N
     rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
@@ -92,13 +95,8 @@ def _rms_gelu_bwd(X, H, B1, DA, RSTD, DX, DH, DU, stride_x, stride_h, stride_da,
     tl.store(DH + rows[:, None] * stride_dh + cols[None, :], (du * rstd[:, None]).to(DH.dtype.element_ty), mask=mask)
     if HAS_BIAS:
         tl.store(DU + rows[:, None] * R + cols[None, :], du, mask=mask)
-    # d rstd / d x_i = -rstd^3 x_i / C
-    scale = -tl.sum(du * h, axis=1) * rstd * rstd * rstd / C
-    cols_c = tl.arange(0, BLOCK_C)
-    mask_c = row_mask[:, None] & (cols_c < C)[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols_c[None, :], mask=mask_c, other=0.0).to(tl.float32)
-    tl.store(DX + rows[:, None] * stride_dx + cols_c[None, :], (scale[:, None] * x).to(DX.dtype.element_ty),
-             mask=mask_c)
+    # u = h rstd + b1: rstd's gradient is sum_j du_j h_j, one number a row (x's follows by autograd)
+    tl.store(DRSTD + rows, tl.sum(du * h, axis=1), mask=row_mask)
 
 
 @triton.jit
@@ -145,8 +143,8 @@ def _layer_norm_residual_bwd(DOUT, Y, W, MEAN, RSTD, DY, DW_PART, DB_PART, strid
         tl.store(DY + rows[:, None] * stride_dy + cols[None, :], dy.to(DY.dtype.element_ty), mask=mask)
         dw += tl.sum(dout * yhat, axis=0)
         db += tl.sum(dout, axis=0)
-    tl.store(DW_PART + program * C + cols, dw, mask=mask_c)
-    tl.store(DB_PART + program * C + cols, db, mask=mask_c)
+    tl.store(DW_PART + program.to(tl.int64) * C + cols, dw, mask=mask_c)  # 64 bits, as every offset of a row
+    tl.store(DB_PART + program.to(tl.int64) * C + cols, db, mask=mask_c)
 
 
 def use_triton(t):
@@ -161,124 +159,124 @@ def _rows(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def rms_gelu_reference(x, h, b1, eps):
-    """The PyTorch path of rms_gelu on rows, x (N, C) and h (N, r): (a, rstd), computed in float32."""
-    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+def rms_statistic(x, eps):
+    """1 / rms(x) = rsqrt(mean(x^2) + eps) over x's last dimension (C), float32 (...): the RMSNorm statistic of
+    paper eq. 3 (torch.nn.RMSNorm's), in plain PyTorch, so that torch.compile computes it in the kernel that
+    produces x (the block's ln_1), and its backward, x's gradient through rms(x), where x's gradient is made;
+    rms_gelu then reads one number a row instead of x."""
+    return torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+
+
+def rms_gelu_reference(h, rstd, b1):
+    """The PyTorch path of rms_gelu on rows, h (N, r) and rstd (N,): a, computed in float32."""
     u = h.float() * rstd[:, None]
     if b1 is not None:
         u = u + b1.float()
-    return F.gelu(u).to(h.dtype), rstd
+    return F.gelu(u).to(h.dtype)
 
 
 @torch.library.custom_op("nlq::rms_gelu", mutates_args=())
-def rms_gelu(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
-             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """GELU(h / rms(x) + b1), res_gelu's f up to W2 on the fused projection (paper eq. 3; model.py's
-    ResGELUQuery.f_from_fused): rms(x) = sqrt(mean(x^2) + eps) over x's C features, GELU exact (erf).
+def rms_gelu(h: torch.Tensor, rstd: torch.Tensor, b1: torch.Tensor | None) -> torch.Tensor:
+    """GELU(h rstd + b1) = GELU(h / rms(x) + b1), res_gelu's f up to W2 on the fused projection (paper eq. 3;
+    model.py's ResGELUQuery.f_from_fused), GELU exact (erf).
 
-    x: (..., C), any float dtype; h: (..., r), x diag(g) W1 (a strided view of the fused projection's
-    output is read in place, its last dimension contiguous); b1: (r,) or None. Returns (a, rstd):
-    a (..., r) in h's dtype, rstd = 1 / rms(x) (...) in float32, kept for the backward. Raises
-    RuntimeError (torch's) for tensors on different devices."""
-    a, rstd = _rms_gelu_rows(_rows(x), _rows(h), b1, eps)
-    return a.view(h.shape), rstd.view(x.shape[:-1])
+    h: (..., r), x diag(g) W1 (a strided view of the fused projection's output is read in place, its last
+    dimension contiguous); rstd: (...), 1 / rms(x) in float32 (rms_statistic); b1: (r,) or None. Returns a
+    (..., r) in h's dtype. Raises RuntimeError (torch's) for tensors on different devices."""
+    return _rms_gelu_rows(_rows(h), rstd.reshape(-1), b1).view(h.shape)
 
 
-def _rms_gelu_rows(x, h, b1, eps):
-    """rms_gelu on x (N, C) and h (N, r)."""
-    if not use_triton(x):
-        return rms_gelu_reference(x, h, b1, eps)
-    N, C = x.shape
-    R = h.size(1)
+def _rms_gelu_rows(h, rstd, b1):
+    """rms_gelu on h (N, r) and rstd (N,)."""
+    if not use_triton(h):
+        return rms_gelu_reference(h, rstd, b1)
+    N, R = h.shape
     a = torch.empty(N, R, dtype=h.dtype, device=h.device)
-    rstd = torch.empty(N, dtype=torch.float32, device=x.device)
-    block_m = _block_m(C)
+    block_m = _block_m(R)
     _rms_gelu_fwd[(triton.cdiv(N, block_m),)](
-        x, h, h if b1 is None else b1, a, rstd, x.stride(0), h.stride(0), a.stride(0), N, C, R, eps,
-        HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C), BLOCK_R=triton.next_power_of_2(R))
-    return a, rstd
+        h, rstd, h if b1 is None else b1, a, h.stride(0), a.stride(0), N, R, HAS_BIAS=b1 is not None,
+        BLOCK_M=block_m, BLOCK_R=triton.next_power_of_2(R))
+    return a
 
 
 @rms_gelu.register_fake
-def _(x, h, b1, eps):
-    return h.new_empty(h.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+def _(h, rstd, b1):
+    return h.new_empty(h.shape)
 
 
-def rms_gelu_backward_reference(x, h, b1, da, rstd):
+def rms_gelu_backward_reference(h, rstd, b1, da):
     """The PyTorch path of rms_gelu_backward, in float32."""
     u = h.float() * rstd[:, None]
     if b1 is not None:
         u = u + b1.float()
     du = da.float() * (0.5 * (1 + torch.erf(u * SQRT1_2.value)) + u * INV_SQRT_2PI.value * torch.exp(-0.5 * u * u))
-    dx = -(du * h.float()).sum(-1, keepdim=True) * rstd[:, None] ** 3 / x.size(-1) * x.float()
-    return dx.to(x.dtype), (du * rstd[:, None]).to(h.dtype), du if b1 is not None else du.new_empty(0, du.size(1))
+    drstd = (du * h.float()).sum(-1)
+    return (du * rstd[:, None]).to(h.dtype), du if b1 is not None else du.new_empty(0, du.size(1)), drstd
 
 
 @torch.library.custom_op("nlq::rms_gelu_backward", mutates_args=())
-def rms_gelu_backward(x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None, da: torch.Tensor,
-                      rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """rms_gelu's backward (x, h, da and rstd with any leading dimensions, read as N rows): da (N, r), the
-    gradient of a, to (dx, dh, du): dx (N, C) the gradient of x
-    through rms(x) (x's other paths add theirs), dh (N, r) = GELU'(u) da / rms(x), and du (N, r) =
-    GELU'(u) da in float32, whose column sums are b1's gradient ((0, r) without b1)."""
-    x, h, da, rstd = _rows(x), _rows(h), _rows(da), rstd.reshape(-1)
+def rms_gelu_backward(h: torch.Tensor, rstd: torch.Tensor, b1: torch.Tensor | None,
+                      da: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rms_gelu's backward (h, rstd and da with any leading dimensions, read as N rows): da (N, r), the gradient
+    of a, to (dh, du, drstd): dh (N, r) = GELU'(u) da rstd in h's dtype, du (N, r) = GELU'(u) da in float32, whose
+    column sums are b1's gradient ((0, r) without b1), and drstd (N,) = sum_j du_j h_j in float32, rstd's
+    gradient: x's through rms(x) is autograd's of rms_statistic, one number a row here where a full (N, C) dx
+    would be written and read again."""
+    h, da = _rows(h), _rows(da)
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
-    dx, du = _rms_gelu_backward_into(x, h, b1, da, rstd, dh)
-    return dx, dh, du
+    du, drstd = _rms_gelu_backward_into(h, rstd.reshape(-1), b1, da, dh)
+    return dh, du, drstd
 
 
-def _rms_gelu_backward_into(x, h, b1, da, rstd, dh):
-    """rms_gelu's backward on rows, x (N, C), h and da (N, r), rstd (N,), that writes dh = GELU'(u) da / rms(x)
-    into `dh` (N, r), which may be a slice of a wider buffer's columns (unit stride along them), and returns
-    (dx, du) as rms_gelu_backward does."""
-    if not use_triton(x):
-        dx, dh_reference, du = rms_gelu_backward_reference(x, h, b1, da, rstd)
+def _rms_gelu_backward_into(h, rstd, b1, da, dh):
+    """rms_gelu's backward on rows, h and da (N, r), rstd (N,), that writes dh = GELU'(u) da rstd into `dh`
+    (N, r), which may be a slice of a wider buffer's columns (unit stride along them), and returns (du, drstd)
+    as rms_gelu_backward does."""
+    if not use_triton(h):
+        dh_reference, du, drstd = rms_gelu_backward_reference(h, rstd, b1, da)
         dh.copy_(dh_reference)
-        return dx, du
-    N, C = x.shape
-    R = h.size(1)
-    dx = torch.empty_like(x)
+        return du, drstd
+    N, R = h.shape
     du = torch.empty(N if b1 is not None else 0, R, dtype=torch.float32, device=h.device)
-    block_m = _block_m(C)
+    drstd = torch.empty(N, dtype=torch.float32, device=h.device)
+    block_m = _block_m(R)
     _rms_gelu_bwd[(triton.cdiv(N, block_m),)](
-        x, h, h if b1 is None else b1, da, rstd, dx, dh, du, x.stride(0), h.stride(0), da.stride(0), dx.stride(0),
-        dh.stride(0), N, C, R, HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_C=triton.next_power_of_2(C),
-        BLOCK_R=triton.next_power_of_2(R))
-    return dx, du
+        h, rstd, h if b1 is None else b1, da, dh, du, drstd, h.stride(0), da.stride(0), dh.stride(0), N, R,
+        HAS_BIAS=b1 is not None, BLOCK_M=block_m, BLOCK_R=triton.next_power_of_2(R))
+    return du, drstd
 
 
 @rms_gelu_backward.register_fake
-def _(x, h, b1, da, rstd):
+def _(h, rstd, b1, da):
     N, R = rstd.numel(), h.size(-1)
     du = da.new_empty(N if b1 is not None else 0, R, dtype=torch.float32)
-    return x.new_empty(N, x.size(-1)), h.new_empty(N, R), du
+    return h.new_empty(N, R), du, rstd.new_empty(N, dtype=torch.float32)
 
 
 def _rms_gelu_setup(ctx, inputs, output):
-    x, h, b1, _ = inputs
-    ctx.save_for_backward(x, h, b1, output[1])
-    ctx.shapes = x.shape, h.shape
+    h, rstd, b1 = inputs
+    ctx.save_for_backward(h, rstd, b1)
 
 
-def _rms_gelu_grad(ctx, da, _):
-    x, h, b1, rstd = ctx.saved_tensors
-    dx, dh, du = rms_gelu_backward(x, h, b1, da, rstd)
+def _rms_gelu_grad(ctx, da):
+    h, rstd, b1 = ctx.saved_tensors
+    dh, du, drstd = rms_gelu_backward(h, rstd, b1, da)
     db1 = du.sum(0).to(b1.dtype) if b1 is not None else None
-    return dx.view(ctx.shapes[0]), dh.view(ctx.shapes[1]), db1, None
+    return dh.view(h.shape), drstd.view(rstd.shape).to(rstd.dtype), db1
 
 
 rms_gelu.register_autograd(_rms_gelu_grad, setup_context=_rms_gelu_setup)
 
 
 @torch.library.custom_op("nlq::split_rms_gelu_backward", mutates_args=())
-def split_rms_gelu_backward(pieces: list[torch.Tensor], x: torch.Tensor, h: torch.Tensor, b1: torch.Tensor | None,
-                            da: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_rms_gelu_backward(pieces: list[torch.Tensor], h: torch.Tensor, rstd: torch.Tensor, b1: torch.Tensor | None,
+                            da: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """SplitRMSGELU's backward: the gradient of the whole fused projection p (..., W + r) in one buffer,
     W = the pieces' widths summed, with rms_gelu's backward writing h's gradient into its last r columns.
 
-    pieces: the gradients of SplitRMSGELU's pieces, (..., w_i) each, in order; x (..., C), h (..., r), da
-    (..., r) and rstd (...) as rms_gelu_backward takes them. Returns (dp, dx, du): dp (..., W + r) in h's
-    dtype, [pieces | GELU'(u) da / rms(x)]; dx (N, C) and du (N, r) as rms_gelu_backward returns them."""
+    pieces: the gradients of SplitRMSGELU's pieces, (..., w_i) each, in order; h (..., r), rstd (...) and da
+    (..., r) as rms_gelu_backward takes them. Returns (dp, du, drstd): dp (..., W + r) in h's dtype,
+    [pieces | GELU'(u) da rstd]; du (N, r) and drstd (N,) as rms_gelu_backward returns them."""
     widths = [piece.size(-1) for piece in pieces]
     dp = torch.empty(*h.shape[:-1], sum(widths) + h.size(-1), dtype=h.dtype, device=h.device)
     # the pieces' gradients come from elsewhere (K's and V's from the attention's backward, which allocates
@@ -286,15 +284,15 @@ def split_rms_gelu_backward(pieces: list[torch.Tensor], x: torch.Tensor, h: torc
     for piece, start, width in zip(pieces, itertools.accumulate([0, *widths]), widths):
         dp[..., start:start + width].copy_(piece)
     dh = dp.view(-1, dp.size(-1))[:, sum(widths):]
-    dx, du = _rms_gelu_backward_into(_rows(x), _rows(h), b1, _rows(da), rstd.reshape(-1), dh)
-    return dp, dx, du
+    du, drstd = _rms_gelu_backward_into(_rows(h), rstd.reshape(-1), b1, _rows(da), dh)
+    return dp, du, drstd
 
 
 @split_rms_gelu_backward.register_fake
-def _(pieces, x, h, b1, da, rstd):
+def _(pieces, h, rstd, b1, da):
     N, R = rstd.numel(), h.size(-1)
     dp = h.new_empty(*h.shape[:-1], sum(piece.size(-1) for piece in pieces) + R)
-    return dp, x.new_empty(N, x.size(-1)), da.new_empty(N if b1 is not None else 0, R, dtype=torch.float32)
+    return dp, da.new_empty(N if b1 is not None else 0, R, dtype=torch.float32), rstd.new_empty(N)
 
 
 class SplitRMSGELU(torch.autograd.Function):
@@ -302,52 +300,54 @@ class SplitRMSGELU(torch.autograd.Function):
     columns, as one autograd node, so that the backward writes p's gradient into one buffer
     (split_rms_gelu_backward) where autograd's split would cat the pieces' gradients with h's.
 
-    apply(p, x, b1, eps, widths): p (..., W + r), W = sum(widths); x (..., C), p's input; b1 (r,) or None;
-    eps: RMSNorm's; widths: the pieces' widths (ints), K's and V's (and W_Q's for anchored_res_gelu).
-    Returns (*pieces, a): the pieces p[..., :w_0], p[..., w_0:w_0 + w_1], ... as views of p (no copy),
-    and a = GELU(h / rms(x) + b1) (..., r) of h = p[..., W:] (rms_gelu; paper eq. 3). Raises RuntimeError
+    apply(p, rstd, b1, widths): p (..., W + r), W = sum(widths); rstd (...), 1 / rms(x) of p's input x
+    (rms_statistic); b1 (r,) or None; widths: the pieces' widths (ints), K's and V's (and W_Q's for
+    anchored_res_gelu). Returns (*pieces, a): the pieces p[..., :w_0], p[..., w_0:w_0 + w_1], ... as views of p
+    (no copy), and a = GELU(h rstd + b1) (..., r) of h = p[..., W:] (rms_gelu; paper eq. 3). Raises RuntimeError
     (torch's) where sum(widths) > p.size(-1)."""
 
     @staticmethod
-    def forward(ctx, p, x, b1, eps, widths):
+    def forward(ctx, p, rstd, b1, widths):
         lead = sum(widths)
         h = p[..., lead:]
-        a, rstd = torch.ops.nlq.rms_gelu(x, h, b1, eps)
-        ctx.save_for_backward(x, h, b1, rstd)
+        a = torch.ops.nlq.rms_gelu(h, rstd, b1)
+        ctx.save_for_backward(h, rstd, b1)
         return (*(p[..., start:start + width] for start, width in zip(itertools.accumulate([0, *widths]), widths)),
                 a)
 
     @staticmethod
     def backward(ctx, *grads):
-        x, h, b1, rstd = ctx.saved_tensors
-        dp, dx, du = torch.ops.nlq.split_rms_gelu_backward(list(grads[:-1]), x, h, b1, grads[-1], rstd)
-        return dp, dx.view(x.shape), None if b1 is None else du.sum(0).to(b1.dtype), None, None
+        h, rstd, b1 = ctx.saved_tensors
+        dp, du, drstd = torch.ops.nlq.split_rms_gelu_backward(list(grads[:-1]), h, rstd, b1, grads[-1])
+        return dp, drstd.view(rstd.shape), None if b1 is None else du.sum(0).to(b1.dtype), None
 
 
-def layer_norm_residual_reference(anchor, y, weight, bias, eps):
+def layer_norm_residual_reference(anchor, y, weight, bias, eps, out_dtype=None):
     """The PyTorch path of layer_norm_residual: (out, mean, rstd) as it returns them, in float32."""
     y32 = y.float()
     mean = y32.mean(-1)
     rstd = torch.rsqrt((y32 - mean[:, None]).pow(2).mean(-1) + eps)
     out = anchor.float() + F.layer_norm(y32, y.shape[-1:], weight.float(), None if bias is None else bias.float(), eps)
-    return out.to(torch.promote_types(anchor.dtype, weight.dtype)), mean, rstd
+    return out.to(out_dtype or torch.promote_types(anchor.dtype, weight.dtype)), mean, rstd
 
 
 @torch.library.custom_op("nlq::layer_norm_residual", mutates_args=())
 def layer_norm_residual(anchor: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        eps: float, out_dtype: torch.dtype | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """anchor + LayerNorm(y) (Ba et al. 2016) with weight and bias: the close of res_gelu's query,
     anchor + f(x) (paper eq. 2-3, f's LN over W2's output y; anchor x, or x W_Q for anchored_res_gelu).
 
     anchor, y: (N, C); weight, bias: (C,) (bias may be None). Returns (out, mean, rstd): out (N, C) in
-    the promotion of anchor's and weight's dtypes (float32 under autocast, whose weights are float32,
-    as torch's LayerNorm gives there), y's mean and 1 / sqrt(var + eps) per row (N,) in float32 for
-    the backward. Statistics in float32 whatever y's dtype."""
+    out_dtype, by default the promotion of anchor's and weight's dtypes (float32 under autocast, whose
+    weights are float32, as torch's LayerNorm gives there; res_gelu_f asks for autocast's bfloat16 where the
+    attention would cast q to it anyway, the sum rounded once either way), y's mean and 1 / sqrt(var + eps)
+    per row (N,) in float32 for the backward. Statistics and the sum in float32 whatever the dtypes."""
     anchor, y = _rows(anchor), _rows(y)
     if not use_triton(y):
-        return layer_norm_residual_reference(anchor, y, weight, bias, eps)
+        return layer_norm_residual_reference(anchor, y, weight, bias, eps, out_dtype)
     N, C = y.shape
-    out = torch.empty(N, C, dtype=torch.promote_types(anchor.dtype, weight.dtype), device=y.device)
+    out = torch.empty(N, C, dtype=out_dtype or torch.promote_types(anchor.dtype, weight.dtype), device=y.device)
     mean, rstd = (torch.empty(N, dtype=torch.float32, device=y.device) for _ in range(2))
     block_m = _block_m(C)
     _layer_norm_residual_fwd[(triton.cdiv(N, block_m),)](
@@ -357,9 +357,9 @@ def layer_norm_residual(anchor: torch.Tensor, y: torch.Tensor, weight: torch.Ten
 
 
 @layer_norm_residual.register_fake
-def _(anchor, y, weight, bias, eps):
+def _(anchor, y, weight, bias, eps, out_dtype=None):
     N = y.numel() // y.size(-1)
-    return (y.new_empty(N, y.size(-1), dtype=torch.promote_types(anchor.dtype, weight.dtype)),
+    return (y.new_empty(N, y.size(-1), dtype=out_dtype or torch.promote_types(anchor.dtype, weight.dtype)),
             y.new_empty(N, dtype=torch.float32), y.new_empty(N, dtype=torch.float32))
 
 
@@ -398,7 +398,7 @@ def _(dout, y, weight, mean, rstd):
 
 
 def _layer_norm_residual_setup(ctx, inputs, output):
-    anchor, y, weight, bias, _ = inputs
+    anchor, y, weight, bias, _, _ = inputs
     ctx.save_for_backward(y, weight, output[1], output[2])
     ctx.has_bias, ctx.anchor_shape, ctx.anchor_dtype = bias is not None, anchor.shape, anchor.dtype
 
@@ -407,7 +407,7 @@ def _layer_norm_residual_grad(ctx, dout, _mean, _rstd):
     y, weight, mean, rstd = ctx.saved_tensors
     dy, dw, db = layer_norm_residual_backward(dout, y, weight, mean, rstd)
     return (dout.to(ctx.anchor_dtype).view(ctx.anchor_shape), dy.view(y.shape), dw.to(weight.dtype),
-            db.to(weight.dtype) if ctx.has_bias else None, None)
+            db.to(weight.dtype) if ctx.has_bias else None, None, None)
 
 
 layer_norm_residual.register_autograd(_layer_norm_residual_grad, setup_context=_layer_norm_residual_setup)
@@ -436,10 +436,11 @@ def _cross_entropy_fwd(LOGITS, TARGETS, LOSS, LSE, stride_logits, ignore_index, 
 
 
 @triton.jit
-def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, stride_logits, stride_dloss, ignore_index, V: tl.constexpr,
-                       BLOCK_V: tl.constexpr):
+def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, DLOGITS, stride_logits, stride_dloss, stride_dlogits, ignore_index,
+                       V: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = LOGITS + row * stride_logits
+    out = DLOGITS + row * stride_dlogits
     lse = tl.load(LSE + row)
     target = tl.load(TARGETS + row)
     # the row's loss gradient, read on the device: 1 / (valid rows x micro-steps) as autograd made it
@@ -449,7 +450,7 @@ def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, stride_logits, stride_dloss,
         mask = cols < V
         z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         grad = (tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)) * dloss
-        tl.store(base + cols, grad.to(LOGITS.dtype.element_ty), mask=mask)  # in place of the logits
+        tl.store(out + cols, grad.to(DLOGITS.dtype.element_ty), mask=mask)
 
 
 CE_BLOCK_V = 4096  # logits per chunk of a row: 13 chunks of GPT-2's 50,304
@@ -486,21 +487,35 @@ def _(logits, targets, ignore_index):
     return logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
 
 
-@torch.library.custom_op("nlq::cross_entropy_rows_backward_", mutates_args=("logits",))
-def cross_entropy_rows_backward_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
-                                 ignore_index: int) -> None:
-    """cross_entropy_rows' backward, written in place of the logits (N, V): (softmax(logits) - onehot(target))
-    times dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row.
-    No copy of the logits' size is made, and nothing is read on the host."""
+def cross_entropy_rows_backward_reference(logits, targets, lse, dloss, ignore_index):
+    """The PyTorch path of cross_entropy_rows_backward, in float32."""
+    valid = (targets != ignore_index)[:, None]
+    grad = torch.exp(logits.float() - lse[:, None])
+    grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
+    return torch.where(valid, grad * dloss[:, None], 0.0).to(logits.dtype)
+
+
+@torch.library.custom_op("nlq::cross_entropy_rows_backward", mutates_args=())
+def cross_entropy_rows_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                                ignore_index: int) -> torch.Tensor:
+    """cross_entropy_rows' backward: the gradient of the logits (N, V), (softmax(logits) - onehot(target)) times
+    dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row; a new
+    tensor in the logits' dtype, contiguous. Functional, so that torch.compile copies nothing: an op that wrote it
+    in place of the saved logits made inductor copy them first (issue 77), a read and a write of N x V elements.
+    Nothing is read on the host."""
+    logits = _rows(logits)
     if not use_triton(logits):
-        valid = (targets != ignore_index)[:, None]
-        grad = torch.exp(logits.float() - lse[:, None])
-        grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
-        logits.copy_(torch.where(valid, grad * dloss[:, None], 0.0))
-        return
+        return cross_entropy_rows_backward_reference(logits, targets, lse, dloss, ignore_index)
     N, V = logits.shape
-    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, logits.stride(0), dloss.stride(0), ignore_index, V=V,
-                             BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+    dlogits = torch.empty(N, V, dtype=logits.dtype, device=logits.device)
+    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, dlogits, logits.stride(0), dloss.stride(0),
+                             dlogits.stride(0), ignore_index, V=V, BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
+    return dlogits
+
+
+@cross_entropy_rows_backward.register_fake
+def _(logits, targets, lse, dloss, ignore_index):
+    return logits.new_empty(logits.numel() // logits.size(-1), logits.size(-1))
 
 
 def _cross_entropy_setup(ctx, inputs, output):
@@ -511,8 +526,8 @@ def _cross_entropy_setup(ctx, inputs, output):
 
 def _cross_entropy_grad(ctx, dloss, _):
     logits, targets, lse = ctx.saved_tensors
-    torch.ops.nlq.cross_entropy_rows_backward_(logits, targets, lse, dloss, ctx.ignore_index)
-    return logits, None, None
+    dlogits = torch.ops.nlq.cross_entropy_rows_backward(logits, targets, lse, dloss, ctx.ignore_index)
+    return dlogits.view(logits.shape), None, None
 
 
 cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
@@ -520,35 +535,41 @@ cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_e
 
 def cross_entropy(logits, targets, ignore_index=-100):
     """The mean cross-entropy in nats over the rows whose target is not ignore_index, in float32, as
-    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows. logits: (N, V), which the
-    backward overwrites with their gradient: for a caller that keeps no other use of them (GPT.forward
-    with return_logits=False); targets: (N,) int64. No host read: the count of rows is a device tensor."""
+    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows; its backward
+    (cross_entropy_rows_backward) allocates the logits' gradient and leaves them as they were. logits: (N, V);
+    targets: (N,) int64. No host read: the count of rows is a device tensor."""
     loss, _ = torch.ops.nlq.cross_entropy_rows(logits, targets, ignore_index)
     return loss.sum() / (targets != ignore_index).sum()
 
 
-def res_gelu_f(query, x, p, widths, one_buffer=True):
+def res_gelu_f(query, x, p, widths, one_buffer=True, autocast_out=False):
     """(anchor + f(x), pieces) for a ResGELUQuery `query` (gelu, with its norms) through the ops: what
     model.py's ResGELUQuery.from_projection computes in plain PyTorch. x: (..., C); p: (..., W + n), x's
     fused projection, W = sum(widths), its last n columns x @ query.fused_weight().T (W_Q's C and then W1's
     r for anchored_res_gelu, W1's r for res_gelu); widths: the leading pieces' widths (K's and V's, or none).
     Returns q (..., C) and the pieces, views of p. one_buffer=False splits p with torch instead of
-    SplitRMSGELU, so that the backward cats the pieces' gradients with h's (bench/train_speed.py's row)."""
+    SplitRMSGELU, so that the backward cats the pieces' gradients with h's (bench/train_speed.py's row).
+    rms(x) comes from rms_statistic, beside x's producer under torch.compile. autocast_out=True: q in
+    autocast's dtype while autocast is on (bfloat16: half the bytes written, and read back by the backward),
+    for a model whose attention takes q as it comes, which casts it to that dtype itself (use_kernels)."""
     r = query.w1.out_features
     own = p.size(-1) - sum(widths) - r  # W_Q's columns before W1's: anchored_res_gelu's anchor
     widths = [*widths, own] if own else list(widths)
+    rstd = rms_statistic(x, query.rms.eps)
     if one_buffer:
-        *pieces, a = SplitRMSGELU.apply(p, x, query.w1.bias, query.rms.eps, tuple(widths))
+        *pieces, a = SplitRMSGELU.apply(p, rstd, query.w1.bias, tuple(widths))
     else:
         *pieces, h = p.split([*widths, r], dim=-1)
-        a, _ = torch.ops.nlq.rms_gelu(x, h, query.w1.bias, query.rms.eps)
+        a = torch.ops.nlq.rms_gelu(h, rstd, query.w1.bias)
     anchor = x
     if own:
         anchor = pieces.pop()
         if query.w_q.bias is not None:
             anchor = anchor + query.w_q.bias
     y = F.linear(a, query.w2.weight, query.w2.bias)
-    out, _, _ = torch.ops.nlq.layer_norm_residual(anchor, y, query.ln.weight, query.ln.bias, query.ln.eps)
+    device = x.device.type
+    out_dtype = torch.get_autocast_dtype(device) if autocast_out and torch.is_autocast_enabled(device) else None
+    out, _, _ = torch.ops.nlq.layer_norm_residual(anchor, y, query.ln.weight, query.ln.bias, query.ln.eps, out_dtype)
     return out.view(anchor.shape[:-1] + out.shape[-1:]), pieces
 
 
@@ -556,12 +577,14 @@ def use_kernels(model, one_buffer=True):
     """Put the ops into `model` (a GPT): its training loss through cross_entropy (GPT.cross_entropy), and
     f through res_gelu_f in every query module that computes res_gelu's f with GELU and its norms
     (res_gelu, anchored_res_gelu; not res_linear, an ablation's activation or query_norm=False, which
-    stay plain PyTorch); one_buffer=False: res_gelu_f's (autograd's split and its cat). Returns the number
-    of query modules changed."""
+    stay plain PyTorch); one_buffer=False: res_gelu_f's (autograd's split and its cat). q comes out in
+    autocast's dtype (res_gelu_f's autocast_out) where the attention takes it as it comes: no QK-norm and no
+    RoPE, whose float32 math on q would otherwise see it rounded. Returns the number of query modules changed."""
     from model import ResGELUQuery
 
     model.cross_entropy = cross_entropy
-    f = res_gelu_f if one_buffer else functools.partial(res_gelu_f, one_buffer=False)
+    autocast_out = not model.config.qk_norm and model.config.pos_encoding == "learned"
+    f = functools.partial(res_gelu_f, one_buffer=one_buffer, autocast_out=autocast_out)
     changed = 0
     for module in model.modules():
         if isinstance(module, ResGELUQuery) and module.act is F.gelu and module.norm:

