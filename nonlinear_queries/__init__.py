@@ -29,6 +29,8 @@ which imports nothing from here. One concern per module:
   study.py's stages both run through it) and SLURM jobs (slurm)
 - comparison: compare.py's report (Table 1 and its tests, the width reports), which study.py's tables call too
 - protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps' scheduler)
+- design, looks, power, sequential: declared tests, group-sequential looks and their boundaries, power planning
+  and the designs' operating characteristics (study.py --dry_run and its looks)
 - diagnostics: per-layer attention-logit, entropy and query statistics
 - downstream: lm-evaluation-harness on this repo's models
 - corpus, tokenizer, hub: documents -> GPT-2 tokens -> train.bin/val.bin; the hub, offline-aware

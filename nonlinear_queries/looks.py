@@ -194,7 +194,7 @@ class Evaluation:
     diverged: int
 
 
-def evaluate(study, test, k, losses):
+def evaluate_look(study, test, k, losses):
     """The Evaluation of `test` at look k from `losses` ({arm: {seed: val loss}}, every run of the look finished).
     A test after the gate of a family ([family] order) is tested once, at the look where the tests before it
     rejected: 'reject' or 'not rejected'."""
@@ -248,10 +248,10 @@ def state(study):
             losses = _look_losses(study, test, k, looks)
             if losses is None:
                 return LookState(evaluated, k, None)
-            results.append(evaluate(study, test, k, losses))
+            results.append(evaluate_look(study, test, k, losses))
         if study.family and results[0].decision == "reject":
             for test in order[1:]:  # gatekeeping: each at its own boundary, while the ones before it rejected
-                results.append(evaluate(study, test, k, _look_losses(study, test, k, looks)))
+                results.append(evaluate_look(study, test, k, _look_losses(study, test, k, looks)))
                 if results[-1].decision != "reject":
                     break
         evaluated += results
