@@ -394,9 +394,11 @@ def test_the_width256_study_dry_run_shows_its_looks_power_and_cost(capsys):
     assert "a fixed-n test needs 26 seeds an arm" in out
 
 
-def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsys):
+def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsys, tmp_path):
     """results/width_ladder/width256_e/README.md: each design table equals what its marker's command prints (20,000
-    simulated studies per design and effect), and the numbers it quotes from the dry run are the dry run's."""
+    simulated studies per design and effect), and the numbers it quotes from the dry run are the dry run's as it
+    printed before any run existed (the study file with an empty results_dir: the planned cost from [cost], not the
+    measured one the committed runs give)."""
     readme = open(os.path.join(REPO, "results", "width_ladder", "width256_e", "README.md")).read()
     lines = readme.splitlines()
     prefix = "<!-- table from: python -m nonlinear_queries.design "
@@ -414,8 +416,14 @@ def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsy
         assert committed == printed, lines[i]
         # every design holds its level by the 20,000 simulated studies: its null rejection rate within 0.05 +- 0.005
         assert all(abs(float(row.split("|")[5]) - 0.05) <= 0.005 for row in printed[2:]), printed
-    assert study.main(["studies/width256_e.toml", "--dry_run"]) == 0
+    declared = open(os.path.join(REPO, "studies", "width256_e.toml")).read()
+    line = 'results_dir = "results/width_ladder/width256_e"'
+    assert line in declared
+    before_any_run = tmp_path / "width256_e.toml"
+    before_any_run.write_text(declared.replace(line, f'results_dir = "{tmp_path / "empty"}"'))
+    assert study.main([str(before_any_run), "--dry_run"]) == 0
     out = " ".join(capsys.readouterr().out.split())
+    assert "0 run directories exist; at least 20 run(s) left" in out
     text = " ".join(readme.split())
     for quoted, printed in [
         ("needs 26 seeds an arm for 80% power at 0.45 points; at 30 seeds its MDE is 0.42 points",
