@@ -206,7 +206,6 @@ def coord_check(args):
     from nonlinear_queries import coord_check as cc
     from nonlinear_queries.batches import open_tokens
     from nonlinear_queries.configurator import ConfigError, parse_config
-    from nonlinear_queries.plots import coordinates
     from nonlinear_queries.train_config import TrainConfig
 
     try:
@@ -236,7 +235,7 @@ def coord_check(args):
               f"the size holds as the width grows; 1: it grows with the width)\n")
     print_table(header, rows, args.format, [True])
     if args.plot:
-        coordinates(checks).savefig(args.plot, dpi=120)
+        cc.coordinates(checks).savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}", file=sys.stderr if args.format == "csv" else sys.stdout)
 
 

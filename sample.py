@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from nonlinear_queries.checkpoint_file import latest_checkpoint_path
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.pretrained import PretrainedError, load_model, sharded_hint
+from nonlinear_queries.runs import RunDir
 from nonlinear_queries.runtime import SetupError, setup
 from nonlinear_queries.tokenizer import run_tokenizer
 
@@ -71,9 +71,9 @@ if start.startswith("FILE:"):
 source = cfg.init_from or cfg.out_dir
 try:
     rt = setup(cfg.device, cfg.dtype, join_process_group=False)
-    if not cfg.init_from and not os.path.isfile(latest_checkpoint_path(cfg.out_dir)):
+    if not cfg.init_from and not os.path.isfile(checkpoint := RunDir(cfg.out_dir).latest_checkpoint()):
         raise PretrainedError(sharded_hint(cfg.out_dir) or (
-            f"no checkpoint at {latest_checkpoint_path(cfg.out_dir)}; train one with train.py, pass --out_dir=DIR, "
+            f"no checkpoint at {checkpoint}; train one with train.py, pass --out_dir=DIR, "
             f"or sample from a pretrained model with --init_from=gpt2"))
     model = load_model(source)
 except (SetupError, PretrainedError) as e:

@@ -43,7 +43,7 @@ Exit status: 0 finished, or stopped by a signal with a checkpoint written; 1 err
 (during setup, before the first step, or by a second signal).
 A new run refuses an out_dir holding anything a run left (checkpoints, metrics.jsonl, config.json,
 wandb/, a .lock no process holds) unless --overwrite=True (runs.RunDir.check_start); on the CPU a
-run whose steps would take more than a week is refused unless --allow_slow=True (check_cpu_time).
+run whose steps would take more than a week is refused unless --allow_slow=True (budget.check_cpu_time).
 
 Step numbering: "step s" is the state after s optimizer updates. Evaluation runs at
 every multiple of eval_interval and after the last update (step max_iters), so with
@@ -53,91 +53,39 @@ max_iters=60000 the paper's 59k and 60k evaluations are both logged.
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
 
 import os
-import shlex
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 
-from model import GPT, GPTConfig, model_config_keys
+from model import GPT, model_config_keys
 from nonlinear_queries.batches import DataError, get_batch, open_run_data
-from nonlinear_queries.budget import SLOW_RUN_S, cpu_matmul_flops, describe_duration, device_memory, memory_floor
+from nonlinear_queries.budget import check_cpu_time, check_memory
 from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
 from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import (
-    hold_out_dir,
-    left_lock_file,
-    make_out_dir,
-    release_new_out_dir,
-    release_out_dir,
-)
+from nonlinear_queries.lock import release_new_out_dir, release_out_dir
 from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.pretrained import PretrainedError, load_model
+from nonlinear_queries.pretrained import PretrainedError
 from nonlinear_queries.runs import RunDir
-from nonlinear_queries.runtime import (
-    SetupError,
-    all_reduce_sum,
-    mfu,
-    numerics,
-    parallelize,
-    peak_flops,
-    setup,
-    teardown,
-)
-from nonlinear_queries.stopping import Interrupted, StopFlag
+from nonlinear_queries.runtime import SetupError, all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
+from nonlinear_queries.start import build_model, hold_run_dir, resolve_start, resume_command
+from nonlinear_queries.stopping import Interrupted, StopFlag, compile_cut_by_stop
 from nonlinear_queries.train_config import TrainConfig, parse_compile_options
 from nonlinear_queries.training import (
     DivergenceGuard,
+    StepClock,
     apply_updates,
     dropout_seed,
     evaluate,
     get_lr,
+    micro_steps_per_process,
     should_eval,
     should_read_back,
     train_step,
 )
-
-
-def resume_command(rt):
-    """The command line that continues this run from its checkpoint."""
-    args = [a for a in sys.argv[1:] if not a.startswith(("--init_from=", "--resume_from=", "--overwrite="))]
-    launcher = (f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', rt.world_size)} "
-                "[your other torchrun options] " if "RANK" in os.environ else "python ")
-    return launcher + shlex.join([sys.argv[0], *args, "--init_from=resume"])
-
-
-def micro_steps_per_process(cfg, rt):
-    """gradient_accumulation_steps / world size: each process's micro-batches of a step.
-    Raises SetupError when the processes cannot share the step's micro-batches evenly."""
-    if cfg.gradient_accumulation_steps % rt.world_size:
-        raise SetupError(
-            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
-            f"{rt.world_size} processes; each process runs gradient_accumulation_steps / {rt.world_size} of the "
-            f"step's micro-batches. Choose a multiple of {rt.world_size} (and adjust batch_size to keep the tokens "
-            f"per step)")
-    return cfg.gradient_accumulation_steps // rt.world_size
-
-
-def build_model(cfg, rt, resumed_args):
-    """The run's model on rt.device: new from the config (init seeded by cfg.seed), the one of
-    resumed_args (a resumed checkpoint's model_args, {} for a new run), or a pretrained source's to
-    fine-tune (its new parameters, such as anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg
-    with the model's settings filled in, model). Raises PretrainedError, or SetupError for a model μP
-    cannot classify."""
-    torch.manual_seed(cfg.seed)
-    if cfg.init_from in ("scratch", "resume"):
-        # a checkpoint's model_args win; settings it predates keep the config's values
-        model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **resumed_args}
-        try:
-            model = GPT(GPTConfig(**model_args))
-        except ValueError as e:  # a parameter μP cannot classify (model.GPT._mup_roles)
-            raise SetupError(str(e)) from None
-    else:
-        model = load_model(cfg.init_from, **cfg.model_settings())
-    return replace(cfg, **asdict(model.config)), model.to(rt.device)
 
 
 def open_data(cfg):
@@ -148,28 +96,13 @@ def open_data(cfg):
                          cfg.block_size, cfg.eval_iters, cfg.vocab_size)
 
 
-def hold_run_dir(cfg, rt, stop):
-    """The run directory, out_dir: on rank 0 created and, with lock_out_dir, locked for this process's life
-    (lock.py; one run per out_dir); a new run that would replace or append to what a run left there unasked
-    (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds) is refused on every rank
-    (runs.RunDir.check_start). Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or CheckpointError."""
-    left_lock = left_lock_file(cfg.out_dir)  # before this run's own lock file is made
-    if rt.master and cfg.lock_out_dir:
-        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
-            hold_out_dir(cfg.out_dir)
-    elif rt.master:
-        make_out_dir(cfg.out_dir)
-    run_dir = RunDir(cfg.out_dir)
-    run_dir.check_start(cfg.init_from, cfg.overwrite, resume_command(rt), left_lock)
-    return run_dir
-
-
-def start_log(cfg, rt, run_dir, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
-    """This session's part of the record, once every check has passed: a new run first replaces the run in
-    out_dir (runs.RunDir.replace, on rank 0; allowed by hold_run_dir), then metrics.jsonl (and wandb,
+def start_log(cfg, rt, run_dir, source, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
+    """This session's part of the record, once every check has passed: a new run (`source`, a start.Start, that
+    does not resume) first replaces the run in out_dir (runs.RunDir.replace, on rank 0; allowed by
+    start.hold_run_dir), then metrics.jsonl (and wandb,
     continuing state.wandb_id) opens with the run's header, also written to out_dir/config.json; prints the
     resolved config. Returns the runs.RunLog."""
-    if rt.master and cfg.init_from != "resume":
+    if rt.master and not source.resumes:
         run_dir.replace()
     wandb_init = cfg.wandb_init()
     out = run_dir.open_log(rt.master, cfg.wandb_log, state.wandb_id or None, config=asdict(cfg), **wandb_init)
@@ -190,39 +123,6 @@ def start_log(cfg, rt, run_dir, state, run_name, config_files, model, data_finge
                  if wandb_dir else "")
               + f"; the full config is in {run_dir.config}")
     return out
-
-
-def check_memory(cfg, rt, model):
-    """Refuse, before any work, a run whose memory floor (budget.memory_floor) is above what the device has.
-    Raises SetupError saying what to lower."""
-    have = device_memory(rt.device)
-    need, parts = memory_floor(model.get_num_params(non_embedding=False), cfg, rt.dtype, rt.world_size)
-    if have is not None and need > have:
-        raise SetupError(
-            f"this run needs at least {need / 2**30:.1f} GiB of memory per process ({parts}), more than the "
-            f"{have / 2**30:.1f} GiB that {rt.device} has; lower batch_size (a larger gradient_accumulation_steps "
-            f"keeps the tokens per step), block_size or the model's size")
-
-
-def check_cpu_time(cfg, rt, model, steps):
-    """On the CPU, before the run compiles or writes anything: refuse a run whose `steps` would take more than
-    budget.SLOW_RUN_S (a week), unless allow_slow, and say when one step takes more than a minute. The time is a
-    floor: the step's FLOPs at the rate this CPU's matmuls reach (budget.cpu_matmul_flops), so the true time is
-    longer. Raises SetupError saying what to run instead."""
-    if rt.device_type != "cpu" or not steps:
-        return
-    step_flops = model.flops_per_token() * cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
-    seconds = step_flops / cpu_matmul_flops()
-    step, total = describe_duration(seconds), describe_duration(seconds * steps)
-    rate = f"{step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} threads"
-    if seconds * steps > SLOW_RUN_S and not cfg.allow_slow:
-        raise SetupError(f"on this CPU the {steps:,} steps of this run take at least {total} ({step} a step: {rate}), "
-                         f"more than a week; this config is meant for a GPU: for a CPU run, use config/quickstart.py "
-                         f"(minutes), or pass --allow_slow=True to start it anyway")
-    if seconds > 60 and rt.master:
-        print(f"warning: on this CPU a step of this run takes at least {step} ({rate}), the {steps:,} steps left at "
-              f"least {total}. For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
-              file=sys.stderr)
 
 
 @dataclass
@@ -265,11 +165,12 @@ def open_tasks(cfg, rt):
     return DownstreamEval(cfg, rt)
 
 
-def say_start(cfg, out, checkpoints, model):
-    """Say what the run starts from: the checkpoint it resumes, or the model it fine-tunes."""
+def say_start(out, source, checkpoints, model):
+    """Say what the run starts from (`source`, a start.Start): the checkpoint it resumes, or the model it
+    fine-tunes."""
     if checkpoints.path:
         out.print(f"resuming from {checkpoints.path} at step {checkpoints.start_step}")
-    elif cfg.init_from != "scratch":
+    elif source.fine_tunes:
         out.print(f"fine-tuning from {model.loaded_from.path} ({model.loaded_from.kind})")
 
 
@@ -344,40 +245,6 @@ def report_divergence(cfg, out, checkpoints, diverged, stop):
     return 3
 
 
-class StepClock:
-    """The training steps' own time, from a step's batch to its update, summed since the last log: evaluations,
-    lm-eval tasks and checkpoints between them are left out of ms_per_step, tokens_per_s and MFU. It also keeps
-    this session's first step, which compiles the training graph (log_compile_time). tokens_per_iter: tokens a
-    step trains on, over all processes; flops_per_token: the model's (GPT.flops_per_token); peak: one device's
-    peak FLOP/s, None where unknown (no MFU); world_size: the processes."""
-
-    def __init__(self, tokens_per_iter, flops_per_token, peak, world_size):
-        self.tokens_per_iter, self.flops_per_token, self.peak, self.world_size = (
-            tokens_per_iter, flops_per_token, peak, world_size)
-        self.steps, self.seconds, self.first_step_s, self.laps, self.started = 0, 0.0, None, 0, None
-
-    def start(self):
-        """A step begins."""
-        self.started = time.time()
-
-    def stop(self):
-        """The step begun last has ended (its numbers read back where they were)."""
-        self.seconds += time.time() - self.started
-        self.steps += 1
-        if self.first_step_s is None:
-            self.first_step_s = self.seconds
-
-    def lap(self):
-        """The speed of the steps since the last lap, and a new lap begun: {ms_per_step, tokens_per_s, and mfu
-        where the peak is known}."""
-        dt = self.seconds / self.steps
-        self.steps, self.seconds, self.laps = 0, 0.0, self.laps + 1
-        speed = {"ms_per_step": 1000 * dt, "tokens_per_s": self.tokens_per_iter / dt}
-        if self.peak:
-            speed["mfu"] = mfu(self.flops_per_token, self.tokens_per_iter / dt, self.peak, self.world_size)
-        return speed
-
-
 def log_compile_time(cfg, out, step, clock):
     """At this session's first log of a compiled run (before clock.lap), log and print the `compile` record: the
     first step's seconds and, after more steps, the mean of the later ones, whose difference is the compile
@@ -411,7 +278,7 @@ def stopped(rt, run_dir, out, stop, state, checkpoints):
         out.finish(1)
         if rt.master:
             run_dir.remove_log()
-            release_new_out_dir(run_dir.path)
+            release_new_out_dir(run_dir)
         return status
     stop.end(0)
     out.print(f"stopped by {by} after step {state.step}; the checkpoint is {checkpoints.path}. Resume with:\n"
@@ -420,34 +287,20 @@ def stopped(rt, run_dir, out, stop, state, checkpoints):
     return 0
 
 
-def compile_cut_by_stop(cfg, stop, error):
-    """Whether `error`, raised by a training step or an evaluation, is torch.compile's compilation cut short by a
-    stop request: a signal to the whole process group (a terminal's Ctrl-C, a scheduler's signal to a job) also
-    reaches inductor's compiler processes, and their end surfaces as an InductorError (CppCompileError: C++
-    compile error). Such an error is the stop itself: the step or evaluation is given up, as a signal gives up
-    an evaluation, and the run stops as stopped() says, with nothing of it reported as an error."""
-    if not cfg.compile or stop.signal is None:
-        return False
-    # loaded already by torch.compile; imported here, as a run without compile never needs them (2 s)
-    from torch._dynamo.exc import TorchDynamoException
-    from torch._inductor.exc import CppCompileError
-
-    return isinstance(error, (TorchDynamoException, CppCompileError))
-
-
-def train(cfg, config_files, rt):
+def train(cfg, config_files, rt, run_dir):
     """Train (or resume, or evaluate) the run that `cfg` describes on the processes of `rt`
-    (runtime.setup). Returns the exit status: 0 finished or stopped by a signal with a
-    checkpoint written, 3 diverged. Raises SetupError, DataError, CheckpointError or
-    PretrainedError, before anything in out_dir is written, for a run that cannot start."""
+    (runtime.setup) in its out_dir, `run_dir` (a runs.RunDir). Returns the exit status: 0 finished or
+    stopped by a signal with a checkpoint written, 3 diverged. Raises SetupError, DataError,
+    CheckpointError or PretrainedError, before anything in out_dir is written, for a run that cannot start."""
     run_name = cfg.wandb_run_name or (os.path.splitext(os.path.basename(config_files[-1]))[0]
                                       if config_files else "train")
     micro_steps = micro_steps_per_process(cfg, rt)
     stop = StopFlag("train.py").install()  # until stop.start(): a signal raises Interrupted (setup undone)
-    run_dir = hold_run_dir(cfg, rt, stop)
-    checkpoints = Checkpointer(cfg, rt)  # the checkpoint a resumed run continues, read; None for a new run
+    source = resolve_start(cfg, run_dir)  # from here on init_from and resume_from are read through `source`
+    hold_run_dir(cfg, rt, run_dir, source, stop)
+    checkpoints = Checkpointer(cfg, rt, run_dir, source)  # the checkpoint a resumed run continues, read
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
-    cfg, raw_model = build_model(cfg, rt, checkpoints.model_args)
+    cfg, raw_model = build_model(cfg, rt, source, checkpoints.model_args)
     data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
     check_memory(cfg, rt, raw_model)
     check_cpu_time(cfg, rt, raw_model, 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step)
@@ -461,9 +314,9 @@ def train(cfg, config_files, rt):
                       raw_model.flops_per_token(), cfg.peak_flops or peak_flops(rt.device), rt.world_size)
 
     stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
-    out = start_log(cfg, rt, run_dir, state, run_name, config_files, raw_model, data_fingerprint,
+    out = start_log(cfg, rt, run_dir, source, state, run_name, config_files, raw_model, data_fingerprint,
                     clock.tokens_per_iter)
-    say_start(cfg, out, checkpoints, raw_model)
+    say_start(out, source, checkpoints, raw_model)
     eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
     run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
                 "data": data_fingerprint}  # in every checkpoint
@@ -526,17 +379,18 @@ def train(cfg, config_files, rt):
 
 if __name__ == "__main__":
     cfg, config_files = config_from_argv(TrainConfig)
+    run_dir = RunDir(cfg.out_dir)  # the one RunDir of the run: train() writes in it, and the end releases it
     rt = None
     try:
         rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
-        code = train(cfg, config_files, rt)
+        code = train(cfg, config_files, rt, run_dir)
     except (SetupError, DataError, CheckpointError, PretrainedError, Interrupted) as e:
         if int(os.environ.get("LOCAL_RANK", 0)) == 0 and not isinstance(e, Interrupted):  # said once per machine
             print(f"error: {e}", file=sys.stderr)
-        release_new_out_dir(cfg.out_dir)  # a run that could not start leaves no out_dir holding only .lock
+        release_new_out_dir(run_dir)  # a run that could not start leaves no out_dir holding only .lock
         if rt is not None:
             teardown(rt, clean=False)
         sys.exit(e.status if isinstance(e, Interrupted) else 1)
     teardown(rt)
-    release_out_dir(cfg.out_dir)  # the run ended cleanly: no .lock is left to read as a run in progress
+    release_out_dir(run_dir)  # the run ended cleanly: no .lock is left to read as a run in progress
     sys.exit(code)

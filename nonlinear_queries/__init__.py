@@ -14,13 +14,14 @@ which imports nothing from here. One concern per module:
 - checkpoint: train.py's Checkpointer (which checkpoint to resume, its checks and restore, when to save),
   atomic single-file and sharded (DCP) checkpoints: the training state alone;
   `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
-- checkpoint_file: a checkpoint file read (the one torch.load, weights only), for checkpoint and pretrained;
-  the names of a run directory's checkpoints
+- checkpoint_file: a checkpoint file read (the one torch.load, weights only), for checkpoint and pretrained
+- start: how train.py's run starts (from scratch, resuming or fine-tuning: init_from resolved once into a
+  Start), its out_dir held, its model built, and the command that resumes it
 - pretrained: load_model, every program's loader of any source (a run's checkpoint, GPT-2, Hugging Face,
   the official code's), and weights out (Hugging Face GPT-2 format)
-- runs: the run directory's one owner (RunDir: its file names, the header and config.json, its status,
-  replacing a run), its metrics.jsonl written (and wandb) and read, sweep directories (runs.finished: whether
-  a run is over)
+- runs: the run directory's one owner (RunDir: its file names, its checkpoints' included, the header and
+  config.json, its status, replacing a run), its metrics.jsonl written (and wandb) and read, sweep
+  directories (runs.finished: whether a run is over)
 - arms, stats, plots: runs grouped into comparison arms (labels, pooled and paired runs, the common step);
   Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer
@@ -40,4 +41,5 @@ which imports nothing from here. One concern per module:
 - budget: a run's memory floor and CPU step time, known before its first step
 - cli: a program piped into one that stops reading (`| head`) ends quietly
 - interrupt: Ctrl-C at any moment, torch's import included, ends a program with one line
+- errors: SetupError and CheckpointError, which torch-free modules (lock, runs) raise too
 """

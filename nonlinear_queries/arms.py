@@ -7,9 +7,10 @@ arm: its label, its pooled runs, its paired losses, the step every run has reach
 import difflib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from nonlinear_queries.runs import RunsError, fill_defaults, find_run_dirs, load_run
+from nonlinear_queries.runs import RunsError, find_run_dirs, load_run
+from nonlinear_queries.train_config import TrainConfig
 
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {
@@ -45,6 +46,19 @@ def read_runs(paths, group_over):
     keys = set(group_over.split(","))
     check_keys(runs, "--group_over", keys)
     return runs, keys
+
+
+def fill_defaults(runs):
+    """Give a setting that only some runs' configs have (one added to train.py after the others ran) today's
+    default (TrainConfig's) where it is missing: the defaults reproduce what the older code did."""
+    keys = set().union(*(r.config for r in runs))
+    if all(keys <= set(r.config) for r in runs):
+        return
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    for run in runs:
+        for key in keys - set(run.config):
+            if key in defaults:
+                run.config[key] = defaults[key]
 
 
 def check_keys(runs, option, keys):

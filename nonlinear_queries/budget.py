@@ -19,9 +19,12 @@ Both are lower bounds, so neither refuses nor warns about a run that could fit o
 """
 
 import os
+import sys
 import time
 
 import torch
+
+from nonlinear_queries.errors import SetupError
 
 # a week: what a CPU run may take, at least, before train.py asks for allow_slow. A CPU study's run takes minutes to
 # hours; the paper's config takes decades on a CPU, a mistaken device or config, not a run anyone waits for
@@ -92,3 +95,38 @@ def describe_duration(seconds):
         if seconds >= start:
             return f"{seconds / size:.1f} {unit}"
     return f"{seconds:.0f} s"
+
+
+def check_memory(cfg, rt, model):
+    """Refuse, before any work, a run whose memory floor (memory_floor) is above what the device has. cfg: the
+    TrainConfig; rt: runtime.setup's processes (device, dtype, world_size); model: the GPT. Raises SetupError
+    saying what to lower."""
+    have = device_memory(rt.device)
+    need, parts = memory_floor(model.get_num_params(non_embedding=False), cfg, rt.dtype, rt.world_size)
+    if have is not None and need > have:
+        raise SetupError(
+            f"this run needs at least {need / 2**30:.1f} GiB of memory per process ({parts}), more than the "
+            f"{have / 2**30:.1f} GiB that {rt.device} has; lower batch_size (a larger gradient_accumulation_steps "
+            f"keeps the tokens per step), block_size or the model's size")
+
+
+def check_cpu_time(cfg, rt, model, steps):
+    """On the CPU, before the run compiles or writes anything: refuse a run whose `steps` would take more than
+    SLOW_RUN_S (a week), unless cfg.allow_slow, and say when one step takes more than a minute (on stderr, on rank
+    0). The time is a floor: the step's FLOPs (model.flops_per_token() x the tokens per step of the TrainConfig
+    cfg) at the rate this CPU's matmuls reach (cpu_matmul_flops), so the true time is longer. rt: runtime.setup's
+    processes (device_type, master). Raises SetupError saying what to run instead."""
+    if rt.device_type != "cpu" or not steps:
+        return
+    step_flops = model.flops_per_token() * cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
+    seconds = step_flops / cpu_matmul_flops()
+    step, total = describe_duration(seconds), describe_duration(seconds * steps)
+    rate = f"{step_flops:.2g} FLOPs at the rate its float32 matmuls reach on {torch.get_num_threads()} threads"
+    if seconds * steps > SLOW_RUN_S and not cfg.allow_slow:
+        raise SetupError(f"on this CPU the {steps:,} steps of this run take at least {total} ({step} a step: {rate}), "
+                         f"more than a week; this config is meant for a GPU: for a CPU run, use config/quickstart.py "
+                         f"(minutes), or pass --allow_slow=True to start it anyway")
+    if seconds > 60 and rt.master:
+        print(f"warning: on this CPU a step of this run takes at least {step} ({rate}), the {steps:,} steps left at "
+              f"least {total}. For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
+              file=sys.stderr)

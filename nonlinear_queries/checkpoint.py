@@ -59,17 +59,15 @@ from model import GPT, GPTConfig
 from nonlinear_queries.atomic import atomic_path, fsync_path, in_flight
 from nonlinear_queries.batches import fingerprint_change
 from nonlinear_queries.checkpoint_file import (
-    LATEST,
     CheckpointError,
-    is_partial_checkpoint,
-    latest_checkpoint_path,
     load_checkpoint_file,
-    step_checkpoint_path,
-    step_checkpoints,
     unreadable_checkpoint,
     upgrade_model_args,
 )
+from nonlinear_queries.configurator import config_from_argv
 from nonlinear_queries.optimizers import build_optimizers, load_optimizer_states
+from nonlinear_queries.runs import RunDir
+from nonlinear_queries.train_config import TrainConfig
 
 
 @dataclass
@@ -101,29 +99,11 @@ class DiskFullError(CheckpointError):
     """No room on the disk for a checkpoint; the previous checkpoint is left as it was."""
 
 
-def checkpoint_paths(out_dir):
-    """Every checkpoint of the run in out_dir, of either kind: ckpt.pt, ckpt.dcp and the step checkpoints."""
-    latest = [latest_checkpoint_path(out_dir, p) for p in LATEST]
-    return [p for p in latest if os.path.lexists(p)] + [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))]
-
-
-def remove_checkpoints(out_dir):
-    """Delete every checkpoint of the run in out_dir (checkpoint_paths) and what a crash left of one
-    being written (ckpt*.tmp, ckpt*.old), for a new run that replaces it."""
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    leftovers = [os.path.join(out_dir, n) for n in names if is_partial_checkpoint(n)]
-    for path in checkpoint_paths(out_dir) + leftovers:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
-
-
-def latest_checkpoint(out_dir, parallelism):
-    """The checkpoint that --init_from=resume continues: out_dir/ckpt.pt (written under ddp) or
-    out_dir/ckpt.dcp (under fsdp), whichever holds the later step; the one `parallelism` writes when
-    both hold the same step (a ckpt.pt made from ckpt.dcp by consolidate) or neither exists."""
-    paths = {p: latest_checkpoint_path(out_dir, p) for p in LATEST}
+def latest_checkpoint(run_dir, parallelism):
+    """The checkpoint that --init_from=resume continues in the run directory `run_dir` (a runs.RunDir): its
+    ckpt.pt (written under ddp) or ckpt.dcp (under fsdp), whichever holds the later step; the one `parallelism`
+    writes when both hold the same step (a ckpt.pt made from ckpt.dcp by consolidate) or neither exists."""
+    paths = {p: run_dir.latest_checkpoint(p) for p in RunDir.LATEST}
     found = [k for k, p in paths.items() if os.path.exists(p)]
     if len(found) < 2:
         return paths[found[0] if found else parallelism]
@@ -198,18 +178,18 @@ def _save_file(obj, path):
                          ) from None
 
 
-def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
-    """Write the checkpoint dict `ckpt` (of step ckpt['step']) so that a crash at any moment
-    leaves the previous one loadable: torch.save to ckpt.pt.tmp, fsync, rename over ckpt.pt
-    (atomic; the previous checkpoint keeps its step name), add the step name as a hard link
-    (no second copy on disk), fsync the directory so the renames survive a power loss, and
-    only then delete the step checkpoints beyond the newest keep_last_n that are not in
-    keep_steps. Checkpoints of later steps than ckpt['step'] are left alone: they belong to
+def save_checkpoint(run_dir, ckpt, keep_last_n, keep_steps=()):
+    """Write the checkpoint dict `ckpt` (of step ckpt['step']) into the run directory `run_dir` (a
+    runs.RunDir) so that a crash at any moment leaves the previous one loadable: torch.save to
+    ckpt.pt.tmp, fsync, rename over ckpt.pt (atomic; the previous checkpoint keeps its step name),
+    add the step name as a hard link (no second copy on disk), fsync the directory so the renames
+    survive a power loss, and only then delete the step checkpoints beyond the newest keep_last_n
+    that are not in keep_steps. Checkpoints of later steps than ckpt['step'] are left alone: they belong to
     a run that was resumed from an older checkpoint. Returns the path of ckpt.pt."""
     step = ckpt["step"]
-    path = latest_checkpoint_path(out_dir)
+    path = run_dir.latest_checkpoint()
     _save_file(ckpt, path)
-    link = path + ".link.tmp"
+    link = RunDir.linking(path)
     if os.path.lexists(link):  # left by a crash in the next three lines
         os.remove(link)
     try:
@@ -217,9 +197,9 @@ def save_checkpoint(out_dir, ckpt, keep_last_n, keep_steps=()):
     except OSError:  # a file system without hard links: a second copy
         shutil.copyfile(path, link)
         fsync_path(link)
-    os.replace(link, step_checkpoint_path(out_dir, step))
-    fsync_path(out_dir)
-    older = [(s, p) for s, p in step_checkpoints(out_dir) if s <= step]
+    os.replace(link, run_dir.step_checkpoint(step))
+    fsync_path(run_dir.path)
+    older = [(s, p) for s, p in run_dir.step_checkpoints() if s <= step]
     for s, old in older[keep_last_n:]:
         if s not in keep_steps:
             os.remove(old)
@@ -245,15 +225,15 @@ def _broadcast(value):
     return box[0]
 
 
-def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_steps=()):
-    """Write the sharded checkpoint of step meta['step'] from every process of the group, so that a
-    crash at any moment leaves the previous one loadable: all processes write their shards of the
-    model and the optimizers (DCP, get_state_dict) into ckpt_<step>.dcp.tmp, rank 0 adds meta.pt
-    (`meta`: the keys of a checkpoint file but model and optimizer, plus the optimizers' names and
-    param_groups), fsyncs it and the directory, renames the directory to ckpt_<step>.dcp (atomic),
-    points the symbolic link ckpt.dcp at it (a new link renamed over the old: atomic too), fsyncs
-    out_dir, and only then deletes the step checkpoints beyond the newest keep_last_n not in
-    keep_steps. Call it on every process. Returns the path of ckpt.dcp.
+def save_sharded_checkpoint(run_dir, model, optimizers, meta, keep_last_n, keep_steps=()):
+    """Write the sharded checkpoint of step meta['step'] into the run directory `run_dir` (a runs.RunDir)
+    from every process of the group, so that a crash at any moment leaves the previous one loadable:
+    all processes write their shards of the model and the optimizers (DCP, get_state_dict) into
+    ckpt_<step>.dcp.tmp, rank 0 adds meta.pt (`meta`: the keys of a checkpoint file but model and
+    optimizer, plus the optimizers' names and param_groups), fsyncs it and the directory, renames the
+    directory to ckpt_<step>.dcp (atomic), points the symbolic link ckpt.dcp at it (a new link renamed
+    over the old: atomic too), fsyncs out_dir, and only then deletes the step checkpoints beyond the
+    newest keep_last_n not in keep_steps. Call it on every process. Returns the path of ckpt.dcp.
 
     A full disk is a DiskFullError on every process, as for a checkpoint file (_save_file): before
     writing when rank 0 sees less free space than the whole checkpoint takes (every shard, plus 1%
@@ -262,9 +242,9 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
     not left fuller, and the previous checkpoint is untouched. Any other failure also removes it and
     is raised as it came (on the other processes, a CheckpointError saying that rank 0 failed)."""
     master = dist.get_rank() == 0
-    final = step_checkpoint_path(out_dir, meta["step"], ".dcp")
-    tmp, old = final + ".tmp", final + ".old"
-    path = latest_checkpoint_path(out_dir, "fsdp")
+    final = run_dir.step_checkpoint(meta["step"], ".dcp")
+    tmp, old = RunDir.writing(final), RunDir.replaced(final)
+    path = run_dir.latest_checkpoint("fsdp")
     model_state, optim_state = get_state_dict(model, optimizers)
     state = {"model": model_state, "optimizer": optim_state["state"]}
     need = int(tensor_bytes(state) * 1.01) + 2**20
@@ -273,7 +253,7 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
         for left in (tmp, old):  # by a crash during an earlier write
             if os.path.exists(left):
                 shutil.rmtree(left)
-        if shutil.disk_usage(out_dir).free < need:
+        if shutil.disk_usage(run_dir.path).free < need:
             full = str(_disk_full(path, need))
     full = _broadcast(full)  # every process waits for rank 0's cleanup and check
     if full:
@@ -308,32 +288,32 @@ def save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_
         if os.path.exists(final):  # this step again, by a run resumed from an older checkpoint
             os.replace(final, old)
         os.replace(tmp, final)
-        link = path + ".link.tmp"
+        link = RunDir.linking(path)
         if os.path.lexists(link):
             os.remove(link)
         os.symlink(os.path.basename(final), link)
         os.replace(link, path)
-        fsync_path(out_dir)
+        fsync_path(run_dir.path)
         if os.path.exists(old):
             shutil.rmtree(old)
-        older = [(s, p) for s, p in step_checkpoints(out_dir, (".dcp",)) if s <= meta["step"]]
+        older = [(s, p) for s, p in run_dir.step_checkpoints((".dcp",)) if s <= meta["step"]]
         for s, stale in older[keep_last_n:]:
             if s not in keep_steps:
                 shutil.rmtree(stale)
     return path
 
 
-def save_training_state(out_dir, model, optimizers, meta, keep_last_n, keep_steps, sharded):
-    """Checkpoint `model` and `optimizers` with `meta` (the other keys of the module docstring's format):
-    sharded, a directory written by every process
+def save_training_state(run_dir, model, optimizers, meta, keep_last_n, keep_steps, sharded):
+    """Checkpoint `model` and `optimizers` with `meta` (the other keys of the module docstring's format) into the
+    run directory `run_dir` (a runs.RunDir): sharded, a directory written by every process
     (save_sharded_checkpoint); otherwise one file written by rank 0 (save_checkpoint; other
     processes write nothing). Call it on every process. Returns the path of ckpt.dcp or ckpt.pt."""
     if sharded:
-        return save_sharded_checkpoint(out_dir, model, optimizers, meta, keep_last_n, keep_steps)
+        return save_sharded_checkpoint(run_dir, model, optimizers, meta, keep_last_n, keep_steps)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        save_checkpoint(out_dir, {"model": model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
+        save_checkpoint(run_dir, {"model": model.state_dict(), "optimizer": [o.state_dict() for o in optimizers],
                                   **meta}, keep_last_n, keep_steps)
-    return latest_checkpoint_path(out_dir)
+    return run_dir.latest_checkpoint()
 
 
 def restore_grad_scaler(scaler, ckpt):
@@ -404,8 +384,6 @@ def consolidate(path, to):
     save_checkpoint's format, weights and optimizer states included, so that sample.py, export.py
     and a ddp run read it. Runs in one process without a process group: the whole model and its
     optimizer states are built on the CPU (16 bytes a parameter with AdamW). Raises CheckpointError."""
-    from nonlinear_queries.train_config import TrainConfig  # here: train_config is needed by this command only
-
     meta = read_checkpoint(path)
     cfg = TrainConfig(**{f.name: meta["config"][f.name] for f in fields(TrainConfig) if f.name in meta["config"]})
     model = GPT(GPTConfig(**meta["model_args"]))
@@ -447,7 +425,7 @@ class Checkpointer:
     """train.py's checkpoints, one object per run: which checkpoint the run continues, its checks and its
     restore, and when and where the run writes its own. In the order train.py calls them:
 
-        checkpoints = Checkpointer(cfg, rt)                      # the checkpoint to resume, read (or none)
+        checkpoints = Checkpointer(cfg, rt, run_dir, source)     # the checkpoint to resume, read (or none)
         checkpoints.model_args                                   # its model_args ({} for a new run)
         checkpoints.check(model_settings, fingerprint, files)    # the config and the data are the run's
         state = checkpoints.restore(model, optimizers, scaler)   # a TrainState
@@ -456,13 +434,16 @@ class Checkpointer:
     path is the newest checkpoint (the one resumed from, then the run's own latest) and step its step,
     None until there is one. Every method raises CheckpointError for a run that cannot go on."""
 
-    def __init__(self, cfg, rt):
+    def __init__(self, cfg, rt, run_dir, source):
         """The checkpoint that a resumed run continues, read with its meta and weights on rt.device (path
         None for a new run, from scratch or fine-tuning; whether it may replace the run in out_dir is
-        runs.RunDir's). cfg: the TrainConfig; rt: runtime.setup's processes."""
-        self.cfg, self.step, self.path = cfg, None, None
-        if cfg.init_from == "resume":
-            self.path = cfg.resume_from or latest_checkpoint(cfg.out_dir, cfg.parallelism)
+        runs.RunDir's). cfg: the TrainConfig; rt: runtime.setup's processes; run_dir: the run's runs.RunDir,
+        where it writes its checkpoints; source: where the run starts (start.Start: its `resumes`, and the
+        checkpoint `path` it resumes). Raises CheckpointError for a checkpoint to resume that is missing or
+        cannot be read."""
+        self.cfg, self.run_dir, self.step, self.path = cfg, run_dir, None, None
+        if source.resumes:
+            self.path = source.path
             if not os.path.exists(self.path):
                 raise CheckpointError(f"--init_from=resume but {self.path} does not exist; start with "
                                       f"--init_from=scratch")
@@ -506,7 +487,7 @@ class Checkpointer:
         if not should_save(state.step, self.cfg, self.start_step, state.evaluated, stopping):
             return None
         cfg = self.cfg
-        self.path = save_training_state(cfg.out_dir, model, optimizers, {
+        self.path = save_training_state(self.run_dir, model, optimizers, {
             **run_info, "grad_scaler": scaler.state_dict(), **state.state_dict()},
             cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
         self.step = state.step
@@ -523,11 +504,9 @@ class ConsolidateConfig:
 
 
 if __name__ == "__main__":
-    from nonlinear_queries.configurator import config_from_argv
-
     args, _ = config_from_argv(ConsolidateConfig)
-    source = args.checkpoint or latest_checkpoint_path(args.out_dir, "fsdp")
-    target = args.to or latest_checkpoint_path(args.out_dir)
+    source = args.checkpoint or RunDir(args.out_dir).latest_checkpoint("fsdp")
+    target = args.to or RunDir(args.out_dir).latest_checkpoint()
     try:
         step = consolidate(source, target)
     except CheckpointError as e:

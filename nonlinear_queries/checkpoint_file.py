@@ -1,73 +1,34 @@
 """
 A checkpoint file read: load_checkpoint_file, the repo's one torch.load (weights only: tensors and
 plain containers, never arbitrary pickled objects), whose errors name the other checkpoints of the
-run (step_checkpoints); upgrade_model_args, what an older version's model_args left implicit; and the
-names of a run directory's checkpoints, spelled only here (latest_checkpoint_path, step_checkpoint_path,
-has_checkpoint; runs.RunDir holds the run directory's other files).
+run (runs.RunDir.step_checkpoints); upgrade_model_args, what an older version's model_args left implicit.
+The names of a run directory's checkpoints are runs.RunDir's.
 Both sides read files through here, and neither through the other: checkpoint.py, which writes a
 run's checkpoints and resumes from them, and pretrained.load_model, which loads a model from any
-source. This module imports torch alone, so a program that only reads a model (sample.py,
-export.py) imports no optimizer, batch or DCP code.
+source. Of what is not the standard library this module imports torch alone (errors and runs import
+nothing else), so a program that only reads a model (sample.py, export.py) imports no optimizer, batch or
+DCP code.
 """
 
 import math
 import os
 import pickle
-import re
 
 import torch
 
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be read or written, or that does not belong to the run being resumed."""
-
-
-# the newest checkpoint of a run directory as each parallelism writes it: one file (ddp) or a symbolic link to
-# the newest sharded checkpoint directory (fsdp)
-LATEST = {"ddp": "ckpt.pt", "fsdp": "ckpt.dcp"}
-PREFIX = "ckpt"  # every checkpoint's name, and what a crash leaves of one, starts with it
-
-
-def latest_checkpoint_path(out_dir, parallelism="ddp"):
-    """The path of the newest checkpoint in the run directory out_dir as `parallelism` ('ddp' or 'fsdp')
-    writes it: out_dir/ckpt.pt or out_dir/ckpt.dcp, whether or not it exists."""
-    return os.path.join(out_dir, LATEST[parallelism])
-
-
-def step_checkpoint_path(out_dir, step, kind=".pt"):
-    """The path of the step checkpoint of `step` in out_dir: ckpt_<step, 6 digits><kind> (kind '.pt' or '.dcp')."""
-    return os.path.join(out_dir, f"{PREFIX}_{step:06d}{kind}")
-
-
-def is_partial_checkpoint(name):
-    """Whether the file name `name` in a run directory is what a crash left of a checkpoint being written."""
-    return name.startswith(PREFIX) and name.endswith((".tmp", ".old"))  # not yet renamed; being replaced
-
-
-def has_checkpoint(out_dir):
-    """Whether the run in out_dir has a checkpoint to resume from: ckpt.pt or ckpt.dcp (a link to a
-    checkpoint that is there)."""
-    return any(os.path.exists(latest_checkpoint_path(out_dir, p)) for p in LATEST)
-
-
-def step_checkpoints(out_dir, kinds=(".pt",)):
-    """[(step, path)] of the step checkpoints in out_dir, newest first ([] if no out_dir): the
-    ckpt_<step>.pt files, and with kinds=(".pt", ".dcp") the ckpt_<step>.dcp directories too."""
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
-    pattern = rf"{PREFIX}_(\d+)({'|'.join(re.escape(k) for k in kinds)})"
-    found = [(int(m[1]), os.path.join(out_dir, n)) for n in names if (m := re.fullmatch(pattern, n))]
-    return sorted(found, reverse=True)
+from nonlinear_queries.errors import CheckpointError
+from nonlinear_queries.runs import RunDir
 
 
 def unreadable_checkpoint(path, reason):
     """The CheckpointError `cannot read checkpoint PATH: REASON.`, naming the other checkpoints of its
     directory to resume from instead."""
     out_dir = os.path.dirname(path) or "."
-    others = [p for _, p in step_checkpoints(out_dir, (".pt", ".dcp"))
+    others = [p for _, p in RunDir(out_dir).step_checkpoints((".pt", ".dcp"))
               if not (os.path.exists(path) and os.path.samefile(p, path))]
     hint = (f" Checkpoints in {out_dir}: {', '.join(others)}; resume from one with --resume_from=PATH" if others
             # another file (a Hugging Face directory's pytorch_model.bin) has no checkpoints beside it to offer
-            else f" There is no other checkpoint in {out_dir}" if os.path.basename(path).startswith(PREFIX) else "")
+            else f" There is no other checkpoint in {out_dir}" if RunDir.is_checkpoint_name(path) else "")
     return CheckpointError(f"cannot read checkpoint {path}: {reason}.{hint}")
 
 

@@ -3,8 +3,8 @@ The coordinate check of μP (Yang et al. 2022, Tensor Programs V; the `mup` pack
 coord_check): train the same model at several widths for a few steps at a deliberately high rate and record the
 mean |x| of every activation at every step. Under μP each one keeps its size as the width grows (a flat line in
 log-log); under SP some grow with width once training has moved the weights, the sign that the best rate will
-move too. `analyze.py --coord_check` prints the table and draws the figure; tests/test_width.py holds the
-slopes.
+move too. `analyze.py --coord_check` prints the table and draws the figure (coordinates); tests/test_width.py
+holds the slopes.
 
 Activations (per block i): `embedding` (the first block's input), `attn_i` (attention's output, after c_proj),
 `mlp_i` (the MLP's output), `query_i` (the query module's output, the q that the softmax scale then multiplies),
@@ -111,3 +111,37 @@ def slope_cell(slope):
 def widths_label(widths):
     """'64, 128, 256, 512 (log2 6-9)' for a figure's caption."""
     return ", ".join(map(str, widths)) + f" (log2 {math.log2(widths[0]):g}-{math.log2(widths[-1]):g})"
+
+
+def coordinates(checks):
+    """The coordinate check's figure (analyze.py --coord_check): one row per activation, one column per
+    parametrization (CoordCheck), the mean over seeds of mean |x| against the width on log-log axes,
+    one line per step from light (step 0) to dark (the last), each panel titled with the slope's range over
+    steps >= 2. A flat fan of lines is what μP promises; lines that climb with the width are SP's blow-up."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    names = list(checks[0].values)
+    fig = Figure(figsize=(4.5 * len(checks), 2.1 * len(names)), layout="constrained")
+    axes = fig.subplots(len(names), len(checks), sharex=True, sharey="row", squeeze=False)
+    shades = colormaps["viridis_r"](np.linspace(0.15, 1.0, checks[0].steps))
+    for column, check in enumerate(checks):
+        summary = slope_summary(check)
+        label = {"sp": "SP", "mup": "μP"}[check.parametrization]
+        for row, name in enumerate(names):
+            ax = axes[row][column]
+            means = check.values[name].mean(axis=1)
+            for step in range(check.steps):
+                ax.plot(check.widths, means[:, step], marker=".", color=shades[step],
+                        label=f"step {step}" if row == 0 and step in (0, check.steps - 1) else None)
+            high, low, _ = summary[name]
+            ax.set_title(f"{label}: {name}, slope {slope_cell(low)} to {slope_cell(high)}", fontsize="small")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(check.widths)
+            ax.get_xaxis().set_major_formatter("{x:.0f}")
+        axes[-1][column].set_xlabel("width n_embd")
+    for row in axes:
+        row[0].set_ylabel("mean |x|")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+    return fig

@@ -27,8 +27,7 @@ import os
 import socket
 import time
 
-from nonlinear_queries.runs import RunDir
-from nonlinear_queries.runtime import SetupError
+from nonlinear_queries.errors import SetupError
 
 
 class OutDirBusy(SetupError):
@@ -43,9 +42,10 @@ class OutDirUnwritable(SetupError):
     """out_dir is a file, or a directory this process cannot write in."""
 
 
-def unwritable(out_dir, e):
-    """The OutDirUnwritable for the OSError `e` that creating or writing in out_dir raised: one sentence naming
-    the path and what to do."""
+def unwritable(run_dir, e):
+    """The OutDirUnwritable for the OSError `e` that creating or writing in the run directory `run_dir` (a
+    runs.RunDir) raised: one sentence naming the path and what to do."""
+    out_dir = run_dir.path
     if e.errno in (errno.EEXIST, errno.ENOTDIR):
         return OutDirUnwritable(f"out_dir {out_dir} cannot be a run directory: {e.filename or out_dir} is a file, not "
                                 f"a directory; choose another --out_dir, or move the file away")
@@ -59,12 +59,13 @@ def unwritable(out_dir, e):
     return OutDirUnwritable(f"cannot write in out_dir {out_dir}: {e.strerror or e}; choose another --out_dir")
 
 
-def make_out_dir(out_dir):
-    """Create out_dir (and its parents) if missing. Raises OutDirUnwritable where it cannot be made."""
+def make_out_dir(run_dir):
+    """Create the run directory `run_dir` (a runs.RunDir; its parents too) if missing. Raises OutDirUnwritable
+    where it cannot be made."""
     try:
-        os.makedirs(out_dir, exist_ok=True)
+        os.makedirs(run_dir.path, exist_ok=True)
     except OSError as e:
-        raise unwritable(out_dir, e) from None
+        raise unwritable(run_dir, e) from None
 
 
 # flock's errors for a file system that cannot lock (flock(2), errno(3)): ENOSYS "Function not implemented",
@@ -77,32 +78,28 @@ _HELD = {}  # out_dir -> its open lock file, for the life of the process
 _CREATED = {}  # out_dir -> (the paths hold_out_dir created: the lock file, out_dir itself; what out_dir held then)
 
 
-def lock_path(out_dir):
-    """out_dir's lock file (runs.RunDir.lock)."""
-    return RunDir(out_dir).lock
-
-
-def hold_out_dir(out_dir):
-    """Take the exclusive lock of out_dir (created if missing) for the rest of this process's
-    life and write the holder into the lock file. Raises OutDirBusy, naming the holder, if
+def hold_out_dir(run_dir):
+    """Take the exclusive lock of the run directory `run_dir` (a runs.RunDir; created if missing) for the rest of
+    this process's life and write the holder into its lock file. Raises OutDirBusy, naming the holder, if
     another process holds it, NoFileLocks if the file system has no file locks (UNSUPPORTED), OutDirUnwritable
     if out_dir is a file or cannot be written in.
     Taking it again in the same process does nothing."""
+    out_dir = run_dir.path
     if out_dir in _HELD:
         return
-    created = [p for p in (lock_path(out_dir), out_dir) if not os.path.exists(p)]
-    make_out_dir(out_dir)
-    found = _listing(out_dir)
+    created = [p for p in (run_dir.lock, out_dir) if not os.path.exists(p)]
+    make_out_dir(run_dir)
+    found = _listing(run_dir)
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     try:  # out_dir_holder's probe holds the lock for microseconds: try for half a second
-        f, holder = try_lock(lock_path(out_dir), f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
+        f, holder = try_lock(run_dir.lock, f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
                              tries=20)
     except OSError as e:
         _remove_created(created)
         if e.errno not in UNSUPPORTED:
-            raise unwritable(out_dir, e) from None
+            raise unwritable(run_dir, e) from None
         raise NoFileLocks(
-            f"cannot lock {lock_path(out_dir)}: its file system has no file locks (flock: {e.strerror}), "
+            f"cannot lock {run_dir.lock}: its file system has no file locks (flock: {e.strerror}), "
             f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
             f"(Lustre: -o flock), choose an --out_dir on another file system, or pass --lock_out_dir=False "
             f"and see to it yourself that one run at a time uses each out_dir") from None
@@ -114,50 +111,51 @@ def hold_out_dir(out_dir):
     _CREATED[out_dir] = created, found
 
 
-def left_lock_file(out_dir):
-    """Whether out_dir holds a lock file that no process holds, this one included: the mark of a run that was
-    killed or crashed there (a run that ends cleanly removes it: release_out_dir). Call it before taking the lock
-    (hold_out_dir takes an old lock file over). False where out_dir or its lock file cannot be read: taking the
-    lock then says why (OutDirUnwritable)."""
+def left_lock_file(run_dir):
+    """Whether the run directory `run_dir` (a runs.RunDir) holds a lock file that no process holds, this one
+    included: the mark of a run that was killed or crashed there (a run that ends cleanly removes it:
+    release_out_dir). Call it before taking the lock (hold_out_dir takes an old lock file over). False where
+    out_dir or its lock file cannot be read: taking the lock then says why (OutDirUnwritable)."""
     try:
-        return out_dir not in _HELD and os.path.lexists(lock_path(out_dir)) and out_dir_holder(out_dir) is None
+        return run_dir.path not in _HELD and os.path.lexists(run_dir.lock) and out_dir_holder(run_dir) is None
     except OSError:
         return False
 
 
-def release_new_out_dir(out_dir):
-    """After a run that failed or stopped before writing anything: remove what hold_out_dir created, the lock
-    file and out_dir itself if it was new, so a failed start leaves no trace, also in an out_dir that holds
-    another run it refused to replace. Does nothing where out_dir's files differ from what hold_out_dir found
-    (a run that wrote something keeps its lock file, the mark of a run that did not end cleanly). Returns True
-    if out_dir is gone."""
-    if out_dir not in _HELD or _listing(out_dir) != _CREATED[out_dir][1]:
+def release_new_out_dir(run_dir):
+    """After a run that failed or stopped before writing anything: remove what hold_out_dir created in the run
+    directory `run_dir` (a runs.RunDir), the lock file and out_dir itself if it was new, so a failed start leaves
+    no trace, also in an out_dir that holds another run it refused to replace. Does nothing where out_dir's
+    files differ from what hold_out_dir found (a run that wrote something keeps its lock file, the mark of a run
+    that did not end cleanly). Returns True if out_dir is gone."""
+    out_dir = run_dir.path
+    if out_dir not in _HELD or _listing(run_dir) != _CREATED[out_dir][1]:
         return False
     f = _HELD.pop(out_dir)
     created, _ = _CREATED.pop(out_dir)
-    if lock_path(out_dir) in created:
-        os.remove(lock_path(out_dir))
+    if run_dir.lock in created:
+        os.remove(run_dir.lock)
     f.close()
-    return _remove_created([p for p in created if p != lock_path(out_dir)])
+    return _remove_created([p for p in created if p != run_dir.lock])
 
 
-def _listing(out_dir):
-    """out_dir's entries and their modification times, less the lock file."""
-    with os.scandir(out_dir) as entries:
-        return {e.name: e.stat().st_mtime_ns for e in entries if e.name != os.path.basename(lock_path(out_dir))}
+def _listing(run_dir):
+    """The run directory's entries and their modification times, less the lock file."""
+    with os.scandir(run_dir.path) as entries:
+        return {e.name: e.stat().st_mtime_ns for e in entries if e.name != os.path.basename(run_dir.lock)}
 
 
-def release_out_dir(out_dir):
-    """At the clean end of a run: remove out_dir's lock file and give its lock back. The file is removed while
-    the lock is held; a process that opened it meanwhile and then takes the lock finds it removed and tries
-    again on a new file (try_lock), so the lock stays exclusive. Does nothing where this process holds no lock
-    on out_dir."""
-    f = _HELD.pop(out_dir, None)
-    _CREATED.pop(out_dir, None)
+def release_out_dir(run_dir):
+    """At the clean end of a run: remove the lock file of the run directory `run_dir` (a runs.RunDir) and give
+    its lock back. The file is removed while the lock is held; a process that opened it meanwhile and then takes
+    the lock finds it removed and tries again on a new file (try_lock), so the lock stays exclusive. Does nothing
+    where this process holds no lock on out_dir."""
+    f = _HELD.pop(run_dir.path, None)
+    _CREATED.pop(run_dir.path, None)
     if f is None:
         return
     with contextlib.suppress(FileNotFoundError):
-        os.remove(lock_path(out_dir))
+        os.remove(run_dir.lock)
     f.close()
 
 
@@ -173,9 +171,10 @@ def _remove_created(created):
     return False
 
 
-def out_dir_holder(out_dir):
-    """The holder written in out_dir's lock file if a live process holds the lock, else None."""
-    return lock_holder(lock_path(out_dir))
+def out_dir_holder(run_dir):
+    """The holder written in the lock file of the run directory `run_dir` (a runs.RunDir) if a live process holds
+    the lock, else None."""
+    return lock_holder(run_dir.lock)
 
 
 def lock_holder(path):

@@ -343,39 +343,3 @@ def pooled_estimates(tests, difference=None, baseline="the baseline", setting=""
     fig.suptitle(f"pooled over widths {widths} (width a factor, each width weighted equally)"
                  f"{chr(10) + setting if setting else ''}", fontsize="medium")
     return fig
-
-
-def coordinates(checks):
-    """The coordinate check's figure (analyze.py --coord_check): one row per activation, one column per
-    parametrization (coord_check.CoordCheck), the mean over seeds of mean |x| against the width on log-log axes,
-    one line per step from light (step 0) to dark (the last), each panel titled with the slope's range over
-    steps >= 2. A flat fan of lines is what μP promises; lines that climb with the width are SP's blow-up."""
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-
-    from nonlinear_queries.coord_check import slope_cell, slope_summary
-
-    names = list(checks[0].values)
-    fig = Figure(figsize=(4.5 * len(checks), 2.1 * len(names)), layout="constrained")
-    axes = fig.subplots(len(names), len(checks), sharex=True, sharey="row", squeeze=False)
-    shades = colormaps["viridis_r"](np.linspace(0.15, 1.0, checks[0].steps))
-    for column, check in enumerate(checks):
-        summary = slope_summary(check)
-        label = {"sp": "SP", "mup": "μP"}[check.parametrization]
-        for row, name in enumerate(names):
-            ax = axes[row][column]
-            means = check.values[name].mean(axis=1)
-            for step in range(check.steps):
-                ax.plot(check.widths, means[:, step], marker=".", color=shades[step],
-                        label=f"step {step}" if row == 0 and step in (0, check.steps - 1) else None)
-            high, low, _ = summary[name]
-            ax.set_title(f"{label}: {name}, slope {slope_cell(low)} to {slope_cell(high)}", fontsize="small")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xticks(check.widths)
-            ax.get_xaxis().set_major_formatter("{x:.0f}")
-        axes[-1][column].set_xlabel("width n_embd")
-    for row in axes:
-        row[0].set_ylabel("mean |x|")
-    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
-    return fig

@@ -44,12 +44,8 @@ from torch import nn
 
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.atomic import atomic_path, write_json
-from nonlinear_queries.checkpoint_file import (
-    CheckpointError,
-    latest_checkpoint_path,
-    load_checkpoint_file,
-    upgrade_model_args,
-)
+from nonlinear_queries.checkpoint_file import CheckpointError, load_checkpoint_file, upgrade_model_args
+from nonlinear_queries.runs import RunDir
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 REPO_FORMAT = "nonlinear-queries"  # config.json's "format" in export.py's own format
@@ -116,8 +112,8 @@ def load_model(source, **overrides):
     if source not in GPT2_SIZES:
         if os.path.isfile(source):
             path = source
-        elif os.path.isfile(latest_checkpoint_path(source)):  # a run directory (its config.json is train.py's)
-            path = latest_checkpoint_path(source)
+        elif os.path.isfile(RunDir(source).latest_checkpoint()):  # a run directory (its config.json is train.py's)
+            path = RunDir(source).latest_checkpoint()
         elif os.path.isdir(source) and sharded_hint(source):
             raise PretrainedError(sharded_hint(source))
     if path is None:
@@ -145,7 +141,7 @@ def load_model(source, **overrides):
 def sharded_hint(directory):
     """A sentence saying how to make ckpt.pt when `directory` is a run holding only a sharded
     checkpoint (ckpt.dcp), or is a sharded checkpoint itself; '' otherwise."""
-    if os.path.exists(latest_checkpoint_path(directory, "fsdp")):
+    if os.path.exists(RunDir(directory).latest_checkpoint("fsdp")):
         command = f"python -m nonlinear_queries.checkpoint --out_dir={directory}"
     elif os.path.isfile(os.path.join(directory, ".metadata")):
         command = f"python -m nonlinear_queries.checkpoint --checkpoint={directory} --to=PATH.pt"

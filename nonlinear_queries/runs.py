@@ -1,7 +1,9 @@
 """
 A run directory (train.py's out_dir) and its record, metrics.jsonl: RunDir, the one owner of the directory's
-files (their names, the header and config.json, the status, replacing a run), and the record's one writer
-(RunLog, and wandb) and its one reader. Comparing runs grouped into arms is arms.py's.
+files (their names, its checkpoints' included, the header and config.json, the status, replacing a run), and
+the record's one writer (RunLog, and wandb) and its one reader. Comparing runs grouped into arms is arms.py's.
+It imports no torch, and nothing of the package but atomic and errors: the checkpoint side (checkpoint_file,
+checkpoint) asks a RunDir for its paths, never the other way round.
 
 Writing: the training loop calls RunLog.log and RunLog.print unconditionally: on every rank but 0,
 and for wandb when it is off, they do nothing (as nanochat's DummyWandb), so the loop
@@ -21,15 +23,17 @@ logged after step s, and of records logged twice the later one counts. A line th
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from nonlinear_queries.atomic import write_json
+from nonlinear_queries.errors import CheckpointError
 
 # where studies keep their runs (results/<study>/<arm>/<point>), at the top of the checkout
 RESULTS_DIR = "results"
@@ -194,9 +198,9 @@ def read_metrics(path, warn=True):
 
 
 class RunDir:
-    """A run directory, train.py's out_dir: the one place its file names are spelled (but its checkpoints',
-    which are checkpoint_file's), and what is done to it as a whole. path: the directory (relative to the
-    working directory, as train.py takes it). Its files, each an attribute holding its path:
+    """A run directory, train.py's out_dir: the one place its file names are spelled, its checkpoints' included,
+    and what is done to it as a whole. path: the directory (relative to the working directory, as train.py takes
+    it). Its files, each an attribute holding its path:
 
         metrics     metrics.jsonl, the run's record (RunLog writes it, read_records reads it)
         config      config.json, the newest header alone
@@ -207,8 +211,15 @@ class RunDir:
         launch      launch.json, how a sweep launched the run: launcher, log, job_id or exit_status
         attempt     attempt.json, a SLURM job's starts of the run and the last one's exit status
 
-    The checkpoint side is asked what it holds of checkpoints (status, check_start, replace); it never
-    imports this module, so the import graph keeps one direction."""
+    and its checkpoints (checkpoint.py writes them, in the format its docstring describes), each a method: the
+    newest as each parallelism writes it (latest_checkpoint: ckpt.pt, or ckpt.dcp, a symbolic link to the newest
+    sharded directory), the step checkpoints (step_checkpoint: ckpt_<step>.pt or ckpt_<step>.dcp/), and the names
+    a checkpoint has while it is written (writing, linking, replaced), which a crash may leave behind
+    (partial_checkpoints)."""
+
+    LATEST = {"ddp": "ckpt.pt", "fsdp": "ckpt.dcp"}  # the newest checkpoint, by the parallelism that writes it
+    PREFIX = "ckpt"  # every checkpoint's name, and what a crash leaves of one, starts with it
+    PARTIAL = (".tmp", ".old")  # the endings of a checkpoint's names while it is written or replaced
 
     def __init__(self, path):
         self.path = path
@@ -221,6 +232,72 @@ class RunDir:
         self.launch = os.path.join(path, "launch.json")
         self.attempt = os.path.join(path, "attempt.json")
 
+    def latest_checkpoint(self, parallelism="ddp"):
+        """The path of the newest checkpoint as `parallelism` ('ddp' or 'fsdp') writes it: ckpt.pt or ckpt.dcp,
+        whether or not it exists."""
+        return os.path.join(self.path, self.LATEST[parallelism])
+
+    def step_checkpoint(self, step, kind=".pt"):
+        """The path of the step checkpoint of `step`: ckpt_<step, 6 digits><kind> (kind '.pt' or '.dcp'), whether
+        or not it exists."""
+        return os.path.join(self.path, f"{self.PREFIX}_{step:06d}{kind}")
+
+    @staticmethod
+    def writing(path):
+        """The name a checkpoint `path` (a file or a sharded directory) is written under before it is renamed to
+        `path`: path + '.tmp', as atomic.atomic_path spells it too."""
+        return path + ".tmp"
+
+    @staticmethod
+    def linking(path):
+        """The name of the link (a hard link to a checkpoint file, or ckpt.dcp's symbolic link) made before it is
+        renamed over `path`."""
+        return path + ".link.tmp"
+
+    @staticmethod
+    def replaced(path):
+        """The name a sharded checkpoint directory `path` is moved to while a new one of the same step takes its
+        place, until it is removed."""
+        return path + ".old"
+
+    @classmethod
+    def is_checkpoint_name(cls, path):
+        """Whether the file name of `path` is a run directory's checkpoint's, or what a crash left of one."""
+        return os.path.basename(path).startswith(cls.PREFIX)
+
+    def has_checkpoint(self):
+        """Whether the run has a checkpoint to resume from: ckpt.pt, or ckpt.dcp (a link to a checkpoint that is
+        there)."""
+        return any(os.path.exists(self.latest_checkpoint(p)) for p in self.LATEST)
+
+    def step_checkpoints(self, kinds=(".pt",)):
+        """[(step, path)] of the step checkpoints here, newest first ([] where the directory is missing): the
+        ckpt_<step>.pt files, and with kinds=(".pt", ".dcp") the ckpt_<step>.dcp directories too."""
+        names = os.listdir(self.path) if os.path.isdir(self.path) else []
+        pattern = rf"{self.PREFIX}_(\d+)({'|'.join(re.escape(k) for k in kinds)})"
+        found = [(int(m[1]), os.path.join(self.path, n)) for n in names if (m := re.fullmatch(pattern, n))]
+        return sorted(found, reverse=True)
+
+    def checkpoints(self):
+        """Every checkpoint of the run, of either kind: ckpt.pt, ckpt.dcp, then the step checkpoints, newest
+        first."""
+        latest = [self.latest_checkpoint(p) for p in self.LATEST]
+        return [p for p in latest if os.path.lexists(p)] + [p for _, p in self.step_checkpoints((".pt", ".dcp"))]
+
+    def partial_checkpoints(self):
+        """What a crash left of checkpoints being written or replaced (ckpt*.tmp, ckpt*.old), in name order."""
+        names = sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []
+        return [os.path.join(self.path, n) for n in names if self.is_checkpoint_name(n) and n.endswith(self.PARTIAL)]
+
+    def remove_checkpoints(self):
+        """Delete every checkpoint of the run (checkpoints) and what a crash left of one (partial_checkpoints), for
+        a new run that replaces it."""
+        for path in self.checkpoints() + self.partial_checkpoints():
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+
     def has_record(self):
         """Whether the directory holds a run's record (metrics.jsonl): what makes it a run to read."""
         return os.path.isfile(self.metrics)
@@ -231,49 +308,38 @@ class RunDir:
 
     def status(self, max_iters):
         """sweep.py's status of the run, which should reach max_iters: 'done' (an eval at max_iters),
-        'diverged at step k', 'resume' (a checkpoint to continue from, as checkpoint_file.has_checkpoint
-        says) or 'new', read with the restart rule, so that a run that diverged and was resumed past it
-        counts as compare.py counts it."""
-        from nonlinear_queries.checkpoint_file import has_checkpoint
-
+        'diverged at step k', 'resume' (a checkpoint to continue from, as has_checkpoint says) or 'new', read with
+        the restart rule, so that a run that diverged and was resumed past it counts as compare.py counts it."""
         evals, diverged, _, _ = history(self.records(warn=False))
         if diverged is not None:
             return f"diverged at step {diverged}"
         if max_iters in evals:
             return "done"
-        return "resume" if has_checkpoint(self.path) else "new"
+        return "resume" if self.has_checkpoint() else "new"
 
     def leftovers(self, left_lock=False):
-        """What a run left here, all of which a new run would replace: its checkpoints (checkpoint_paths, the
-        newest first) and what a crash left of one being written, metrics.jsonl, config.json, wandb/ and, with
-        left_lock, its .lock (one that no process holds: lock.left_lock_file). Returns their paths."""
-        from nonlinear_queries.checkpoint import checkpoint_paths
-        from nonlinear_queries.checkpoint_file import is_partial_checkpoint
-
-        names = sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []
-        partial = [os.path.join(self.path, n) for n in names if is_partial_checkpoint(n)]
+        """What a run left here, all of which a new run would replace: its checkpoints (checkpoints, the newest
+        first) and what a crash left of one being written (partial_checkpoints), metrics.jsonl, config.json, wandb/
+        and, with left_lock, its .lock (one that no process holds: lock.left_lock_file). Returns their paths."""
         files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock else [])
-        return checkpoint_paths(self.path) + partial + [p for p in files if os.path.lexists(p)]
+        return self.checkpoints() + self.partial_checkpoints() + [p for p in files if os.path.lexists(p)]
 
-    def check_start(self, init_from, overwrite, resume, left_lock=False):
-        """Refuse a new run (init_from other than 'resume': from scratch or fine-tuning) that would replace or
-        append to what a run left here (leftovers: checkpoints, metrics.jsonl, config.json, wandb/, a .lock that
-        no process holds), in whatever state that run stopped, unless overwrite. resume: the command that
-        continues the run here (train.py's resume_command). Raises checkpoint_file.CheckpointError, one sentence
-        naming what is here and how to go on: the resume command where there is a checkpoint (with
+    def check_start(self, source, overwrite, resume, left_lock=False):
+        """Refuse a new run (source: train.py's start.Start, one that does not resume: from scratch or
+        fine-tuning) that would replace or append to what a run left here (leftovers: checkpoints, metrics.jsonl,
+        config.json, wandb/, a .lock that no process holds), in whatever state that run stopped, unless overwrite.
+        resume: the command that continues the run here (start.resume_command). Raises errors.CheckpointError, one
+        sentence naming what is here and how to go on: the resume command where there is a checkpoint (with
         --resume_from where only step checkpoints are left), --overwrite=True or another --out_dir."""
-        from nonlinear_queries.checkpoint import CheckpointError, checkpoint_paths
-        from nonlinear_queries.checkpoint_file import has_checkpoint
-
-        found = self.leftovers(left_lock) if init_from != "resume" and not overwrite else []
+        found = self.leftovers(left_lock) if not source.resumes and not overwrite else []
         if not found:
             return
         what = ", ".join(os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in found)
         if found == [self.lock]:
             what += ", a lock file no process holds: a run was killed or crashed here"
-        checkpoints = checkpoint_paths(self.path)
+        checkpoints = self.checkpoints()
         if checkpoints:
-            command = resume if has_checkpoint(self.path) else f"{resume} --resume_from={shlex.quote(checkpoints[0])}"
+            command = resume if self.has_checkpoint() else f"{resume} --resume_from={shlex.quote(checkpoints[0])}"
             raise CheckpointError(f"{self.path} already holds a run ({what}); continue it with `{command}`, pass "
                                   f"--overwrite=True to replace it, or choose another --out_dir")
         raise CheckpointError(f"{self.path} already holds a run with no checkpoint to resume ({what}); pass "
@@ -283,9 +349,7 @@ class RunDir:
         """Remove what the run held here left (leftovers but the lock: its checkpoints, metrics.jsonl, config.json,
         wandb/), for the new run that replaces it (allowed by check_start) once every check of that run has
         passed. Call it on rank 0 only."""
-        from nonlinear_queries.checkpoint import remove_checkpoints
-
-        remove_checkpoints(self.path)
+        self.remove_checkpoints()
         self.remove_log()
 
     def remove_log(self):
@@ -414,22 +478,6 @@ def read_sweep(sweep_dir):
         return None
     with open(path) as f:
         return json.load(f)
-
-
-def fill_defaults(runs):
-    """Give a setting that only some runs' configs have (one added to train.py after the others ran) today's
-    default where it is missing: the defaults reproduce what the older code did."""
-    keys = set().union(*(r.config for r in runs))
-    if all(keys <= set(r.config) for r in runs):
-        return
-    # imported only here: train_config imports model, and so torch, which takes seconds
-    from nonlinear_queries.train_config import TrainConfig
-
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
-    for run in runs:
-        for key in keys - set(run.config):
-            if key in defaults:
-                run.config[key] = defaults[key]
 
 
 def find_run_dirs(paths):

@@ -31,11 +31,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
+from nonlinear_queries.errors import SetupError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class SetupError(ValueError):
-    """A device, dtype or backend that cannot work on this machine or in this process layout."""
 
 
 @dataclass

@@ -154,3 +154,19 @@ class StopFlag:
         self._host_vote.copy_(votes, non_blocking=True)
         self._event.record()
         return seen
+
+
+def compile_cut_by_stop(cfg, stop, error):
+    """Whether `error`, raised by a training step or an evaluation, is torch.compile's compilation cut short by a
+    stop request: a signal to the whole process group (a terminal's Ctrl-C, a scheduler's signal to a job) also
+    reaches inductor's compiler processes, and their end surfaces as an InductorError (CppCompileError: C++
+    compile error). Such an error is the stop itself: the step or evaluation is given up, as a signal gives up
+    an evaluation, and the run stops as train.py's stopped() says, with nothing of it reported as an error.
+    cfg: the TrainConfig (its compile); stop: the run's StopFlag."""
+    if not cfg.compile or stop.signal is None:
+        return False
+    # loaded already by torch.compile; imported here, as a run without compile never needs them (2 s)
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError
+
+    return isinstance(error, (TorchDynamoException, CppCompileError))

@@ -153,7 +153,7 @@ class Point:
             return contextlib.ExitStack(), None  # nothing to release
         if lock is None:
             return None, f"another sweep ({other})"
-        running = out_dir_holder(self.out_dir)
+        running = out_dir_holder(self.run_dir)
         if running:
             lock.close()
             return None, f"a training run ({running})"
@@ -162,7 +162,7 @@ class Point:
     def holder(self):
         """Who runs this point now (a sweep's claim, or a train.py's out_dir lock), None if nobody."""
         other = lock_holder(self.claim_path())
-        return f"another sweep ({other})" if other else out_dir_holder(self.out_dir)
+        return f"another sweep ({other})" if other else out_dir_holder(self.run_dir)
 
     def train_args(self, train_args, resume):
         """train.py's arguments for this point: its seed as a wandb tag (seed=N, where the point sets one; first,

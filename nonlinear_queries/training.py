@@ -3,13 +3,15 @@ The pieces of train.py's loop, each a function of what it uses: the learning-rat
 schedule, the dropout seeds, one training step, the divergence rule (on the host, and
 kept on the device between the loop's reads), the update that a diverged step skips,
 evaluation, and the loop's decisions of when to evaluate and when to read the device's
-numbers back (when to checkpoint is checkpoint.should_save's).
+numbers back (when to checkpoint is checkpoint.should_save's); how the processes share a step's
+micro-batches (micro_steps_per_process), and the steps' own clock (StepClock: ms/step, tokens/s, MFU).
 
 Step numbering: "step s" is the state after s optimizer updates; the update that takes
 step s to s + 1 uses get_lr(s).
 """
 
 import math
+import time
 from contextlib import nullcontext
 
 import numpy as np
@@ -20,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from nonlinear_queries.batches import get_batch
-from nonlinear_queries.runtime import all_reduce_sum
+from nonlinear_queries.errors import SetupError
+from nonlinear_queries.runtime import all_reduce_sum, mfu
 
 
 def get_lr(step, cfg):
@@ -269,3 +272,52 @@ def should_read_back(step, cfg, start_step, resumed_after_eval, tasks_due=False)
     tasks_due: whether lm-eval's tasks run at `step` (DownstreamEval.due, not stopping)."""
     return (step % cfg.log_interval == 0 or step >= cfg.max_iters or step in cfg.save_checkpoint_steps or tasks_due
             or should_eval(step, cfg, start_step, resumed_after_eval, False))
+
+
+def micro_steps_per_process(cfg, rt):
+    """gradient_accumulation_steps / world size: each process's micro-batches of a step (cfg: the TrainConfig;
+    rt: runtime.setup's processes). Raises SetupError when the processes cannot share the step's micro-batches
+    evenly."""
+    if cfg.gradient_accumulation_steps % rt.world_size:
+        raise SetupError(
+            f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
+            f"{rt.world_size} processes; each process runs gradient_accumulation_steps / {rt.world_size} of the "
+            f"step's micro-batches. Choose a multiple of {rt.world_size} (and adjust batch_size to keep the tokens "
+            f"per step)")
+    return cfg.gradient_accumulation_steps // rt.world_size
+
+
+
+
+class StepClock:
+    """The training steps' own time, from a step's batch to its update, summed since the last log: evaluations,
+    lm-eval tasks and checkpoints between them are left out of ms_per_step, tokens_per_s and MFU. It also keeps
+    this session's first step, which compiles the training graph (train.py's log_compile_time). tokens_per_iter:
+    tokens a step trains on, over all processes; flops_per_token: the model's (GPT.flops_per_token); peak: one device's
+    peak FLOP/s, None where unknown (no MFU); world_size: the processes."""
+
+    def __init__(self, tokens_per_iter, flops_per_token, peak, world_size):
+        self.tokens_per_iter, self.flops_per_token, self.peak, self.world_size = (
+            tokens_per_iter, flops_per_token, peak, world_size)
+        self.steps, self.seconds, self.first_step_s, self.laps, self.started = 0, 0.0, None, 0, None
+
+    def start(self):
+        """A step begins."""
+        self.started = time.time()
+
+    def stop(self):
+        """The step begun last has ended (its numbers read back where they were)."""
+        self.seconds += time.time() - self.started
+        self.steps += 1
+        if self.first_step_s is None:
+            self.first_step_s = self.seconds
+
+    def lap(self):
+        """The speed of the steps since the last lap, and a new lap begun: {ms_per_step, tokens_per_s, and mfu
+        where the peak is known}."""
+        dt = self.seconds / self.steps
+        self.steps, self.seconds, self.laps = 0, 0.0, self.laps + 1
+        speed = {"ms_per_step": 1000 * dt, "tokens_per_s": self.tokens_per_iter / dt}
+        if self.peak:
+            speed["mfu"] = mfu(self.flops_per_token, self.tokens_per_iter / dt, self.peak, self.world_size)
+        return speed

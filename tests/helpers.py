@@ -83,6 +83,7 @@ def train_in_process(data_dir, out_dir, *args):
     import signal
 
     from nonlinear_queries.configurator import parse_config
+    from nonlinear_queries.runs import RunDir
     from nonlinear_queries.runtime import setup, teardown
     from nonlinear_queries.train_config import TrainConfig
 
@@ -91,7 +92,7 @@ def train_in_process(data_dir, out_dir, *args):
     rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
     try:
-        return script.train(cfg, files, rt)
+        return script.train(cfg, files, rt, RunDir(cfg.out_dir))
     finally:
         teardown(rt)
         for s, handler in handlers.items():

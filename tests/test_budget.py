@@ -59,10 +59,8 @@ def test_durations_read_in_a_persons_unit(seconds, says):
 
 
 def test_a_slow_cpu_step_is_said_and_a_run_of_more_than_a_week_refused_unless_asked_for(monkeypatch, capsys):
-    import train
-
-    monkeypatch.setattr(train, "cpu_matmul_flops", lambda: 1e11)
-    monkeypatch.setattr(train.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(budget, "cpu_matmul_flops", lambda: 1e11)
+    monkeypatch.setattr(budget.torch, "get_num_threads", lambda: 2)
     model = types.SimpleNamespace(flops_per_token=lambda: 1e9)
     cpu, cuda = types.SimpleNamespace(device_type="cpu", master=True), types.SimpleNamespace(device_type="cuda")
 
@@ -71,20 +69,20 @@ def test_a_slow_cpu_step_is_said_and_a_run_of_more_than_a_week_refused_unless_as
                                      allow_slow=allow_slow)
 
     rate = "5.9e+13 FLOPs at the rate its float32 matmuls reach on 2 threads"
-    train.check_cpu_time(config(500), cpu, model, 600)  # 590 s a step at 100 GFLOP/s; 600 steps, 4.1 days
+    budget.check_cpu_time(config(500), cpu, model, 600)  # 590 s a step at 100 GFLOP/s; 600 steps, 4.1 days
     assert capsys.readouterr().err == (f"warning: on this CPU a step of this run takes at least 9.8 min ({rate}), the "
                                        f"600 steps left at least 4.1 days. For a CPU run, use config/quickstart.py "
                                        f"(minutes); this config is meant for a GPU\n")
     with pytest.raises(SetupError) as e:  # 60,000 steps: 409.7 days
-        train.check_cpu_time(config(500), cpu, model, 60_000)
+        budget.check_cpu_time(config(500), cpu, model, 60_000)
     assert str(e.value) == (f"on this CPU the 60,000 steps of this run take at least 409.7 days (9.8 min a step: "
                             f"{rate}), more than a week; this config is meant for a GPU: for a CPU run, use "
                             f"config/quickstart.py (minutes), or pass --allow_slow=True to start it anyway")
-    train.check_cpu_time(config(500, allow_slow=True), cpu, model, 60_000)
+    budget.check_cpu_time(config(500, allow_slow=True), cpu, model, 60_000)
     assert "the 60,000 steps left at least 409.7 days" in capsys.readouterr().err
-    train.check_cpu_time(config(50), cpu, model, 10_000)  # 59 s a step, 6.8 days: said nothing
-    train.check_cpu_time(config(500), cuda, model, 60_000)
-    train.check_cpu_time(config(500), cpu, model, 0)  # eval_only: no step
+    budget.check_cpu_time(config(50), cpu, model, 10_000)  # 59 s a step, 6.8 days: said nothing
+    budget.check_cpu_time(config(500), cuda, model, 60_000)
+    budget.check_cpu_time(config(500), cpu, model, 0)  # eval_only: no step
     assert capsys.readouterr().err == ""
 
 

@@ -20,8 +20,9 @@ from nonlinear_queries.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from nonlinear_queries.checkpoint_file import step_checkpoints
 from nonlinear_queries.pretrained import PretrainedError, load_model
+from nonlinear_queries.runs import RunDir
+from nonlinear_queries.start import resolve_start
 
 NOT_LOADED = ("it is damaged, not a PyTorch file, or it holds pickled Python objects other than tensors and plain "
               "containers, which are never loaded")
@@ -40,14 +41,14 @@ def names(out_dir):
 
 def test_writer_keeps_the_newest_and_the_named_steps(tmp_path):
     for step in (2, 4, 6, 8):
-        save_checkpoint(str(tmp_path), ckpt(step), keep_last_n=2, keep_steps=(4,))
+        save_checkpoint(RunDir(str(tmp_path)), ckpt(step), keep_last_n=2, keep_steps=(4,))
     assert names(tmp_path) == ["ckpt.pt", "ckpt_000004.pt", "ckpt_000006.pt", "ckpt_000008.pt"]
     assert os.path.samefile(tmp_path / "ckpt.pt", tmp_path / "ckpt_000008.pt")  # one file, two names
     assert read_checkpoint(str(tmp_path / "ckpt.pt"))["model"]["w"].tolist() == [8.0] * 3
-    assert step_checkpoints(str(tmp_path)) == [(s, str(tmp_path / f"ckpt_{s:06d}.pt")) for s in (8, 6, 4)]
+    assert RunDir(str(tmp_path)).step_checkpoints() == [(s, str(tmp_path / f"ckpt_{s:06d}.pt")) for s in (8, 6, 4)]
 
     # a run resumed from step 6 writes step 7: step 8 belongs to the run it branched from and stays
-    save_checkpoint(str(tmp_path), ckpt(7), keep_last_n=1)
+    save_checkpoint(RunDir(str(tmp_path)), ckpt(7), keep_last_n=1)
     assert names(tmp_path) == ["ckpt.pt", "ckpt_000007.pt", "ckpt_000008.pt"]
     assert read_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 7
 
@@ -55,7 +56,7 @@ def test_writer_keeps_the_newest_and_the_named_steps(tmp_path):
 def test_writer_replaces_leftovers_of_a_crash(tmp_path):
     (tmp_path / "ckpt.pt.tmp").write_bytes(b"half a checkpoint")
     (tmp_path / "ckpt.pt.link.tmp").write_bytes(b"")
-    save_checkpoint(str(tmp_path), ckpt(3), keep_last_n=2)
+    save_checkpoint(RunDir(str(tmp_path)), ckpt(3), keep_last_n=2)
     assert names(tmp_path) == ["ckpt.pt", "ckpt_000003.pt"]
 
 
@@ -67,7 +68,7 @@ def test_writer_replaces_leftovers_of_a_crash(tmp_path):
 ])
 def test_reader_refuses_a_damaged_file_and_names_the_others(tmp_path, damage, reason):
     for step in (2, 4):
-        save_checkpoint(str(tmp_path), ckpt(step), keep_last_n=2)
+        save_checkpoint(RunDir(str(tmp_path)), ckpt(step), keep_last_n=2)
     path = tmp_path / "ckpt.pt"
     if damage == "truncate":
         with open(path, "r+b") as f:
@@ -87,7 +88,7 @@ def test_reader_refuses_a_damaged_file_and_names_the_others(tmp_path, damage, re
 
 def test_a_checkpoint_this_user_may_not_read_says_so(tmp_path, monkeypatch):
     for step in (2, 4):
-        save_checkpoint(str(tmp_path), ckpt(step), keep_last_n=2)
+        save_checkpoint(RunDir(str(tmp_path)), ckpt(step), keep_last_n=2)
 
     def refuse(path, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
@@ -110,7 +111,8 @@ def pickled_object(path):
 def resume(path):
     """train.py --init_from=resume on the run directory of `path`: its Checkpointer."""
     cfg = SimpleNamespace(init_from="resume", resume_from="", out_dir=str(path.parent), parallelism="ddp")
-    Checkpointer(cfg, SimpleNamespace(master=True, device="cpu"))
+    run_dir = RunDir(cfg.out_dir)
+    Checkpointer(cfg, SimpleNamespace(master=True, device="cpu"), run_dir, resolve_start(cfg, run_dir))
 
 
 def program(script, *args):

@@ -36,6 +36,7 @@ from nonlinear_queries.checkpoint import (
 )
 from nonlinear_queries.optimizers import build_optimizers, muon_parameters
 from nonlinear_queries.pretrained import load_model
+from nonlinear_queries.runs import RunDir
 from nonlinear_queries.runtime import SetupError, parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
 
@@ -252,7 +253,7 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
     x = torch.randint(0, 64, (2, 8))
     model(x, x)[1].backward()
     optimizers[0].step()
-    path = save_sharded_checkpoint(str(tmp_path), model, optimizers, META, keep_last_n=2)
+    path = save_sharded_checkpoint(RunDir(str(tmp_path)), model, optimizers, META, keep_last_n=2)
     again, again_optimizers = sharded()
     load_training_state(read_checkpoint(path), path, again, again_optimizers)
     for (name, p), q in zip(model.named_parameters(), again.parameters()):
@@ -330,7 +331,7 @@ def test_muon_on_shards_steps_on_after_a_sharded_checkpoint_as_before_it(process
 
     model, optimizers = sharded()
     step(model, optimizers, 0)
-    path = save_sharded_checkpoint(str(tmp_path), model, optimizers, META, keep_last_n=2)
+    path = save_sharded_checkpoint(RunDir(str(tmp_path)), model, optimizers, META, keep_last_n=2)
     again, again_optimizers = sharded()
     load_training_state(read_checkpoint(path), path, again, again_optimizers)
     for run in ((model, optimizers), (again, again_optimizers)):

@@ -34,6 +34,7 @@ from nonlinear_queries import checkpoint, lock
 from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
 from nonlinear_queries.lock import OutDirBusy, hold_out_dir, out_dir_holder
 from nonlinear_queries.optimizers import build_optimizers
+from nonlinear_queries.runs import RunDir
 from nonlinear_queries.runtime import SetupError, parallelize, setup
 from nonlinear_queries.train_config import TrainConfig
 
@@ -68,7 +69,7 @@ def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale
         assert f"is in use by a running training run: host {socket.gethostname()}, PID {first.pid}, started " \
                in second.stderr, second.stderr
         assert "Traceback" not in second.stderr
-        assert out_dir_holder(out).startswith(f"host {socket.gethostname()}, PID {first.pid}")
+        assert out_dir_holder(RunDir(out)).startswith(f"host {socket.gethostname()}, PID {first.pid}")
         first.send_signal(signal.SIGKILL)  # as a scheduler's kill or a node's crash: no chance to clean up
         assert first.wait() == -signal.SIGKILL
     finally:
@@ -79,7 +80,7 @@ def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale
     steps = [r["step"] for r in read_metrics(out, "train")]
     assert steps == list(range(1, len(steps) + 1))
     # the kill released the lock with the process: the run resumes at once
-    assert out_dir_holder(out) is None
+    assert out_dir_holder(RunDir(out)) is None
     saved = read_checkpoint(str(out / "ckpt.pt"))["step"]
     train(shakespeare_dir, out, *RUN, f"--max_iters={saved + 2}", "--init_from=resume", env=ONE_THREAD)
     assert [r["step"] for r in read_metrics(out, "config")] == [0, saved]
@@ -87,10 +88,11 @@ def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale
 
 
 def test_the_lock_is_held_once_per_process_and_names_its_holder(tmp_path):
-    hold_out_dir(str(tmp_path))
-    hold_out_dir(str(tmp_path))  # again in the same process: nothing to refuse
+    hold_out_dir(RunDir(str(tmp_path)))
+    hold_out_dir(RunDir(str(tmp_path)))  # again in the same process: nothing to refuse
     probe = subprocess.run([sys.executable, "-c", "import sys; from nonlinear_queries.lock import hold_out_dir; "
-                            "hold_out_dir(sys.argv[1])", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+                            "from nonlinear_queries.runs import RunDir; hold_out_dir(RunDir(sys.argv[1]))",
+                            str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert probe.returncode == 1 and "OutDirBusy" in probe.stderr and f"PID {os.getpid()}" in probe.stderr
     assert issubclass(OutDirBusy, Exception)
 
@@ -105,14 +107,14 @@ def test_a_file_system_without_file_locks_is_one_clear_error(tmp_path, monkeypat
     monkeypatch.setattr(lock.fcntl, "flock", no_locks)
     out = str(tmp_path / "out")
     with pytest.raises(SetupError) as e:  # what train.py reports as one line, `error: ...`, exit status 1
-        hold_out_dir(out)
+        hold_out_dir(RunDir(out))
     assert str(e.value) == (
         f"cannot lock {out}/.lock: its file system has no file locks (flock: {os.strerror(code)}), so train.py cannot "
         f"make sure that no other run writes to {out}. Mount it with locks (Lustre: -o flock), choose an --out_dir "
         f"on another file system, or pass --lock_out_dir=False and see to it yourself that one run at a time uses "
         f"each out_dir")
     assert out not in lock._HELD
-    assert out_dir_holder(out) is None  # no process can hold a lock there: sweep.py does not wait for one
+    assert out_dir_holder(RunDir(out)) is None  # no process can hold a lock there: sweep.py does not wait for one
 
 
 def test_lock_out_dir_false_trains_on_a_file_system_without_file_locks(shakespeare_dir, tmp_path, monkeypatch):
@@ -138,7 +140,7 @@ def small_state(n):
 
 def test_a_write_that_runs_out_of_space_raises_one_clear_error_and_leaves_the_previous_checkpoint(tmp_path,
                                                                                                     monkeypatch):
-    save_checkpoint(str(tmp_path), small_state(1000), keep_last_n=2)
+    save_checkpoint(RunDir(str(tmp_path)), small_state(1000), keep_last_n=2)
     before = (tmp_path / "ckpt.pt").read_bytes()
     real_save = torch.save
 
@@ -150,7 +152,7 @@ def test_a_write_that_runs_out_of_space_raises_one_clear_error_and_leaves_the_pr
 
     monkeypatch.setattr(torch, "save", save_then_fail)
     with pytest.raises(DiskFullError) as e:
-        save_checkpoint(str(tmp_path), small_state(2000), keep_last_n=2)
+        save_checkpoint(RunDir(str(tmp_path)), small_state(2000), keep_last_n=2)
     message = str(e.value)
     assert f"no space to write the checkpoint {tmp_path / 'ckpt.pt'}" in message
     assert "the previous checkpoint" in message and "is intact" in message and "--init_from=resume" in message
@@ -165,10 +167,10 @@ def test_a_write_that_runs_out_of_space_raises_one_clear_error_and_leaves_the_pr
 
     monkeypatch.setattr(torch, "save", enospc)
     with pytest.raises(DiskFullError):
-        save_checkpoint(str(tmp_path), small_state(2000), keep_last_n=2)
+        save_checkpoint(RunDir(str(tmp_path)), small_state(2000), keep_last_n=2)
     monkeypatch.setattr(torch, "save", lambda obj, path: (_ for _ in ()).throw(RuntimeError("another failure")))
     with pytest.raises(RuntimeError, match="another failure"):  # not every error is a full disk
-        save_checkpoint(str(tmp_path), small_state(2000), keep_last_n=2)
+        save_checkpoint(RunDir(str(tmp_path)), small_state(2000), keep_last_n=2)
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt_001000.pt"]
 
 
@@ -195,11 +197,11 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpf
 @needs_root
 def test_a_real_full_disk_during_the_write_is_the_same_clear_error(tmp_path, monkeypatch):
     with tmpfs(tmp_path / "disk", "2m") as disk:
-        save_checkpoint(str(disk), small_state(50_000), keep_last_n=1)  # 200 kB
+        save_checkpoint(RunDir(str(disk)), small_state(50_000), keep_last_n=1)  # 200 kB
         # the free-space check believes there is room; the disk says otherwise half way through
         monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=2**40))
         with pytest.raises(DiskFullError, match="the disk filled while it was written"):
-            save_checkpoint(str(disk), small_state(1_000_000), keep_last_n=1)  # 4 MB
+            save_checkpoint(RunDir(str(disk)), small_state(1_000_000), keep_last_n=1)  # 4 MB
         assert sorted(os.listdir(disk)) == ["ckpt.pt", "ckpt_050000.pt"]
         assert torch.load(disk / "ckpt.pt", weights_only=True)["step"] == 50_000
 
@@ -220,7 +222,7 @@ def test_train_on_a_full_disk_stops_with_the_error_and_resumes_once_space_is_fre
         assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
         saved = int(proc.stdout.rsplit("saved checkpoint to", 1)[1].split("(step ")[1].split(")")[0])
         assert 0 < saved < 12 and read_checkpoint(str(out / "ckpt.pt"))["step"] == saved
-        for _, older in checkpoint.step_checkpoints(str(out))[1:]:  # free space, then resume
+        for _, older in RunDir(str(out)).step_checkpoints()[1:]:  # free space, then resume
             os.remove(older)
         train(shakespeare_dir, out, *RUN, "--max_iters=12", "--keep_last_n=1", "--init_from=resume", env=ONE_THREAD)
         assert read_checkpoint(str(out / "ckpt.pt"))["step"] == 12
@@ -247,10 +249,10 @@ def test_a_full_disk_during_a_sharded_checkpoint_is_the_same_clear_error(tmp_pat
                     "config": {}, "data": {}, "wandb_id": ""}
 
         with tmpfs(tmp_path / "disk", "40m") as disk:  # the checkpoint takes 25 MB (the GPT-2 vocabulary)
-            checkpoint.save_sharded_checkpoint(str(disk), model, optimizers, meta(1), keep_last_n=2)
+            checkpoint.save_sharded_checkpoint(RunDir(str(disk)), model, optimizers, meta(1), keep_last_n=2)
             # too little space for a second: refused before anything is written
             with pytest.raises(DiskFullError) as e:
-                checkpoint.save_sharded_checkpoint(str(disk), model, optimizers, meta(2), keep_last_n=2)
+                checkpoint.save_sharded_checkpoint(RunDir(str(disk)), model, optimizers, meta(2), keep_last_n=2)
             assert str(e.value).startswith(f"no space to write the checkpoint {disk / 'ckpt.dcp'}: it needs 26.1 MiB "
                                            f"and {disk} has ")
             assert f"the previous checkpoint, {disk / 'ckpt.dcp'}, is intact" in str(e.value)
@@ -258,7 +260,7 @@ def test_a_full_disk_during_a_sharded_checkpoint_is_the_same_clear_error(tmp_pat
             # the free-space check believes there is room; the disk fills while DCP writes the shards
             monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: types.SimpleNamespace(free=2**40))
             with pytest.raises(DiskFullError, match="the disk filled while it was written") as e:
-                checkpoint.save_sharded_checkpoint(str(disk), model, optimizers, meta(2), keep_last_n=2)
+                checkpoint.save_sharded_checkpoint(RunDir(str(disk)), model, optimizers, meta(2), keep_last_n=2)
             assert "--init_from=resume" in str(e.value) and "nothing was left half written" in str(e.value)
             assert sorted(os.listdir(disk)) == ["ckpt.dcp", "ckpt_000001.dcp"]  # no .tmp left holding the space
             assert read_checkpoint(str(disk / "ckpt.dcp"))["step"] == 1
@@ -331,7 +333,7 @@ def test_an_out_dir_that_cannot_be_written_is_one_sentence(tmp_path, monkeypatch
             raise OSError(code, os.strerror(code), str(path))
         monkeypatch.setattr(lock.os, "makedirs", refuse)
     else:
-        where = lock.lock_path(str(out))
+        where = RunDir(str(out)).lock
         real_open = open
 
         def refuse(path, *args, **kwargs):
@@ -340,7 +342,7 @@ def test_an_out_dir_that_cannot_be_written_is_one_sentence(tmp_path, monkeypatch
             return real_open(path, *args, **kwargs)
         monkeypatch.setattr(lock, "open", refuse, raising=False)
     with pytest.raises(lock.OutDirUnwritable) as e:
-        hold_out_dir(str(out))
+        hold_out_dir(RunDir(str(out)))
     assert str(e.value) == f"cannot write in out_dir {out}: " + says.format(where=where)
     assert not out.exists()  # nothing that hold_out_dir made is left
 
@@ -354,15 +356,15 @@ def test_a_finished_run_says_what_it_trains_first_and_leaves_no_lock_file(shakes
     # the one-line summary first, the full config in config.json (no 80-line dump above it)
     assert stdout.splitlines()[0] == (f"tiny: query_mode=linear, 24,736 non-embedding parameters, 128 tokens per step, "
                                       f"device cpu (float32); the full config is in {out / 'config.json'}")
-    assert not (out / ".lock").exists() and out_dir_holder(str(out)) is None
+    assert not (out / ".lock").exists() and out_dir_holder(RunDir(str(out))) is None
     # a run that opened the lock file before it was removed finds it gone and locks the new one
-    hold_out_dir(str(out))
-    stale = open(lock.lock_path(str(out)))
-    lock.release_out_dir(str(out))
-    assert not lock._same_file(stale, lock.lock_path(str(out)))
-    f, holder = lock.try_lock(lock.lock_path(str(out)), "the next run")
-    assert holder is None and lock._same_file(f, lock.lock_path(str(out)))
-    assert out_dir_holder(str(out)) == "the next run"
+    hold_out_dir(RunDir(str(out)))
+    stale = open(RunDir(str(out)).lock)
+    lock.release_out_dir(RunDir(str(out)))
+    assert not lock._same_file(stale, RunDir(str(out)).lock)
+    f, holder = lock.try_lock(RunDir(str(out)).lock, "the next run")
+    assert holder is None and lock._same_file(f, RunDir(str(out)).lock)
+    assert out_dir_holder(RunDir(str(out))) == "the next run"
     f.close()
     stale.close()
 

@@ -28,7 +28,7 @@ from helpers import (
     wandb_records,
 )
 from model import GPT, GPTConfig
-from nonlinear_queries import checkpoint
+from nonlinear_queries import checkpoint, training
 from nonlinear_queries.batches import index_file, row_offsets
 from nonlinear_queries.checkpoint import read_checkpoint
 from nonlinear_queries.configurator import parse_config
@@ -97,11 +97,13 @@ def test_training_lowers_val_loss_on_shakespeare(shakespeare_dir, tmp_path):
 
 
 def test_step_time_counts_training_steps_only(shakespeare_dir, tmp_path, monkeypatch):
-    # train.py's clock, advanced only by the work patched below: 0.25 s per training step, and much more by the
-    # evaluations, the diagnostics and the checkpoints, which a logged step time must leave out
+    # the clock of train.py and of its steps (training.StepClock), advanced only by the work patched below: 0.25 s
+    # per training step, and much more by the evaluations, the diagnostics and the checkpoints, which a logged step
+    # time must leave out
     script = importlib.import_module("train")
     clock = [1000.0]
-    monkeypatch.setattr(script, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    for module in (script, training):
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(time=lambda: clock[0]))
 
     def taking(seconds, work):
         def timed(*args, **kwargs):
