@@ -99,9 +99,8 @@ def open_data(cfg):
 def start_log(cfg, rt, run_dir, source, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
     """This session's part of the record, once every check has passed: a new run (`source`, a start.Start, that
     does not resume) first replaces the run in out_dir (runs.RunDir.replace, on rank 0; allowed by
-    start.hold_run_dir), then metrics.jsonl (and wandb,
-    continuing state.wandb_id) opens with the run's header, also written to out_dir/config.json; prints the
-    resolved config. Returns the runs.RunLog."""
+    start.hold_run_dir), then metrics.jsonl (and wandb, continuing state.wandb_id) opens with the run's header,
+    also written to out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
     if rt.master and not source.resumes:
         run_dir.replace()
     wandb_init = cfg.wandb_init()
