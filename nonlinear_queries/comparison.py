@@ -2,8 +2,8 @@
 compare.py's report as a library: runs read (runs.py), grouped into arms (arms.py), each arm's row at one eval
 step (the paper's Table 1: mean ± std, relative improvement, Welch's and paired tests, Holm; an arm at its best
 setting, chosen on tuning runs and reported on the others), downstream scores and diagnostics beside it, its
-figures, and the width-transfer and width-ladder reports (width.py). compare.py is its command line
-(`compare_parser`, `report`); study.py writes its TABLES.md with it, in its own process.
+figures, and the width-transfer and width-ladder reports (width.py): `compare_parser`'s options in, `report`
+printing and saving them.
 """
 
 import argparse

@@ -3,9 +3,9 @@ A sweep of train.py over a grid of config values, one out_dir per point, as a li
 points from its options (`plan`: parse_grid, read_points, point_name), their state and claims
 (Point), the local scheduler (`schedule`: claiming, starting, polling, ending and recording points
 on this machine's GPU and thread slots, `machine_slots`, with signals forwarded to them) and SLURM
-jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `sweep_parser`, `run_sweep`). sweep.py is
-its command line (see its docstring for the behaviour): a fixed list of points, SweepQueue;
-study.py hands the scheduler its protocol's points as their stages open, in its own process.
+jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `sweep_parser`, `run_sweep`; the behaviour:
+sweep.py's docstring). The scheduler takes a queue of points: a fixed list (SweepQueue), or one handed points
+as they open (a study's stages).
 """
 
 import argparse
