@@ -51,7 +51,7 @@ the rendezvous on the job's first node, so train.py's DDP and FSDP paths run unc
 SLURM sends the job SIGUSR2 90 s before its time limit (and at a preemption where the cluster
 sets PreemptParameters=send_user_signal): train.py writes its checkpoint and exits, and
 submitit requeues the job, which resumes from that checkpoint; a multi-process point's
-torchrun forwards the signal to every worker and waits for their checkpoints (runtime.launcher). A
+torchrun forwards the signal to every worker and waits for their checkpoints (launch.launcher). A
 job that SLURM requeues itself (scontrol requeue, preemption with PreemptMode=REQUEUE) gets
 SIGTERM, checkpoints the same way, and resumes when it runs again. The job's state is in
 launch.json and SLURM's queue (no accounting database needed).

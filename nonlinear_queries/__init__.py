@@ -28,6 +28,7 @@ which imports nothing from here. One concern per module:
 - sweeps, slurm: a sweep's points and their claims, the one local scheduler (sweeps.schedule: claiming, starting,
   polling, ending and recording points on GPU and thread slots, signals forwarded; sweep.py's fixed list and
   study.py's stages both run through it) and SLURM jobs (slurm)
+- launch: the command that starts a run's processes on one node (python, or torchrun with its signals)
 - comparison: compare.py's report (Table 1 and its tests, the width reports), which study.py's tables call too
 - protocol: a study file and the held-out protocol's next runs (study.py runs them through sweeps' scheduler)
 - design, looks, power, sequential: declared tests, group-sequential looks and their boundaries, power planning

@@ -1,7 +1,7 @@
 """
 Comparison arms: runs read from their directories (runs.py) grouped into arms, the runs of equal settings
-but for the pooled keys (the seed), and what compare.py, analyze.py, width.py and plots.py read off an
-arm: its label, its pooled runs, its paired losses, the step every run has reached, a value of each run.
+but for the pooled keys (the seed), and what is read off an arm: its label, its pooled runs, its paired
+losses, the step every run has reached, a value of each run.
 """
 
 import difflib

@@ -2,8 +2,8 @@
 compare.py's report as a library: runs read (runs.py), grouped into arms (arms.py), each arm's row at one eval
 step (the paper's Table 1: mean ± std, relative improvement, Welch's and paired tests, Holm; an arm at its best
 setting, chosen on tuning runs and reported on the others), downstream scores and diagnostics beside it, its
-figures, and the width-transfer and width-ladder reports (width.py). compare.py is its command line
-(`compare_parser`, `report`); study.py writes its TABLES.md with it, in its own process.
+figures, and the width-transfer and width-ladder reports (width.py): `compare_parser`'s options in, `report`
+printing and saving them.
 """
 
 import argparse
@@ -62,12 +62,20 @@ def split_arms(arms, select):
             [ca.Arm(a.label, [r for r in a.runs if not tuning(r)]) for a in arms])
 
 
-def best_of(arms, rows, skip):
-    """Of the arms whose settings differ only in keys in `skip` (say, learning_rate), the one with the lowest
-    mean val loss; arms without a value lose. Returns [(arm, row)] in order of first appearance."""
+def tuning_groups(arms, group_over, best_over):
+    """Each arm's tuning group: its settings apart from IGNORED_KEYS, the pooled keys `group_over` and the tuned
+    keys `best_over` (sets of config keys), as arms.arm_key writes them, so that arms of one group differ only in
+    the tuned keys (say, learning_rate). A list in the order of `arms`."""
+    skip = ca.IGNORED_KEYS | group_over | best_over
+    return [ca.arm_key(arm.config, skip) for arm in arms]
+
+
+def best_of(arms, rows, groups):
+    """Of the arms of each tuning group (`groups`, each arm's: tuning_groups), the one with the lowest mean val
+    loss; arms without a value lose. Returns [(arm, row, group)] in order of first appearance."""
     tuned = {}
-    for arm, row in zip(arms, rows):
-        tuned.setdefault(ca.arm_key(arm.config, skip), []).append((arm, row))
+    for arm, row, group in zip(arms, rows, groups):
+        tuned.setdefault(group, []).append((arm, row, group))
     return [min(members, key=lambda m: (m[1].mean is None, m[1].mean or 0.0)) for members in tuned.values()]
 
 
@@ -158,33 +166,34 @@ def select_held_out(arms, baseline, step, args, group_over):
     (KEY=VALUE), reported over the other runs; each row's `tuning` holds the tuning runs' Row. Raises RunsError
     where an arm cannot be chosen on the tuning runs or has no other runs to report."""
     tuning, held_out = split_arms(arms, parse_select(args.select_on, group_over))
-    skip = ca.IGNORED_KEYS | group_over | set(args.best_over.split(","))
-    tuned = [(t, summarize(t, step)) for t in tuning if t.runs]
+    # an arm's tuning runs and its other runs share its group: its runs differ only in pooled keys
+    groups = tuning_groups(arms, group_over, set(args.best_over.split(",")))
+    tuned = [(t, summarize(t, step), group) for t, group in zip(tuning, groups) if t.runs]
     if not tuned:
         raise RunsError(f"--select_on={args.select_on}: no run has {args.select_on}, so there is nothing to "
                         f"choose on")
-    keys = {ca.arm_key(t.config, skip) for t, _ in tuned}
-    orphans = [h.label for h in held_out if h.runs and ca.arm_key(h.config, skip) not in keys]
+    keys = {group for _, _, group in tuned}
+    orphans = [h.label for h, group in zip(held_out, groups) if h.runs and group not in keys]
     if orphans:
         raise RunsError(f"--select_on={args.select_on}: no run of the arm of {', '.join(orphans)} has "
                         f"{args.select_on}, so its {args.best_over} cannot be chosen; run its grid with "
                         f"{args.select_on}")
     # each arm's best setting on its tuning runs, the baseline's arm included; reported on the other runs
-    kept = best_of([t for t, _ in tuned], [r for _, r in tuned], skip)
-    untuned = [t.label for t, row in kept if row.mean is None]
+    kept = best_of(*zip(*tuned))
+    untuned = [t.label for t, row, _ in kept if row.mean is None]
     if untuned:
         raise RunsError(f"--select_on={args.select_on}: no tuning run of {', '.join(untuned)} has a val loss at "
                         f"step {step}")
     reported = {h.label: h for h in held_out}
-    missing = [t.label for t, _ in kept if not reported[t.label].runs]
+    missing = [t.label for t, _, _ in kept if not reported[t.label].runs]
     if missing:
         raise RunsError(f"--select_on={args.select_on}: {', '.join(missing)}, chosen on the tuning runs, has no "
                         f"other runs to report; run its held-out seeds at that setting")
-    base_key = ca.arm_key(baseline.config, skip)
-    baseline = next(reported[t.label] for t, _ in kept if ca.arm_key(t.config, skip) == base_key)
-    arms = [reported[t.label] for t, _ in kept]
+    base_group = next(group for arm, group in zip(arms, groups) if arm is baseline)
+    baseline = next(reported[t.label] for t, _, group in kept if group == base_group)
+    arms = [reported[t.label] for t, _, _ in kept]
     rows = [summarize(a, step) for a in arms]
-    for row, (_, tuning_row) in zip(rows, kept):
+    for row, (_, tuning_row, _) in zip(rows, kept):
         row.tuning = tuning_row
     return arms, rows, baseline
 
@@ -242,10 +251,11 @@ def report(args):
         rows = [summarize(a, step) for a in arms]
         if args.best_over:
             # tuned against tuned: each arm keeps its best setting, the baseline's arm included
-            skip = ca.IGNORED_KEYS | group_over | set(args.best_over.split(","))
-            kept = best_of(arms, rows, skip)
-            baseline = next(a for a, _ in kept if ca.arm_key(a.config, skip) == ca.arm_key(baseline.config, skip))
-            arms, rows = [a for a, _ in kept], [r for _, r in kept]
+            groups = tuning_groups(arms, group_over, set(args.best_over.split(",")))
+            kept = best_of(arms, rows, groups)
+            base_group = next(group for arm, group in zip(arms, groups) if arm is baseline)
+            baseline = next(a for a, _, group in kept if group == base_group)
+            arms, rows = [a for a, _, _ in kept], [r for _, r, _ in kept]
             caption += f"; each row the best {args.best_over} of its arm (lowest mean val loss at this step)"
     base_row = rows[arms.index(baseline)]
     for arm, row in zip(arms, rows):

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields
 from nonlinear_queries.configurator import parse_config
 from nonlinear_queries.runs import RunDir, finished, format_value, history
 from nonlinear_queries.sweeps import Launcher, point_name
-from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # assumed when no run of the study has finished yet: an H100's dense bf16 peak at a typical MFU
@@ -427,6 +426,10 @@ def train_args(study, arm, horizon):
 
 def arm_config(study, arm, horizon, point):
     """The TrainConfig of one run (raises ConfigError for a setting train.py would refuse)."""
+    # imported here: TrainConfig's model fields are model.py's GPTConfig, whose module imports torch, which
+    # study.py --help and its reports never load
+    from nonlinear_queries.train_config import TrainConfig
+
     args = [*train_args(study, arm, horizon), *(f"--{k}={v}" for k, v in point.items())]
     return parse_config(TrainConfig, args)[0]
 

@@ -20,7 +20,6 @@ import functools
 import os
 import platform
 import re
-import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -313,22 +312,3 @@ def mfu(flops_per_token, tokens_per_s, peak, world_size=1):
     world_size devices of `peak` FLOP/s each (PaLM, appendix B). None if peak is None."""
     return None if not peak else flops_per_token * tokens_per_s / (peak * world_size)
 
-
-# torchrun forwards these signals to its workers (each in a session of its own, which a signal to torchrun's
-# process group misses): its defaults, and the warnings a scheduler sends before a time limit or a preemption
-# (SIGUSR2 is submitit's and SLURM's here; any other kills torchrun at once and orphans the workers). It then
-# waits this long for them to checkpoint and exit before it SIGKILLs them (torchrun's default is 30 s, less than
-# a large model's checkpoint takes to write).
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-TORCHRUN_SHUTDOWN_TIMEOUT_S = 600
-
-
-def launcher(procs, rendezvous=()):
-    """The command that starts train.py's `procs` processes on this node: python, or torchrun, which forwards
-    TORCHRUN_SIGNALS to the workers and waits TORCHRUN_SHUTDOWN_TIMEOUT_S seconds for them to exit
-    (torch.distributed.run's --signals_to_handle and --shutdown_timeout)."""
-    if procs == 1 and not rendezvous:
-        return [sys.executable]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={procs}",
-            f"--signals_to_handle={TORCHRUN_SIGNALS}", f"--shutdown_timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}",
-            *(rendezvous or ["--standalone"])]

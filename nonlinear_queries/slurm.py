@@ -12,8 +12,8 @@ import subprocess
 
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError
+from nonlinear_queries.launch import launcher
 from nonlinear_queries.runs import finished, read_json
-from nonlinear_queries.runtime import launcher
 
 
 class PointJob:

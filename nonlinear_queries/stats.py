@@ -1,5 +1,5 @@
 """
-The statistics of compare.py and analyze.py, and their one table printer.
+The statistics of the comparisons of runs, and their one table printer.
 
 - Welch's t-test for two groups of runs with unequal variances (Welch 1947, "The generalization of 'Student's'
   problem when several different population variances are involved", Biometrika 34), through

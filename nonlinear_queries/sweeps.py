@@ -3,9 +3,9 @@ A sweep of train.py over a grid of config values, one out_dir per point, as a li
 points from its options (`plan`: parse_grid, read_points, point_name), their state and claims
 (Point), the local scheduler (`schedule`: claiming, starting, polling, ending and recording points
 on this machine's GPU and thread slots, `machine_slots`, with signals forwarded to them) and SLURM
-jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `sweep_parser`, `run_sweep`). sweep.py is
-its command line (see its docstring for the behaviour): a fixed list of points, SweepQueue;
-study.py hands the scheduler its protocol's points as their stages open, in its own process.
+jobs (slurm.py), and a whole sweep (`Sweep`, its options typed; `sweep_parser`, `run_sweep`; the behaviour:
+sweep.py's docstring). The scheduler takes a queue of points: a fixed list (SweepQueue), or one handed points
+as they open (a study's stages).
 """
 
 import argparse
@@ -23,11 +23,10 @@ from dataclasses import dataclass, field, fields
 
 from nonlinear_queries.atomic import write_json
 from nonlinear_queries.configurator import ConfigError, parse_config
+from nonlinear_queries.launch import launcher
 from nonlinear_queries.lock import exclusive, lock_holder, out_dir_holder, try_lock
 from nonlinear_queries.runs import RunDir, finished, history, read_json
-from nonlinear_queries.runtime import launcher
 from nonlinear_queries.slurm import parse_sbatch_options, run_slurm, slurm_minutes, slurm_queue
-from nonlinear_queries.train_config import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "train.py")
@@ -39,6 +38,10 @@ def parse_grid(specs):
     whose every value sets all its keys (seed,data_seed=1,2: seed and data_seed move together). Raises
     ConfigError for a malformed axis, an unknown key, a key given twice or an empty value. Values stay as
     typed (they name the point's directory); train.py parses them."""
+    # imported here: TrainConfig's model fields are model.py's GPTConfig, whose module imports torch, which
+    # sweep.py --help and --status never load
+    from nonlinear_queries.train_config import TrainConfig
+
     known = {f.name for f in fields(TrainConfig)}
     axes, seen = [], set()
     for spec in specs:
@@ -67,6 +70,9 @@ def read_points(path):
     value as train.py parses it (a string as it is, else its repr). Raises ConfigError for a file that cannot
     be read or is not TOML, an unknown key, a key sweep.py sets itself (out_dir only at the top level), a
     name that cannot be a directory name, or a file without a point."""
+    # imported here, as in parse_grid: torch comes with it
+    from nonlinear_queries.train_config import TrainConfig
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -478,6 +484,8 @@ def plan(sweep):
     controller answering): (the Points, in order, a point given twice once; the train.py arguments of every run, a
     --points file's shared settings added; the config they share). Sets sweep.sweep_dir (by default the config's
     out_dir) and sweep.sbatch_options. Raises ConfigError for a bad option, axis, points file or config."""
+    # imported here, as in parse_grid: torch comes with it
+    from nonlinear_queries.train_config import TrainConfig
 
     if sweep.launcher not in ("local", "slurm"):
         raise ConfigError(f"--launcher={sweep.launcher!r}: choose local or slurm (a point's torchrun is "

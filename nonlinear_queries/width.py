@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from nonlinear_queries import stats
-from nonlinear_queries.arms import IGNORED_KEYS, arm_key, make_arms
+from nonlinear_queries.arms import IGNORED_KEYS, make_arms
 from nonlinear_queries.plots import pooled_estimates, rate_transfer, width_ladder
 from nonlinear_queries.runs import RunsError, format_value
 
@@ -40,13 +40,6 @@ def parametrizations(config):
     at_base = (config["n_embd"] == config.get("mup_base_width", 128)
                and config.get("mup_base_head_dim", 0) in (0, head_dim))
     return {"sp", "mup"} if at_base else {config.get("parametrization", "sp")}
-
-
-def arm_labels(runs, skip):
-    """{arm key: label}: the label arms.make_arms gives each arm of `runs` when the keys in `skip` are pooled (its
-    run_name, plus key=value of the settings in which arms of one name differ), so a width table names an arm as
-    compare.py's other tables do."""
-    return {arm_key(arm.runs[0].config, skip): arm.label for arm in make_arms(runs, skip)}
 
 
 @dataclass
@@ -73,19 +66,19 @@ def transfer_curves(runs, step, rate_key="learning_rate"):
     """[TransferCurve] of the runs at `step`, ordered by arm (first appearance), parametrization (SP first) and
     width. A diverged run's rate counts as an infinite loss; a run without an eval at `step` is counted in its
     curve's `unfinished`."""
-    skip = IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS | {rate_key}
-    labels = arm_labels(runs, skip)
+    # an arm is labelled as compare.py's other tables label it (arms.make_arms)
+    arms = make_arms(runs, IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS | {rate_key})
     curves = {}
-    for run in runs:
+    for arm, run in ((arm, run) for arm in arms for run in arm.runs):
         loss = math.inf if run.diverged is not None else run.evals.get(step, (None, None))[1]
         for p in parametrizations(run.config):
-            key = (labels[arm_key(run.config, skip)], p, run.config["n_embd"])
+            key = (arm.label, p, run.config["n_embd"])
             curve = curves.setdefault(key, TransferCurve(*key, {}))
             if loss is None:
                 curve.unfinished += 1
             else:
                 curve.losses.setdefault(run.config[rate_key], []).append(loss)
-    order = list(dict.fromkeys(labels.values()))
+    order = [arm.label for arm in arms]
     return sorted((c for c in curves.values() if c.losses),
                   key=lambda c: (order.index(c.arm), c.parametrization != "sp", c.width))
 
@@ -279,14 +272,14 @@ def ladder(runs, step, baseline=None):
     first run's arm; else the label `baseline`) against the baseline at each width where both have runs, paired
     by seed and data_seed; runs that diverged or lack the step are left out. Raises RunsError for an unknown
     baseline or an arm with no paired runs."""
-    skip = IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS
-    labels = arm_labels(runs, skip)
+    # an arm is labelled as compare.py's other tables label it (arms.make_arms)
+    made = make_arms(runs, IGNORED_KEYS | SEED_KEYS | WIDTH_KEYS)
     by_arm = {}
-    for run in runs:
+    for arm, run in ((arm, run) for arm in made for run in arm.runs):
         if run.diverged is None and step in run.evals:
             seed = (run.config.get("seed"), run.config.get("data_seed"))
-            by_arm.setdefault(labels[arm_key(run.config, skip)], {}).setdefault(run.config["n_embd"], {})[seed] = run
-    arms = list(dict.fromkeys(labels.values()))
+            by_arm.setdefault(arm.label, {}).setdefault(run.config["n_embd"], {})[seed] = run
+    arms = [arm.label for arm in made]
     base = arms[0] if baseline is None else baseline
     if base not in by_arm:
         raise RunsError(f"no baseline arm {base!r} among the runs' arms: {', '.join(map(repr, arms))}")

@@ -1,6 +1,8 @@
 """The import graph runs one way: no module of the package and no program at the repo's root imports
-itself back through others (no circle, a function's import included: none dodges one), and a program that
-only reads a model imports no training code (optimizers, batches, torch.distributed.checkpoint)."""
+itself back through others (no circle, a function's import included: none dodges one), a program that
+only reads a model imports no training code (optimizers, batches, torch.distributed.checkpoint), and the
+experiment harness's commands that train nothing (help, a sweep's status) import no torch. study.py --dry_run
+does: it checks every planned run's TrainConfig, whose model fields are model.py's GPTConfig."""
 
 import ast
 import os
@@ -13,6 +15,13 @@ from helpers import REPO
 
 # what only training needs: its optimizers, its batches, and DCP (torch.distributed.checkpoint, sharded checkpoints)
 TRAINING_ONLY = ("nonlinear_queries.optimizers", "nonlinear_queries.batches", "torch.distributed.checkpoint")
+# the harness's commands that start no run, and a module each must have loaded (the command did run)
+HARNESS_COMMANDS = {
+    "sweep.py --help": "nonlinear_queries.sweeps",
+    "sweep.py --status SWEEP": "nonlinear_queries.lock",
+    "study.py --help": "nonlinear_queries.protocol",
+    "compare.py --help": "nonlinear_queries.comparison",
+}
 
 
 def repo_modules():
@@ -116,3 +125,32 @@ def test_a_program_that_only_reads_a_model_imports_no_training_code(program):
     assert "nonlinear_queries.pretrained" in loaded  # the statements did load the program's modules
     found = [m for m in loaded if any(m == t or m.startswith(t + ".") for t in TRAINING_ONLY)]
     assert found == [], f"{program} imports training code: {found}"
+
+
+def importtime_modules(stderr):
+    """The modules, in import order, that `python -X importtime` reports on `stderr` (the last column of each
+    'import time:' line, its nesting's indent stripped)."""
+    return [line.rpartition("|")[2].strip() for line in stderr.splitlines() if line.startswith("import time:")]
+
+
+def test_importtime_modules_reads_python_s_report():
+    stderr = ("import time: self [us] | cumulative | imported package\n"
+              "import time:       120 |        120 |   torch._C\n"
+              "import time:      3001 |       3121 | torch\n"
+              "a warning on stderr\n")
+    assert importtime_modules(stderr) == ["imported package", "torch._C", "torch"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(HARNESS_COMMANDS))
+def test_a_harness_command_that_trains_nothing_imports_no_torch(command, tmp_path):
+    # a sweep of one point that never started: --status reads its directory (the run's status, its lock)
+    (tmp_path / "sweep.json").write_text('{"points": ["seed=1"], "max_iters": {"seed=1": 10}}')
+    program, *args = command.replace("SWEEP", str(tmp_path)).split()
+    proc = subprocess.run([sys.executable, "-X", "importtime", os.path.join(REPO, program), *args], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = importtime_modules(proc.stderr)
+    assert HARNESS_COMMANDS[command] in loaded
+    torch = [m for m in loaded if m == "torch" or m.startswith("torch.")]
+    assert torch == [], f"{command} imports torch ({len(torch)} of its modules)"

@@ -304,7 +304,7 @@ open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.saved"), "w").close()
 def test_a_point_s_torchrun_waits_for_a_checkpoint_longer_than_its_default_30_s(tmp_path):
     # two workers that take 35 s to save after SIGTERM; torchrun, signalled as a scheduler or sweep.py
     # does, must let them finish rather than SIGKILL them after its default 30 s
-    from nonlinear_queries.runtime import launcher
+    from nonlinear_queries.launch import launcher
 
     (tmp_path / "worker.py").write_text(WORKER)
     with open(tmp_path / "torchrun.log", "w") as log:
