@@ -27,7 +27,7 @@ dataset or data_dir, data_seed, batch_size and block_size), so the numbers are t
 at that step; another source on the val.bin of --data_dir (default data/openwebtext) with train.py's
 defaults. --batches and --batch_size override the number and size of the batches.
 
---coord_check=CONFIG: μP's coordinate check (nonlinear_queries/coord_check.py, docs/width.md) of a config's
+--coord_check=CONFIG: μP's coordinate check (nonlinear_queries/analysis/coord_check.py, docs/width.md) of a config's
 model, under SP and under μP: --widths (head size 32, width grown by heads), --coord_n_layer layers, --coord_steps
 steps of --coord_batch tokens at the constant rate --coord_lr, --coord_seeds; the mean |x| of every activation
 at every step on the config's training data (--data_dir). The table gives, per activation and parametrization,
@@ -46,11 +46,11 @@ from dataclasses import asdict
 
 import numpy as np
 
-from nonlinear_queries.arms import layer_mean, make_arms, pooled, read_runs
+from nonlinear_queries.analysis.arms import layer_mean, make_arms, pooled, read_runs
+from nonlinear_queries.analysis.plots import diagnostics as plot_diagnostics
+from nonlinear_queries.analysis.stats import Row, print_table, step_list
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.plots import diagnostics as plot_diagnostics
-from nonlinear_queries.runs import RunsError
-from nonlinear_queries.stats import Row, print_table, step_list
+from nonlinear_queries.record.runs import RunsError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",
@@ -155,11 +155,11 @@ def analyze_runs(args):
 def analyze_checkpoint(args):
     """Compute and print the diagnostics of the model at args.checkpoint, per layer."""
     # imported here: torch takes seconds, and the runs' table needs none of it
-    from nonlinear_queries.batches import open_tokens, row_offsets
-    from nonlinear_queries.diagnostics import diagnose
-    from nonlinear_queries.pretrained import PretrainedError, load_model
-    from nonlinear_queries.runtime import SetupError, setup
-    from nonlinear_queries.train_config import TrainConfig
+    from nonlinear_queries.config.train_config import TrainConfig
+    from nonlinear_queries.data.batches import open_tokens, row_offsets
+    from nonlinear_queries.trainer.diagnostics import diagnose
+    from nonlinear_queries.trainer.runtime import SetupError, setup
+    from nonlinear_queries.weights.pretrained import PretrainedError, load_model
 
     try:
         rt = setup(args.device, args.dtype, join_process_group=False)
@@ -203,10 +203,10 @@ def analyze_checkpoint(args):
 def coord_check(args):
     """Run μP's coordinate check on args.coord_check's model, print the slopes and, with --plot, draw the figure."""
     # imported here: torch takes seconds, and the runs' table needs none of it
-    from nonlinear_queries import coord_check as cc
-    from nonlinear_queries.batches import open_tokens
-    from nonlinear_queries.configurator import ConfigError, parse_config
-    from nonlinear_queries.train_config import TrainConfig
+    from nonlinear_queries.analysis import coord_check as cc
+    from nonlinear_queries.config.configurator import ConfigError, parse_config
+    from nonlinear_queries.config.train_config import TrainConfig
+    from nonlinear_queries.data.batches import open_tokens
 
     try:
         batch_size, block_size = (int(n) for n in args.coord_batch.split("x"))

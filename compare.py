@@ -29,7 +29,7 @@ later) counts as today's default, which reproduces what the older code did. --se
 with those seeds (e.g. the held-out ones). A directory that is not a run stands for every run beneath it (a
 sweep, a study's arms), and files among the paths (the README.md a glob catches) are skipped with a note.
 
-Across widths (nonlinear_queries/width.py, docs/width.md): --width_transfer tables each arm's mean val loss
+Across widths (nonlinear_queries/analysis/width.py, docs/width.md): --width_transfer tables each arm's mean val loss
 at every learning rate per width and parametrization, where the best rate sits and whether it transfers;
 --width_ladder each arm's relative improvement over the baseline at each width (runs paired by seed, 95% CI)
 and its slope against log2(width), and with --effect_difference PLUS MINUS CONTROL the difference of
@@ -43,12 +43,12 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 
 import sys
 
-from nonlinear_queries.cli import run_main
-from nonlinear_queries.comparison import (
+from nonlinear_queries.analysis.comparison import (
     parse_args,
     report,
 )
-from nonlinear_queries.runs import RunsError
+from nonlinear_queries.cli import run_main
+from nonlinear_queries.record.runs import RunsError
 
 
 def main(argv=None):

@@ -23,8 +23,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from nonlinear_queries.atomic import atomic_write
-from nonlinear_queries.configurator import config_from_argv
+from nonlinear_queries.config.configurator import config_from_argv
+from nonlinear_queries.record.atomic import atomic_write
 
 
 @dataclass
@@ -55,7 +55,7 @@ class EvalConfig:
 def main():
     cfg, _ = config_from_argv(EvalConfig)
     # imported after the command line is checked: lm-eval takes a second or two to import
-    from nonlinear_queries.downstream import (
+    from nonlinear_queries.analysis.downstream import (
         GPTLM,
         EvalError,
         prepare_hub,
@@ -64,8 +64,8 @@ def main():
         task_names,
         task_scores,
     )
-    from nonlinear_queries.pretrained import PretrainedError
-    from nonlinear_queries.runtime import SetupError
+    from nonlinear_queries.trainer.runtime import SetupError
+    from nonlinear_queries.weights.pretrained import PretrainedError
 
     try:
         names = task_names(cfg.tasks)
@@ -98,8 +98,8 @@ def write_results(results, lm, cfg):
     from lm_eval.loggers.utils import add_env_info
     from lm_eval.utils import handle_non_serializable
 
-    from nonlinear_queries.downstream import MODEL_NAME
-    from nonlinear_queries.runs import git_state
+    from nonlinear_queries.analysis.downstream import MODEL_NAME
+    from nonlinear_queries.record.runs import git_state
 
     results["config"] = {"model": MODEL_NAME, "model_args": {"pretrained": cfg.init_from}, **lm.get_model_info(),
                          "batch_size": cfg.batch_size, "device": str(lm.device), "limit": cfg.limit or None,

@@ -20,8 +20,8 @@ import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment e
 import sys
 from dataclasses import dataclass
 
-from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError, check_export_dir, export, load_model
+from nonlinear_queries.config.configurator import config_from_argv
+from nonlinear_queries.weights.pretrained import PretrainedError, check_export_dir, export, load_model
 
 
 @dataclass

@@ -235,7 +235,7 @@ class ResGELUQuery(QueryModule):
 
     # an optional fast path: a function (module, x, p, widths) -> (q, pieces), the same math as
     # from_projection's; None computes it here in plain PyTorch. model.py imports nothing of the package, so
-    # the package sets it (nonlinear_queries.kernels.use_kernels, TrainConfig's `kernels`: Triton ops)
+    # the package sets it (nonlinear_queries.trainer.kernels.use_kernels, TrainConfig's `kernels`: Triton ops)
     kernels = None
 
     def f(self, x):
@@ -495,7 +495,7 @@ class GPT(nn.Module):
     ValueError: past + T > block_size; return_logits=False without targets; under μP, a parameter no rule covers."""
 
     # the training loss's optional fast path: a function (logits (N, V), targets (N,)) -> F.cross_entropy's mean,
-    # which may overwrite the logits with their gradient; set by nonlinear_queries.kernels.use_kernels
+    # which may overwrite the logits with their gradient; set by nonlinear_queries.trainer.kernels.use_kernels
     cross_entropy = None
 
     def __init__(self, config):

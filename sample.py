@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.pretrained import PretrainedError, load_model, sharded_hint
-from nonlinear_queries.runs import RunDir
-from nonlinear_queries.runtime import SetupError, setup
-from nonlinear_queries.tokenizer import run_tokenizer
+from nonlinear_queries.config.configurator import config_from_argv
+from nonlinear_queries.data.tokenizer import run_tokenizer
+from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.trainer.runtime import SetupError, setup
+from nonlinear_queries.weights.pretrained import PretrainedError, load_model, sharded_hint
 
 
 @dataclass

@@ -23,7 +23,7 @@ protocol, for each horizon and each arm:
 
 Every choice (each widening step, each arm's chosen value) is recorded with the val losses it was
 based on in RESULTS_DIR/study.json. The runs go through sweep.py's library
-(nonlinear_queries/sweeps.py), in this process, in RUNS_DIR/<horizon>/<arm>/<point>: finished points
+(nonlinear_queries/experiments/sweeps.py), in this process, in RUNS_DIR/<horizon>/<arm>/<point>: finished points
 are skipped, interrupted ones resume. On this machine its local scheduler (sweeps.schedule, sweep.py's
 too) is handed the points as the arms' stages open: with [launcher] jobs = N (1 by default), the arms share N
 slots (on CUDA each a set of GPUs of its own), each running one point at a time: a slot that frees
@@ -33,7 +33,7 @@ checkpoints. With a launcher that returns before its jobs finish (SLURM), a swee
 its options typed) submits, and the study stops after submitting and says so; run the same command again
 once they are done. A study that declares tests ([[test]]: a paired contrast over the arms' per-seed gaps) and looks
 ([sequential]) runs its held-out seeds one look at a time: when the look's runs all exist it evaluates each test
-against the look's alpha-spending boundary (nonlinear_queries/looks.py, sequential.py), records the look in
+against the look's alpha-spending boundary (nonlinear_queries/experiments/looks.py, sequential.py), records the look in
 study.json and TABLES.md, and stops; the same command runs the next look, until a boundary is crossed or the last
 look is done. --dry_run prints the looks (which is current) and, with [power], the seeds each test needs, its MDE
 and their cost (docs/studies.md). Exit status: 0 ok (or waiting for jobs), 1 a sweep failed (on this machine the
@@ -52,11 +52,12 @@ import statistics
 import sys
 from dataclasses import asdict
 
-from nonlinear_queries import comparison, looks, sweeps
-from nonlinear_queries.atomic import atomic_write, write_json
+from nonlinear_queries.analysis import comparison
+from nonlinear_queries.analysis.width import run_flops
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.configurator import ConfigError
-from nonlinear_queries.protocol import (
+from nonlinear_queries.config.configurator import ConfigError
+from nonlinear_queries.experiments import looks, sweeps
+from nonlinear_queries.experiments.protocol import (
     StudyError,
     advance,
     arm_config,
@@ -70,9 +71,9 @@ from nonlinear_queries.protocol import (
     train_args,
     wandb_args,
 )
-from nonlinear_queries.runs import RunDir, RunsError, finished
-from nonlinear_queries.sweeps import Point, point_name, write_record
-from nonlinear_queries.width import run_flops
+from nonlinear_queries.experiments.sweeps import Point, point_name, write_record
+from nonlinear_queries.record.atomic import atomic_write, write_json
+from nonlinear_queries.record.runs import RunDir, RunsError, finished
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -245,7 +246,7 @@ def table_command(study, table, arms):
 
 def write_tables(study):
     """RESULTS_DIR/TABLES.md: per horizon, compare.py's table over the arms (baseline first) with the held-out
-    protocol's flags, and its figure, made in this process by compare.py's report (nonlinear_queries.comparison)
+    protocol's flags, and its figure, made in this process by compare.py's report (nonlinear_queries.analysis.comparison)
     from the command line printed above it; generated, so it is rewritten whole on every run. Raises StudyError
     where compare.py would fail, with what it would say."""
     os.makedirs(study.results_dir, exist_ok=True)

@@ -61,20 +61,25 @@ from dataclasses import asdict, dataclass
 import torch
 
 from model import GPT, model_config_keys
-from nonlinear_queries.batches import DataError, get_batch, open_run_data
-from nonlinear_queries.budget import check_cpu_time, check_memory
-from nonlinear_queries.checkpoint import Checkpointer, CheckpointError
-from nonlinear_queries.configurator import config_from_argv
-from nonlinear_queries.diagnostics import diagnose
-from nonlinear_queries.lock import release_new_out_dir, release_out_dir
-from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.pretrained import PretrainedError
-from nonlinear_queries.runs import RunDir
-from nonlinear_queries.runtime import SetupError, all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
-from nonlinear_queries.start import build_model, hold_run_dir, resolve_start, resume_command
-from nonlinear_queries.stopping import Interrupted, StopFlag, compile_cut_by_stop
-from nonlinear_queries.train_config import TrainConfig, parse_compile_options
-from nonlinear_queries.training import (
+from nonlinear_queries.config.configurator import config_from_argv
+from nonlinear_queries.config.train_config import TrainConfig, parse_compile_options
+from nonlinear_queries.data.batches import DataError, get_batch, open_run_data
+from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir
+from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.trainer.budget import check_cpu_time, check_memory
+from nonlinear_queries.trainer.diagnostics import diagnose
+from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
+from nonlinear_queries.trainer.runtime import (
+    SetupError,
+    all_reduce_sum,
+    numerics,
+    parallelize,
+    peak_flops,
+    setup,
+    teardown,
+)
+from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop
+from nonlinear_queries.trainer.training import (
     DivergenceGuard,
     StepClock,
     apply_updates,
@@ -86,6 +91,9 @@ from nonlinear_queries.training import (
     should_read_back,
     train_step,
 )
+from nonlinear_queries.weights.checkpoint import Checkpointer, CheckpointError
+from nonlinear_queries.weights.pretrained import PretrainedError
+from nonlinear_queries.weights.start import build_model, hold_run_dir, resolve_start, resume_command
 
 
 def open_data(cfg):
@@ -143,7 +151,7 @@ def build_parts(cfg, rt, raw_model):
     the model; kernels.py), the processes' model (under torchrun DDP around the compiled model, or FSDP shards of
     it in place), and the optimizers built on what the processes hold (under FSDP, the shards)."""
     if cfg.kernels:
-        from nonlinear_queries.kernels import use_kernels
+        from nonlinear_queries.trainer.kernels import use_kernels
 
         use_kernels(raw_model)
     model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
@@ -159,7 +167,7 @@ def open_tasks(cfg, rt):
     before the run; None without eval_tasks."""
     if not cfg.eval_tasks:
         return None
-    from nonlinear_queries.downstream import DownstreamEval
+    from nonlinear_queries.analysis.downstream import DownstreamEval
 
     return DownstreamEval(cfg, rt)
 

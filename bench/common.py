@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `python bench/NAME.py` puts bench/ on the path, not the root
     sys.path.insert(1, REPO)
 
-from nonlinear_queries.runtime import DTYPES, SetupError, setup  # noqa: E402  (the root is on the path now)
+from nonlinear_queries.trainer.runtime import DTYPES, SetupError, setup  # noqa: E402  (the root is on the path now)
 
 
 def parser(description, model=True):

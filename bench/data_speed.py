@@ -5,7 +5,7 @@ memmap, and building the batch index files at the paper's size.
     python bench/data_speed.py
     python bench/data_speed.py --workers=1,2,4,8,16 --copies=20     # a bigger machine
 
-1. Tokenize + write: nonlinear_queries/corpus.py's tokenize_splits and write_bin, the path every
+1. Tokenize + write: nonlinear_queries/data/corpus.py's tokenize_splits and write_bin, the path every
    prepare.py takes, on the Shakespeare works cut into ~4 KB documents (OpenWebText's
    mean document is about that long), repeated --copies times; tokens/s by num_proc.
 2. Batch fetch: batches.get_batch for the paper's micro-batch (12 x 1024) from a
@@ -32,7 +32,7 @@ DOC_CHARS = 4096
 
 def build_index(index_dir, n_tokens):
     """(seconds, peak RSS MiB) of creating the paper-size train index file in this process."""
-    from nonlinear_queries.batches import index_file
+    from nonlinear_queries.data.batches import index_file
 
     t0 = time.perf_counter()
     index_file(index_dir, "train", 1337, 60_000, 480, 1024, n_tokens)
@@ -43,7 +43,7 @@ def shakespeare_documents(copies):
     """datasets.Dataset of ~DOC_CHARS-character documents: the Shakespeare works, `copies` times."""
     import datasets
 
-    from nonlinear_queries.corpus import load_local_documents, shakespeare_files
+    from nonlinear_queries.data.corpus import load_local_documents, shakespeare_files
 
     works, _ = load_local_documents(shakespeare_files())
     docs = [text[i : i + DOC_CHARS] for text in works["text"] for i in range(0, len(text), DOC_CHARS)]
@@ -63,8 +63,8 @@ def main():
 
     import datasets
 
-    from nonlinear_queries.batches import get_batch
-    from nonlinear_queries.corpus import tokenize_splits, write_bin
+    from nonlinear_queries.data.batches import get_batch
+    from nonlinear_queries.data.corpus import tokenize_splits, write_bin
 
     datasets.disable_progress_bars()
     docs = shakespeare_documents(args.copies)
@@ -100,7 +100,7 @@ def main():
 
     print(header("Data pipeline", device, "-", False, command_line()))
     print(f"datasets {datasets.__version__}, numpy {np.__version__}, {os.cpu_count()} CPUs\n")
-    print("Tokenize + write (nonlinear_queries/corpus.py tokenize_splits + write_bin)\n")
+    print("Tokenize + write (nonlinear_queries/data/corpus.py tokenize_splits + write_bin)\n")
     print("| num_proc | documents | tokens | seconds | tokens/s |")
     print("|---|---|---|---|---|")
     print("\n".join(tok_rows))

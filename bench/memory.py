@@ -60,8 +60,8 @@ import torch
 
 from common import REPO, command_line, header, parser, proc_status_kib
 from model import GPT, Block, GPTConfig, model_config_keys
-from nonlinear_queries.configurator import read_config_file
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.configurator import read_config_file
+from nonlinear_queries.config.train_config import TrainConfig
 
 GIB = 2**30
 
@@ -182,9 +182,9 @@ def tiny_config(args):
 def measure_child(args, parallelism, checkpointing):
     """In a fresh process (under torchrun for FSDP): two training steps of the tiny model as
     train.py runs them; prints one JSON line with this process's measured peak in bytes."""
-    from nonlinear_queries.optimizers import build_optimizers
-    from nonlinear_queries.runtime import parallelize, setup, teardown
-    from nonlinear_queries.training import train_step
+    from nonlinear_queries.trainer.optimizers import build_optimizers
+    from nonlinear_queries.trainer.runtime import parallelize, setup, teardown
+    from nonlinear_queries.trainer.training import train_step
 
     cfg = tiny_config(args)
     rt = setup("cpu", "float32", parallelism=parallelism)

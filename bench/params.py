@@ -19,7 +19,7 @@ import torch
 
 from common import REPO  # first: it puts the repo root on the path
 from model import GPT, GPTConfig, model_config_keys
-from nonlinear_queries.configurator import read_config_file
+from nonlinear_queries.config.configurator import read_config_file
 
 rows = []
 for folder in ("", "modern/", "gpt3/", "official/"):

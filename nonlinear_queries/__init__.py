@@ -13,7 +13,7 @@ which imports nothing from here. One concern per module:
   compare.py's --width_transfer and --width_ladder reports
 - checkpoint: train.py's Checkpointer (which checkpoint to resume, its checks and restore, when to save),
   atomic single-file and sharded (DCP) checkpoints: the training state alone;
-  `python -m nonlinear_queries.checkpoint --out_dir=RUN` makes a sharded one a single file
+  `python -m nonlinear_queries.weights.checkpoint --out_dir=RUN` makes a sharded one a single file
 - checkpoint_file: a checkpoint file read (the one torch.load, weights only), for checkpoint and pretrained
 - start: how train.py's run starts (from scratch, resuming or fine-tuning: init_from resolved once into a
   Start), its out_dir held, its model built, and the command that resumes it

@@ -82,10 +82,10 @@ def train_in_process(data_dir, out_dir, *args):
     import importlib
     import signal
 
-    from nonlinear_queries.configurator import parse_config
-    from nonlinear_queries.runs import RunDir
-    from nonlinear_queries.runtime import setup, teardown
-    from nonlinear_queries.train_config import TrainConfig
+    from nonlinear_queries.config.configurator import parse_config
+    from nonlinear_queries.config.train_config import TrainConfig
+    from nonlinear_queries.record.runs import RunDir
+    from nonlinear_queries.trainer.runtime import setup, teardown
 
     script = importlib.import_module("train")
     cfg, files = parse_config(TrainConfig, [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args])

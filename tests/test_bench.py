@@ -17,7 +17,7 @@ import train_speed
 from common import fresh_compiler
 from helpers import REPO, markdown_rows, markdown_table, run_script
 from model import GPT, GPTConfig
-from nonlinear_queries.optimizers import Muon
+from nonlinear_queries.trainer.optimizers import Muon
 
 TINY_MODEL = ["--device=cpu", "--n_layer=1", "--n_head=2", "--n_embd=32", "--vocab_size=512"]
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from helpers import TINY, read_metrics, run_in_process
-from nonlinear_queries import budget, runtime
-from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.runtime import SetupError
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.trainer import budget, runtime
+from nonlinear_queries.trainer.runtime import SetupError
 
 
 def cfg(**changes):

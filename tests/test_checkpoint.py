@@ -12,17 +12,17 @@ import pytest
 import torch
 
 from helpers import run_in_process
-from nonlinear_queries.batches import index_fingerprint
-from nonlinear_queries.checkpoint import (
+from nonlinear_queries.data.batches import index_fingerprint
+from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.weights.checkpoint import (
     Checkpointer,
     CheckpointError,
     check_resumable,
     read_checkpoint,
     save_checkpoint,
 )
-from nonlinear_queries.pretrained import PretrainedError, load_model
-from nonlinear_queries.runs import RunDir
-from nonlinear_queries.start import resolve_start
+from nonlinear_queries.weights.pretrained import PretrainedError, load_model
+from nonlinear_queries.weights.start import resolve_start
 
 NOT_LOADED = ("it is damaged, not a PyTorch file, or it holds pickled Python objects other than tensors and plain "
               "containers, which are never loaded")

@@ -17,13 +17,13 @@ from scipy import stats
 
 import compare
 from helpers import REPO, run_script
-from nonlinear_queries import comparison
-from nonlinear_queries.arms import make_arms
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.plots import Curve, figure2, loss_curves
-from nonlinear_queries.runs import load_run
-from nonlinear_queries.stats import holm, min_detectable_effect
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.analysis import comparison
+from nonlinear_queries.analysis.arms import make_arms
+from nonlinear_queries.analysis.plots import Curve, figure2, loss_curves
+from nonlinear_queries.analysis.stats import holm, min_detectable_effect
+from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.record.runs import load_run
 
 # what train.py's header holds under "config" for Table 1's baseline: the real TrainConfig,
 # resolved from the real config file

@@ -20,10 +20,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import read_metrics, train_in_process
 from model import GPT, QUERY_MODULES, GPTConfig
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.optimizers import build_optimizers
-from nonlinear_queries.runtime import compile_kwargs, parallelize, setup
-from nonlinear_queries.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
+from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
+from nonlinear_queries.trainer.optimizers import build_optimizers
+from nonlinear_queries.trainer.runtime import compile_kwargs, parallelize, setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
@@ -278,7 +278,7 @@ def test_a_compiled_training_step_fills_no_tangent_for_the_logits_and_computes_t
     # autograd fills with zeros of the logits' size and the backward adds (issue 44: bf16 B x T x vocab,
     # 9.9 GB at 96 x 1024 tokens, in every micro-batch); train_step asks the model for the loss alone. Same
     # loss and gradients, bit for bit, in float32 (adding zeros is exact).
-    from nonlinear_queries.training import train_step
+    from nonlinear_queries.trainer.training import train_step
 
     x, y = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(0))
     results = {}

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from helpers import REPO, markdown_table, run_script
-from nonlinear_queries.configurator import read_config_file
+from nonlinear_queries.config.configurator import read_config_file
 
 TABLE1 = {  # config: (query_mode, mlp_ratio, max lr, min lr, weight decay)
     "baseline": ("linear", 4.0, 6e-4, 6e-5, 0.1),

@@ -62,11 +62,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from eval_tasks import MC_YAML, MULTIPLE_CHOICE, TEXT_YAML, TEXTS, write_task
 from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
-from nonlinear_queries.checkpoint import read_checkpoint
-from nonlinear_queries.optimizers import configure_optimizers, set_learning_rates
-from nonlinear_queries.runtime import parallelize, peak_flops, setup, teardown
-from nonlinear_queries.tokenizer import INSTALL_HINT, gpt2_bpe_files
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.data.tokenizer import INSTALL_HINT, gpt2_bpe_files
+from nonlinear_queries.trainer.optimizers import configure_optimizers, set_learning_rates
+from nonlinear_queries.trainer.runtime import parallelize, peak_flops, setup, teardown
+from nonlinear_queries.weights.checkpoint import read_checkpoint
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
 DEVICE_TYPE = "cuda" if DEVICE.startswith("cuda") else "cpu"
@@ -287,7 +287,7 @@ def test_a_compiled_bf16_training_step_fills_no_tangent_for_the_logits():
     # returns the logits gets a tangent of their size in its backward, which autograd fills with zeros (on an H200
     # at 96 x 5 a bf16 FillFunctor of 14.7 ms a step, bench/RESULTS.md) and the backward adds. Inductor's code, on
     # the GPU: the fill is there when the logits are returned and gone through train_step, the loss the same.
-    from nonlinear_queries.training import train_step
+    from nonlinear_queries.trainer.training import train_step
 
     idx = tokens(4, 128, 50257, seed=8)
     logits_shape = [4, 128, SMALL["vocab_size"]]
@@ -402,7 +402,7 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
 
 
 # ---------------------------------------------------------------------------------------
-# the Triton ops (nonlinear_queries/kernels.py), compiled for this GPU; tests/test_kernels.py holds them to
+# the Triton ops (nonlinear_queries/trainer/kernels.py), compiled for this GPU; tests/test_kernels.py holds them to
 # float64 on the CPU under Triton's interpreter, which does not compile them
 
 
@@ -412,7 +412,7 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
 def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
     # res_gelu's f at C = 768, r = 384 over a row count that no tile size divides, and the cross-entropy over
     # GPT-2's 50,304 logits; outputs and every input gradient against float64 transcriptions of the same math
-    from nonlinear_queries import kernels
+    from nonlinear_queries.trainer import kernels
 
     g = torch.Generator(device=DEVICE).manual_seed(0)
 
@@ -455,7 +455,7 @@ def test_kernel_ops_cross_entropy_at_96_x_5_rows_past_2_31_logits():
     # one micro-batch of the prepared run's 96 x 5: 98,304 rows of GPT-2's 50,304 bf16 logits, 4.9e9 elements, so
     # rows from 42,691 on start past 2^31 elements; each row's loss and log-sum-exp, and the gradient, against
     # torch's in float32, a chunk of rows at a time (a wrapped 32-bit offset reads another row: an O(1) error)
-    from nonlinear_queries import kernels
+    from nonlinear_queries.trainer import kernels
 
     rows, V, chunk = 96 * 1024, 50304, 4096
     assert rows * V > 2 ** 32
@@ -485,7 +485,7 @@ def test_kernel_ops_cross_entropy_at_96_x_5_rows_past_2_31_logits():
 def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query_mode):
     # TrainConfig's kernels: the compiled bf16 step (inductor around the custom ops) with the Triton ops against
     # the same step without them, loss and every gradient
-    from nonlinear_queries.kernels import use_kernels
+    from nonlinear_queries.trainer.kernels import use_kernels
 
     rt = setup(DEVICE, "bfloat16", join_process_group=False)
     idx, targets = tokens(4, 128, 50257, seed=7), tokens(4, 128, 50257, seed=8)

@@ -1,5 +1,5 @@
 """
-Tests of tokenizer.py and the data pipeline (nonlinear_queries/corpus.py, data/*/prepare.py).
+Tests of tokenizer.py and the data pipeline (nonlinear_queries/data/corpus.py, data/*/prepare.py).
 Offline throughout: conftest.py sets HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, and the
 tiktoken comparison refuses any URL read.
 """
@@ -23,7 +23,7 @@ import tiktoken.load
 import tiktoken.registry
 
 from helpers import run_script
-from nonlinear_queries.corpus import (
+from nonlinear_queries.data.corpus import (
     MIN_VAL_TOKENS,
     DataError,
     load_hub_documents,
@@ -31,7 +31,7 @@ from nonlinear_queries.corpus import (
     prepare,
     split_documents,
 )
-from nonlinear_queries.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
+from nonlinear_queries.data.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
 
 # where tiktoken_ext.openai_public.gpt2() fetches the files; its cache key is sha1(url)
 VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
@@ -132,7 +132,7 @@ def test_tampered_bpe_file_is_a_hash_error(tmp_path, which):
 
 
 def test_missing_bpe_package_falls_back_then_says_what_to_install(monkeypatch):
-    from nonlinear_queries import tokenizer
+    from nonlinear_queries.data import tokenizer
     def no_download(name):
         raise ConnectionError("openaipublic unreachable")
 

@@ -20,14 +20,14 @@ from torch.distributed.tensor import DTensor
 import analyze
 from helpers import ONE_THREAD, TINY, read_metrics, reference_attention_logits, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig
-from nonlinear_queries.arms import make_arms
-from nonlinear_queries.checkpoint_file import load_checkpoint_file
-from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.diagnostics import ACTIVATIONS, diagnose
-from nonlinear_queries.plots import diagnostics as plot_diagnostics
-from nonlinear_queries.runs import RunLog, load_run
-from nonlinear_queries.runtime import parallelize, setup
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.analysis.arms import make_arms
+from nonlinear_queries.analysis.plots import diagnostics as plot_diagnostics
+from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.record.runs import RunLog, load_run
+from nonlinear_queries.trainer.diagnostics import ACTIVATIONS, diagnose
+from nonlinear_queries.trainer.runtime import parallelize, setup
+from nonlinear_queries.weights.checkpoint_file import load_checkpoint_file
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32)
 TOKENS = ((np.arange(200) * 7) % 32).astype(np.uint16)

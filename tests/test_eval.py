@@ -32,9 +32,9 @@ from helpers import (
     val_losses_by_step,
 )
 from model import GPT, GPTConfig
-from nonlinear_queries.downstream import GPTLM, TasksStopped
-from nonlinear_queries.pretrained import export
-from nonlinear_queries.tokenizer import GPT2Tokenizer
+from nonlinear_queries.analysis.downstream import GPTLM, TasksStopped
+from nonlinear_queries.data.tokenizer import GPT2Tokenizer
+from nonlinear_queries.weights.pretrained import export
 
 BLOCK = 16  # the test model's block_size: the long contexts and texts below need several windows of it
 

@@ -36,8 +36,8 @@ from helpers import (
 from helpers import losses_by_step as losses
 from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
-from nonlinear_queries.atomic import atomic_write
-from nonlinear_queries.batches import index_file
+from nonlinear_queries.data.batches import index_file
+from nonlinear_queries.record.atomic import atomic_write
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps
 RUN = ["--lr_decay_iters=24", "--eval_interval=4", "--dropout=0.1"]
@@ -269,7 +269,7 @@ def test_a_signal_after_the_stop_has_ended_the_run_leaves_its_exit_status_0(shak
     # while the run is still exiting.
     slow_finish = "\n".join([
         "import time",
-        "from nonlinear_queries.runs import RunLog",
+        "from nonlinear_queries.record.runs import RunLog",
         "finish = RunLog.finish",
         "def slow_finish(self, exit_code):",
         "    time.sleep(10)",
@@ -535,7 +535,7 @@ def test_two_processes_writing_one_file_at_once_each_write_it_whole(tmp_path):
     # two sweeps on one sweep_dir rewrite its sweep.json at once; with one shared temporary name the first rename
     # took the other's temporary file away and that sweep died (found by test_two_sweeps_on_one_sweep_dir_...)
     path = tmp_path / "sweep.json"
-    other = (f"from nonlinear_queries.atomic import write_json; "
+    other = (f"from nonlinear_queries.record.atomic import write_json; "
              f"write_json({str(path)!r}, {{'by': 'the other process'}}, per_process=True)")
     with atomic_write(path, per_process=True) as f:
         f.write('{"by": "this process"}\n')
@@ -549,7 +549,7 @@ def test_two_sweeps_updating_sweep_json_at_once_keep_each_others_points(tmp_path
     # sweep A reads sweep.json, and before it writes the merged record, sweep B (a thread here: flock locks of two
     # open() calls exclude each other within one process too) records its own point. Unlocked, B's write came and
     # went in that gap and A's stale merge dropped B's point; under the lock B waits for A, then merges A's point.
-    sweep = importlib.import_module("nonlinear_queries.sweeps")
+    sweep = importlib.import_module("nonlinear_queries.experiments.sweeps")
     point = types.SimpleNamespace
     read = sweep.read_json
     other = threading.Thread(target=sweep.write_record, args=(str(tmp_path), ["B"], {"b": "done"},

@@ -27,18 +27,18 @@ from helpers import ONE_THREAD, REPO, TINY, descendants, last_logged_step, read_
 from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
 from model import GPT, GPTConfig
-from nonlinear_queries import runtime
-from nonlinear_queries.checkpoint import (
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.trainer import runtime
+from nonlinear_queries.trainer.optimizers import build_optimizers, muon_parameters
+from nonlinear_queries.trainer.runtime import SetupError, parallelize, setup
+from nonlinear_queries.weights.checkpoint import (
     CheckpointError,
     load_training_state,
     read_checkpoint,
     save_sharded_checkpoint,
 )
-from nonlinear_queries.optimizers import build_optimizers, muon_parameters
-from nonlinear_queries.pretrained import load_model
-from nonlinear_queries.runs import RunDir
-from nonlinear_queries.runtime import SetupError, parallelize, setup
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.weights.pretrained import load_model
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps; the global
 # batch is 4 micro-batches of 2 sequences: 4 micro-steps in one process, 2 per rank in two
@@ -150,7 +150,7 @@ def test_fsdp_on_two_processes_trains_like_one_and_resumes_on_two_or_one(shakesp
 
     # one command makes ckpt.pt of it: the one-process run's checkpoint, weights and optimizer states,
     # which sample.py and export.py read (pretrained.load_model)
-    proc = run_script("-m nonlinear_queries.checkpoint", f"--out_dir={out}")
+    proc = run_script("-m nonlinear_queries.weights.checkpoint", f"--out_dir={out}")
     assert f"wrote {out / 'ckpt.pt'}: the checkpoint of step 8" in proc.stdout
     made, want = (torch.load(d / "ckpt.pt", weights_only=True) for d in (out, one_process))
     assert set(made) == set(want) and made["step"] == 8 and made["model_args"] == want["model_args"]

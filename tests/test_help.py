@@ -12,8 +12,8 @@ from typing import ClassVar
 import pytest
 
 from helpers import REPO
-from nonlinear_queries.configurator import config_from_argv, field_comments, help_text
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.configurator import config_from_argv, field_comments, help_text
+from nonlinear_queries.config.train_config import TrainConfig
 
 # root .py files that are not programs: imported, never run
 NOT_PROGRAMS = {"model.py"}

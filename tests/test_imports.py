@@ -14,13 +14,13 @@ import pytest
 from helpers import REPO
 
 # what only training needs: its optimizers, its batches, and DCP (torch.distributed.checkpoint, sharded checkpoints)
-TRAINING_ONLY = ("nonlinear_queries.optimizers", "nonlinear_queries.batches", "torch.distributed.checkpoint")
+TRAINING_ONLY = ("nonlinear_queries.trainer.optimizers", "nonlinear_queries.data.batches", "torch.distributed.checkpoint")
 # the harness's commands that start no run, and a module each must have loaded (the command did run)
 HARNESS_COMMANDS = {
-    "sweep.py --help": "nonlinear_queries.sweeps",
-    "sweep.py --status SWEEP": "nonlinear_queries.lock",
-    "study.py --help": "nonlinear_queries.protocol",
-    "compare.py --help": "nonlinear_queries.comparison",
+    "sweep.py --help": "nonlinear_queries.experiments.sweeps",
+    "sweep.py --status SWEEP": "nonlinear_queries.record.lock",
+    "study.py --help": "nonlinear_queries.experiments.protocol",
+    "compare.py --help": "nonlinear_queries.analysis.comparison",
 }
 
 
@@ -52,7 +52,7 @@ def imported(node, name, modules):
         if node.level:  # relative: from the package the module `name` stands in
             package = name if name == "nonlinear_queries" else name.rpartition(".")[0]
             base = ".".join(p for p in (package, base) if p)
-        # `from nonlinear_queries import runtime` loads nonlinear_queries.runtime
+        # `from nonlinear_queries import runtime` loads nonlinear_queries.trainer.runtime
         candidates = [base, *(f"{base}.{alias.name}" for alias in node.names)]
     return {c for c in candidates if c in modules and c != name}
 
@@ -96,7 +96,7 @@ def find_circle(graph):
 
 def test_the_import_graph_has_no_circle():
     graph = import_graph()
-    assert "nonlinear_queries.checkpoint" in graph and "sample" in graph  # the walk read the package and the root
+    assert "nonlinear_queries.weights.checkpoint" in graph and "sample" in graph  # the walk read the package and the root
     circle = find_circle(graph)
     assert circle is None, "an import circle: " + " -> ".join(
         f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
@@ -106,9 +106,9 @@ def test_the_loader_of_models_stands_on_the_sources_side():
     # pretrained (every source) reads files through checkpoint_file; checkpoint (the training state) never
     # loads a model, and neither of the two imports the other
     graph = import_graph()
-    assert "nonlinear_queries.checkpoint_file" in graph["nonlinear_queries.pretrained"]
-    assert "nonlinear_queries.checkpoint" not in graph["nonlinear_queries.pretrained"]
-    assert "nonlinear_queries.pretrained" not in graph["nonlinear_queries.checkpoint"]
+    assert "nonlinear_queries.weights.checkpoint_file" in graph["nonlinear_queries.weights.pretrained"]
+    assert "nonlinear_queries.weights.checkpoint" not in graph["nonlinear_queries.weights.pretrained"]
+    assert "nonlinear_queries.weights.pretrained" not in graph["nonlinear_queries.weights.checkpoint"]
 
 
 @pytest.mark.parametrize("program", ["sample.py", "export.py"])
@@ -122,7 +122,7 @@ def test_a_program_that_only_reads_a_model_imports_no_training_code(program):
                           env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     loaded = proc.stdout.split()
-    assert "nonlinear_queries.pretrained" in loaded  # the statements did load the program's modules
+    assert "nonlinear_queries.weights.pretrained" in loaded  # the statements did load the program's modules
     found = [m for m in loaded if any(m == t or m.startswith(t + ".") for t in TRAINING_ONLY)]
     assert found == [], f"{program} imports training code: {found}"
 

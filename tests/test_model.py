@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from helpers import randomize, reference_attention
 from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
-from nonlinear_queries.optimizers import configure_optimizers
+from nonlinear_queries.trainer.optimizers import configure_optimizers
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 # the ablations of issue 5 (the paper's open questions) beside the plain query modes

@@ -23,10 +23,10 @@ from helpers import (
     val_losses_by_step,
 )
 from model import GPT, QUERY_MODULES, GPTConfig, apply_rope, model_config_keys, rope_angles
-from nonlinear_queries.configurator import read_config_file
-from nonlinear_queries.optimizers import build_optimizers, muon_parameters, set_learning_rates
-from nonlinear_queries.pretrained import hf_incompatibility
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.configurator import read_config_file
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.trainer.optimizers import build_optimizers, muon_parameters, set_learning_rates
+from nonlinear_queries.weights.pretrained import hf_incompatibility
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 MODERN = dict(pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True)

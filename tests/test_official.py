@@ -14,11 +14,11 @@ import torch
 
 from helpers import REPO, TINY, run_script
 from model import GPT, GPTConfig, model_config_keys
-from nonlinear_queries import sweeps
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.plots import Curve, figure2, relative_improvement
-from nonlinear_queries.runs import load_run
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.analysis.plots import Curve, figure2, relative_improvement
+from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.experiments import sweeps
+from nonlinear_queries.record.runs import load_run
 
 OFFICIAL = os.path.join(REPO, "config", "official")
 _S1 = 1 / math.sqrt(768 // 12)  # the official "scale" of the linear query, 1/(math.sqrt(768//12))

@@ -30,13 +30,14 @@ from helpers import (
     train_in_process,
 )
 from model import GPT, GPTConfig
-from nonlinear_queries import checkpoint, lock
-from nonlinear_queries.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
-from nonlinear_queries.lock import OutDirBusy, hold_out_dir, out_dir_holder
-from nonlinear_queries.optimizers import build_optimizers
-from nonlinear_queries.runs import RunDir
-from nonlinear_queries.runtime import SetupError, parallelize, setup
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.record import lock
+from nonlinear_queries.record.lock import OutDirBusy, hold_out_dir, out_dir_holder
+from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.trainer.optimizers import build_optimizers
+from nonlinear_queries.trainer.runtime import SetupError, parallelize, setup
+from nonlinear_queries.weights import checkpoint
+from nonlinear_queries.weights.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
 
 RUN = ["--lr_decay_iters=24", "--eval_interval=4"]
 
@@ -90,8 +91,8 @@ def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale
 def test_the_lock_is_held_once_per_process_and_names_its_holder(tmp_path):
     hold_out_dir(RunDir(str(tmp_path)))
     hold_out_dir(RunDir(str(tmp_path)))  # again in the same process: nothing to refuse
-    probe = subprocess.run([sys.executable, "-c", "import sys; from nonlinear_queries.lock import hold_out_dir; "
-                            "from nonlinear_queries.runs import RunDir; hold_out_dir(RunDir(sys.argv[1]))",
+    probe = subprocess.run([sys.executable, "-c", "import sys; from nonlinear_queries.record.lock import hold_out_dir; "
+                            "from nonlinear_queries.record.runs import RunDir; hold_out_dir(RunDir(sys.argv[1]))",
                             str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert probe.returncode == 1 and "OutDirBusy" in probe.stderr and f"PID {os.getpid()}" in probe.stderr
     assert issubclass(OutDirBusy, Exception)

@@ -14,7 +14,7 @@ marks a table whose column headers a person rewrote (analyze.py's "baseline lear
 
 Tables that put together numbers of several commands (each run's val loss, the relative improvement at several
 steps) are marked `<!-- table built by tests/test_results.py: NAME -->`: BUILDERS[NAME] builds them from the
-committed runs through the same library (nonlinear_queries.runs and .stats), and every cell is compared. A
+committed runs through the same library (nonlinear_queries.record.runs and .stats), and every cell is compared. A
 table too costly to compute twice (results/coord_check's) is marked `<!-- table checked by tests/FILE.py: TEST -->`,
 the test that computes it and compares it cell by cell.
 
@@ -37,10 +37,10 @@ import pytest
 import analyze
 import compare
 from helpers import REPO
-from nonlinear_queries import comparison
-from nonlinear_queries.arms import Arm, diag_value, make_arms, paired_losses, read_runs
-from nonlinear_queries.runs import format_value, load_run, read_metrics
-from nonlinear_queries.stats import paired_t, rel_improvement, welch_p
+from nonlinear_queries.analysis import comparison
+from nonlinear_queries.analysis.arms import Arm, diag_value, make_arms, paired_losses, read_runs
+from nonlinear_queries.analysis.stats import paired_t, rel_improvement, welch_p
+from nonlinear_queries.record.runs import format_value, load_run, read_metrics
 
 BUILT = re.compile(r"<!-- table built by tests/test_results.py: (\w+) -->$")
 MARKER = re.compile(r"<!-- table (\(headers renamed\) )?from: python (compare|analyze)\.py (.*?)"
@@ -296,7 +296,7 @@ def width_transfer_margins():
     """results/width_transfer at step 1000: per arm, parametrization and width, the best rate, its two seeds' val
     losses and their spread (|difference| over their mean, %), the runner-up rate and how far its mean lies above
     the best's (%): a best rate is resolved by 2 seeds only where that margin exceeds the seeds' spread."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     runs, _ = read_runs([os.path.join(REPO, "results/width_transfer", a) for a in TRANSFER_ARMS], "seed")
     rows = [["arm", "param.", "width", "best rate", "its seeds' val loss", "seeds' spread (%)", "runner-up",
@@ -472,7 +472,7 @@ def readme_prose():
 def width_transfer_prose():
     """results/width_transfer/README.md's numbers on the rate above the optimum and on μP against SP, from the
     runs at step 1000."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     runs, _ = read_runs([os.path.join(REPO, "results/width_transfer", a) for a in TRANSFER_ARMS], "seed")
     every = {(c.arm, c.parametrization, c.width): c for c in width.transfer_curves(runs, 1000)}
@@ -535,7 +535,7 @@ def with_sign(x):
 
 def ladder():
     """results/width_ladder's runs at step 3000 on held-out seeds 1-5: ({(arm, width): rung}, {arm: slope})."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     runs, _ = read_runs([os.path.join(REPO, d) for d in LADDER_RUNS], "seed")
     rungs, slopes, _ = width.ladder([r for r in runs if r.config["seed"] in range(1, 6)], 3000)
@@ -677,7 +677,7 @@ def width_ladder_prose():
     beside it), the within-seed correlations, width 384's runs during training, the slopes with their own MDE,
     the signs of the gaps, the FLOPs ratios, the planned power of the declared test, how many runs each new width
     has, and that each ran in one session."""
-    from nonlinear_queries import stats, width
+    from nonlinear_queries.analysis import stats, width
 
     rung, slope = ladder()
     widths = (64, 128, 256, 384)
@@ -904,7 +904,7 @@ def declared_tests(dirs, seeds):
     """The ladder's declared pooled tests on the runs under `dirs` at step 3000 with a seed in `seeds`: ({arm:
     Pooled}, Holm over res_gelu and res_gelu_no_half against the baseline; the Pooled test of D, the temperature
     comparison, None where `dirs` hold no baseline_temp2; {(arm, width): Rung}, baseline_temp2's arm "temp2")."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     runs, _ = read_runs([os.path.join(REPO, d) for d in dirs], "seed")
     rungs = width.ladder([r for r in runs if r.config["seed"] in seeds], 3000)[0]
@@ -921,7 +921,7 @@ def declared_test_prose():
     runs), seeds 1-5's estimate at the same widths beside it and the test of the shift between them, the MDEs under
     Holm, how much the lead leans on single seeds, and the same model over every seed (1-10 at 128 and 256, 1-5 at
     64, 1-3 at 384), labelled exploratory."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     assert sum(len(glob.glob(os.path.join(REPO, d, "*", "metrics.jsonl"))) for d in FRESH_RUNS) == 40
     no_temp2 = [d for d in FRESH_RUNS if "temp2" not in d]
@@ -1006,7 +1006,7 @@ def temperature_declaration_prose():
     and its result: all 40 runs committed, each unbroken; the power planned from E's spread on the seeds run before
     (seeds 1-10, and 1-5 alone), the seeds a width that detect 0.4 points, E on those seeds (exploratory), and the
     declared test (temperature_result_prose)."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     runs, _ = read_runs([os.path.join(REPO, d) for d in E_RUNS + E_DECLARED_RUNS], "seed")
 
@@ -1049,7 +1049,7 @@ def temperature_result_prose(e_rungs, words):
     """The declared test of E on seeds 11-20 (all 40 runs), its verdict by the declaration's outcomes, its spread
     against the one the declaration planned with, E per width on those seeds, and the same model over seeds 1-20
     (exploratory)."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     rungs = e_rungs(range(11, 21))
     assert sorted((r.width, len(r.gaps)) for r in rungs) == [(128, 10), (256, 10)]
@@ -1081,7 +1081,7 @@ def width_doc_prose():
     """docs/width.md's account of the declared pooled test (fresh seeds 6-10; every seed beside it, exploratory),
     baseline_temp2's pooled gap on the fresh seeds, and of studies/width_ladder_rates.toml at width 384: the runs
     done, each tuned arm's best rate."""
-    from nonlinear_queries import width
+    from nonlinear_queries.analysis import width
 
     fresh, d, rung = declared_tests(FRESH_RUNS, range(6, 11))
     every, _, _ = declared_tests(LADDER_RUNS + [r for r in FRESH_RUNS if "temp2" not in r], range(1, 11))

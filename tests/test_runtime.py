@@ -9,9 +9,9 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from nonlinear_queries import runtime
-from nonlinear_queries.runs import NullWandb, RunLog, git_state, run_header
-from nonlinear_queries.runtime import SetupError, mfu, peak_flops, setup
+from nonlinear_queries.record.runs import NullWandb, RunLog, git_state, run_header
+from nonlinear_queries.trainer import runtime
+from nonlinear_queries.trainer.runtime import SetupError, mfu, peak_flops, setup
 
 
 def test_setup_on_the_cpu():

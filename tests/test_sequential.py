@@ -13,8 +13,9 @@ import pytest
 
 import study
 from helpers import ONE_THREAD, REPO, run_script
-from nonlinear_queries import design, looks, power, protocol, sequential
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.analysis import power, sequential
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.experiments import design, looks, protocol
 
 THIRDS = [1 / 3, 2 / 3, 1.0]
 
@@ -401,7 +402,7 @@ def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsy
     measured one the committed runs give)."""
     readme = open(os.path.join(REPO, "results", "width_ladder", "width256_e", "README.md")).read()
     lines = readme.splitlines()
-    prefix = "<!-- table from: python -m nonlinear_queries.design "
+    prefix = "<!-- table from: python -m nonlinear_queries.experiments.design "
     markers = [i for i, line in enumerate(lines) if line.startswith(prefix)]
     assert len(markers) == 2
     for i in markers:

@@ -146,7 +146,7 @@ def test_ci_runs_the_readme_s_test_command_and_the_suite_refuses_a_distribution_
 
 
 def test_the_checkpoint_format_is_described_once_and_lists_every_key_a_checkpoint_needs():
-    # the one description, nonlinear_queries/checkpoint.py's docstring, which the docs link to
-    from nonlinear_queries import checkpoint
+    # the one description, nonlinear_queries/weights/checkpoint.py's docstring, which the docs link to
+    from nonlinear_queries.weights import checkpoint
     listed = set(re.findall(r"^    (\w+) {2,}\S", checkpoint.__doc__, re.MULTILINE))
     assert checkpoint.CHECKPOINT_KEYS | {"config", "grad_scaler"} == listed

@@ -15,11 +15,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import TINY, read_metrics, train_in_process
 from model import GPT, GPTConfig, model_config_keys
-from nonlinear_queries.batches import get_batch
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.train_config import TrainConfig
-from nonlinear_queries.training import dropout_seed, get_lr, train_step
+from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.data.batches import get_batch
+from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
+from nonlinear_queries.trainer.training import dropout_seed, get_lr, train_step
 
 
 @pytest.fixture

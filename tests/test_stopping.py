@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from helpers import REPO
-from nonlinear_queries import atomic, stopping
-from nonlinear_queries.stopping import Interrupted, StopFlag
+from nonlinear_queries.record import atomic
+from nonlinear_queries.trainer import stopping
+from nonlinear_queries.trainer.stopping import Interrupted, StopFlag
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_a_second_request_exits_at_once_with_128_plus_its_number(tmp_path):
     code = "\n".join([
         "import os, signal, time",
         "from nonlinear_queries import atomic",
-        "from nonlinear_queries.stopping import StopFlag",
+        "from nonlinear_queries.trainer.stopping import StopFlag",
         "stop = StopFlag('train.py').install()",
         "stop.start()",
         f"with atomic.atomic_write({str(tmp_path / 'f.json')!r}) as f:",

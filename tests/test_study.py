@@ -17,9 +17,10 @@ from test_results import TABLES, printed_table
 
 import study
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
-from nonlinear_queries import looks, protocol, runs, sweeps
-from nonlinear_queries.configurator import ConfigError, parse_config
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.experiments import looks, protocol, sweeps
+from nonlinear_queries.record import runs
 
 TOML = """
 name = "toy"

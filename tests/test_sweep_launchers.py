@@ -28,9 +28,9 @@ from helpers import (
     wait_until,
 )
 from helpers import val_losses_by_step as evals
-from nonlinear_queries import sweeps
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.train_config import TrainConfig
+from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.experiments import sweeps
 
 # one worker under pytest-xdist holds the one SLURM cluster (a session fixture) and every test that asks for it
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -231,8 +231,8 @@ def test_sigusr2_to_a_two_process_slurm_job_checkpoints_every_rank_and_the_resum
     # then requeues the job (scontrol, recorded here) and exits.
     from submitit.core.utils import DelayedSubmission, JobPaths
 
-    from nonlinear_queries.slurm import PointJob
-    from nonlinear_queries.sweeps import Point
+    from nonlinear_queries.experiments.slurm import PointJob
+    from nonlinear_queries.experiments.sweeps import Point
 
     run = ["--eval_interval=4", "--lr_decay_iters=12", "--dropout=0.1", "--batch_size=2",
            "--gradient_accumulation_steps=4", "--parallelism=fsdp"]
@@ -304,7 +304,7 @@ open(os.path.join(sys.argv[1], f"{os.environ['RANK']}.saved"), "w").close()
 def test_a_point_s_torchrun_waits_for_a_checkpoint_longer_than_its_default_30_s(tmp_path):
     # two workers that take 35 s to save after SIGTERM; torchrun, signalled as a scheduler or sweep.py
     # does, must let them finish rather than SIGKILL them after its default 30 s
-    from nonlinear_queries.launch import launcher
+    from nonlinear_queries.experiments.launch import launcher
 
     (tmp_path / "worker.py").write_text(WORKER)
     with open(tmp_path / "torchrun.log", "w") as log:
@@ -437,7 +437,7 @@ def test_a_two_process_point_on_slurm_equals_its_one_process_run_through_a_preem
 
 
 def test_slurm_time_limits_are_read_as_slurm_writes_them():
-    from nonlinear_queries.slurm import slurm_minutes
+    from nonlinear_queries.experiments.slurm import slurm_minutes
 
     assert [slurm_minutes(t) for t in ("10", "30:30", "4:00:00", "1-02", "1-00:00:00")] == [10, 31, 240, 1560, 1440]
     for bad in ("", "0", "4h", "1:2:3:4"):

@@ -28,12 +28,13 @@ from helpers import (
     wandb_records,
 )
 from model import GPT, GPTConfig
-from nonlinear_queries import checkpoint, training
-from nonlinear_queries.batches import index_file, row_offsets
-from nonlinear_queries.checkpoint import read_checkpoint
-from nonlinear_queries.configurator import parse_config
-from nonlinear_queries.train_config import TrainConfig
-from nonlinear_queries.training import get_lr
+from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.data.batches import index_file, row_offsets
+from nonlinear_queries.trainer import training
+from nonlinear_queries.trainer.training import get_lr
+from nonlinear_queries.weights import checkpoint
+from nonlinear_queries.weights.checkpoint import read_checkpoint
 
 # ---------------------------------------------------------------------------------------
 # fixed-seed batch indices

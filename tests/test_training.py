@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from nonlinear_queries.batches import get_batch
-from nonlinear_queries.checkpoint import should_save
-from nonlinear_queries.optimizers import Muon, configure_optimizers
-from nonlinear_queries.runtime import Runtime
-from nonlinear_queries.train_config import TrainConfig
-from nonlinear_queries.training import (
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.data.batches import get_batch
+from nonlinear_queries.trainer.optimizers import Muon, configure_optimizers
+from nonlinear_queries.trainer.runtime import Runtime
+from nonlinear_queries.trainer.training import (
     DivergenceGuard,
     apply_updates,
     divergence_reason,
@@ -24,6 +23,7 @@ from nonlinear_queries.training import (
     should_read_back,
     train_step,
 )
+from nonlinear_queries.weights.checkpoint import should_save
 
 LR, MIN_LR = 1e-3, 1e-4
 

@@ -18,14 +18,14 @@ from test_compare import make_run, run_compare
 
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
-from nonlinear_queries.coord_check import coord_check
-from nonlinear_queries.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.pretrained import hf_incompatibility
-from nonlinear_queries.runs import RunsError
-from nonlinear_queries.runtime import parallelize, setup
-from nonlinear_queries.stats import p_cell
-from nonlinear_queries.train_config import TrainConfig
-from nonlinear_queries.training import get_lr
+from nonlinear_queries.analysis.coord_check import coord_check
+from nonlinear_queries.analysis.stats import p_cell
+from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.record.runs import RunsError
+from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
+from nonlinear_queries.trainer.runtime import parallelize, setup
+from nonlinear_queries.trainer.training import get_lr
+from nonlinear_queries.weights.pretrained import hf_incompatibility
 
 SMALL = dict(n_layer=2, n_head=4, n_embd=64, block_size=16, vocab_size=64, query_mode="res_gelu")
 HIDDEN = {"attn.c_kv.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight", "attn.query.w1.weight",
@@ -175,8 +175,8 @@ def test_the_coordinate_check_holds_under_mup_and_fails_under_sp(chars):
     # the check, as results/coord_check/README.md runs it: widths 64-512, 2 layers, 10 steps of 4 x 64
     # characters at a deliberately high rate, 3 seeds, res_gelu (every activation, the query branch f(x)
     # included); slopes of log mean|x| against log width at steps >= 2
-    from nonlinear_queries.configurator import parse_config
-    from nonlinear_queries.coord_check import slope_cell, slope_summary
+    from nonlinear_queries.analysis.coord_check import slope_cell, slope_summary
+    from nonlinear_queries.config.configurator import parse_config
 
     cfg = parse_config(TrainConfig, [os.path.join(REPO, "config/mini/res_gelu.py"), "--n_layer=2", "--batch_size=4",
                                      "--block_size=64"])[0]
@@ -318,8 +318,8 @@ def test_the_ladder_pairs_seeds_per_width_and_fits_the_slope_against_log_width(t
 
 def test_the_ladder_figure_draws_the_fitted_slope_and_joins_no_means():
     # at two widths the least-squares line passes through both means, so a line joining the means would hide it
-    from nonlinear_queries.plots import width_ladder
-    from nonlinear_queries.width import Rung, Slope
+    from nonlinear_queries.analysis.plots import width_ladder
+    from nonlinear_queries.analysis.width import Rung, Slope
 
     gaps = {128: np.array([0.5, 1.0, 2.5]), 256: np.array([-0.5, 0.5, 0.0])}
     rungs = [Rung("res_gelu", w, g, g, g, (g.mean() - 1, g.mean() + 1), 0.5, 1.0, 1.0, 1, 1.0) for w, g in gaps.items()]
@@ -371,7 +371,7 @@ def test_mup_is_for_training_from_scratch_not_for_fine_tuning_sp_weights():
 
 def test_the_declared_temperature_difference_pairs_seeds_and_pools_over_widths():
     # D = g(no_half) - g(res_gelu) - g(temp2) per seed the three share, then the pooled test of width.py
-    from nonlinear_queries.width import Rung, difference_table, effect_difference, pooled_test
+    from nonlinear_queries.analysis.width import Rung, difference_table, effect_difference, pooled_test
 
     def rung(arm, width, gaps, seeds):
         gaps = np.array(gaps, dtype=float)
@@ -398,7 +398,7 @@ def test_the_declared_temperature_difference_pairs_seeds_and_pools_over_widths()
 
 
 def test_leave_one_out_drops_one_seed_pair_at_one_width_from_every_arm():
-    from nonlinear_queries.width import Rung, leave_one_out, pooled_tests
+    from nonlinear_queries.analysis.width import Rung, leave_one_out, pooled_tests
 
     def rung(arm, width, gaps):
         gaps = np.array(gaps, dtype=float)
@@ -417,7 +417,7 @@ def test_leave_one_out_drops_one_seed_pair_at_one_width_from_every_arm():
 
 
 def test_pooled_shift_is_the_declared_model_with_the_seed_set_as_a_factor():
-    from nonlinear_queries.width import planned_mde, pooled_sd, pooled_shift, pooled_test, seeds_for_mde
+    from nonlinear_queries.analysis.width import planned_mde, pooled_sd, pooled_shift, pooled_test, seeds_for_mde
 
     before = {128: np.array([-3.0, -1.0, -2.0]), 256: np.array([-1.0, -2.0])}
     after = {128: np.array([0.0, 1.0]), 256: np.array([-1.0, 0.0, -0.5])}
@@ -438,8 +438,8 @@ def test_pooled_shift_is_the_declared_model_with_the_seed_set_as_a_factor():
 
 
 def test_the_pooled_figure_draws_each_pooled_estimate_and_d_with_its_interval():
-    from nonlinear_queries.plots import pooled_estimates
-    from nonlinear_queries.width import Pooled
+    from nonlinear_queries.analysis.plots import pooled_estimates
+    from nonlinear_queries.analysis.width import Pooled
 
     tests = [Pooled("res_gelu", -0.5, (-1.5, 0.5), 0.2, 1.0, 10, (128, 256), 8),
              Pooled("res_gelu_no_half", 1.5, (0.5, 2.5), 0.01, 1.0, 10, (128, 256), 8)]

@@ -15,7 +15,7 @@ more than half its documents for that is refused.
 
 import os
 
-from nonlinear_queries.corpus import load_hub_documents, load_local_documents, run_prepare
+from nonlinear_queries.data.corpus import load_hub_documents, load_local_documents, run_prepare
 
 HUB_NAME = "Skylion007/openwebtext"
 TEST_SIZE = 0.0005

@@ -13,7 +13,7 @@ as OpenWebText. About 1.5M tokens; a few seconds.
 
 import os
 
-from nonlinear_queries.corpus import SHAKESPEARE_TEST_SIZE, load_shakespeare, run_prepare
+from nonlinear_queries.data.corpus import SHAKESPEARE_TEST_SIZE, load_shakespeare, run_prepare
 
 if __name__ == "__main__":
     run_prepare(load_shakespeare, __doc__, out_dir=os.path.dirname(os.path.abspath(__file__)),

@@ -19,14 +19,14 @@ import sys
 
 import numpy as np
 
-from nonlinear_queries.atomic import atomic_path, write_json
-from nonlinear_queries.corpus import (
+from nonlinear_queries.data.corpus import (
     SHAKESPEARE_TEST_SIZE,
     SPLIT_SEED,
     DataError,
     load_shakespeare,
     split_documents,
 )
+from nonlinear_queries.record.atomic import atomic_path, write_json
 
 
 def prepare_chars(out_dir, test_size):

@@ -1,0 +1,86 @@
+"""
+Operating characteristics of candidate group-sequential designs for a study's declared test, computed before any of
+its runs: for each design (looks, spending, futility), the boundaries carried to t, and from simulated studies
+(sequential.operating_characteristics, seeded) the rejection rate and the expected runs under each effect, at the
+spread of the study's [power] pilot (or given sd).
+
+    python -m nonlinear_queries.experiments.design studies/width256_e.toml --effects 0 0.45 0.86
+    python -m nonlinear_queries.experiments.design studies/width256_e.toml --effects 0 0.45 0.86 --pilot_seeds 11 20
+
+The first line's table is the one results/width_ladder/width256_e/README.md's declaration chose its design from.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+from nonlinear_queries.analysis import sequential
+from nonlinear_queries.experiments import looks
+from nonlinear_queries.experiments.protocol import StudyError, load_study
+
+# (looks, spending, futility |z| bounds per look but the last): the designs compared
+CANDIDATES = [
+    ([30], "obrien_fleming", []),
+    ([15, 30], "obrien_fleming", []),
+    ([10, 20, 30], "obrien_fleming", []),
+    ([10, 20, 30], "obrien_fleming", [0.0, 1.0]),
+    ([10, 20, 30], "pocock", []),
+    ([10, 20, 30, 40], "obrien_fleming", []),
+]
+
+
+def design_rows(looks_list, effects, sd, level=0.05, studies=20_000, seed=0, arms=2):
+    """Rows (lists of text) of the design table: per candidate its looks, spending, futility, t boundaries, and per
+    effect the share of simulated studies that reject and the expected runs (seeds an arm x `arms`)."""
+    rows = []
+    for looks_, spending, futility in looks_list:
+        z = sequential.spending_bounds([n / looks_[-1] for n in looks_], level, spending)
+        dfs = [n - 1 for n in looks_]
+        tb, ft = sequential.t_boundaries(z, dfs), sequential.t_boundaries(futility, dfs)
+        row = ["/".join(map(str, looks_)), looks.SPENDING_NAMES[spending] if len(looks_) > 1 else "fixed n",
+               ", ".join(f"{f:g}" for f in futility) or "none", ", ".join(f"{b:.2f}" for b in tb)]
+        for effect in effects:
+            oc = sequential.operating_characteristics(looks_, tb, effect, sd, studies, seed, ft or None)
+            row += [f"{oc.rejected:.3f}", f"{arms * oc.expected_seeds:.1f}"]
+        rows.append(row)
+    return rows
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("study", help="a study file with a declared [[test]] and its [power] (pilot or sd)")
+    parser.add_argument("--effects", type=float, nargs="+", default=[0.0, 0.45, 0.86], help="true E, points")
+    parser.add_argument("--sd", type=float, default=None, help="the spread (points); default: the [power]'s")
+    parser.add_argument("--pilot_seeds", type=int, nargs=2, metavar=("FIRST", "LAST"), default=None,
+                        help="the spread of the pilot's seeds FIRST..LAST alone")
+    parser.add_argument("--studies", type=int, default=20_000, help="simulated studies per design and effect")
+    args = parser.parse_args(argv)
+    try:
+        study = load_study(args.study)
+        test = study.tests[0]
+        target = study.power.targets[test.name]
+        if args.sd or target.sd:
+            sd, basis = args.sd or target.sd, "given"
+        else:
+            seeds, d, _ = looks.pilot_contrast(study, test, target)
+            first, last = args.pilot_seeds or (seeds[0], seeds[-1])
+            d = [x for s, x in zip(seeds, d) if first <= s <= last]
+            sd, basis = float(np.std(d, ddof=1)), f"the pilot's seeds {first}-{last} ({len(d)} pairs)"
+    except (StudyError, AttributeError, IndexError, KeyError) as e:
+        print(f"error: {args.study} needs a [[test]] and its [power] table ({e})", file=sys.stderr)
+        return 2
+    arms = 1 + len(test.contrast)
+    print(f"{test.name}: two-sided level {test.level:g}, sd {sd:.3f} points ({basis}), {args.studies:,} simulated "
+          f"studies per design and effect (numpy seed 0); runs = seeds an arm x {arms} arms\n")
+    header = ["looks (seeds an arm)", "spending", "futility: stop if abs(z) <", "t boundaries"]
+    for effect in args.effects:
+        header += [f"rejects at E = {effect:g}", f"expected runs at E = {effect:g}"]
+    rows = design_rows(CANDIDATES, args.effects, sd, test.level, args.studies, arms=arms)
+    for line in [header, ["---"] * 4 + ["---:"] * (len(header) - 4), *rows]:
+        print("| " + " | ".join(line) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,514 @@
+"""
+A study's declared tests ([[test]]), run look by look ([sequential]) and planned by power ([power]): study.py's side
+of nonlinear_queries/analysis/sequential.py and power.py.
+
+Looks. Look k holds the first looks[k] held-out seeds of the horizon, in the order the study file writes them, for
+every arm. study.py runs one look at a time (`at_look`: the study with its seeds cut to that look's). A look is
+evaluated only once every run of every declared test's arms at its seeds has finished (`state`); until then no loss
+of its runs is shown or recorded (`withhold` keeps them out of study.json). At an evaluated look each test's
+statistic is the paired t of its per-seed contrast on the look's seeds (n - 1 degrees of freedom), against the
+look's boundary: the Lan-DeMets z boundary carried to t by the same nominal p-value (sequential.t_boundaries). A
+test rejects at the first look where |t| reaches its boundary; with a declared futility bound it stops without
+rejecting at an earlier look where |t| falls below it (non-binding: the rejection bounds do not count on it). The
+study stops at the look where every test has stopped, or at the last look. Beside each, the exact sign-flip p of the
+same per-seed contrasts (sequential.sign_flip_p), reported and never a substitute for the declared test, and the
+repeated confidence interval, estimate +- t_k x SE (Jennison & Turnbull 2000, ch. 9: it covers the contrast at every
+look at once with probability about 1 - level, as the boundaries carried to t hold the level).
+
+A diverged run is never dropped: its val loss counts as the test's declared `diverged_val_loss` (power.contrast_values).
+
+A pilot stage ([pilot] seeds): after tuning, every arm runs the pilot's seeds first (`at_look(study, PILOT)`); they
+enter no test. Their per-seed contrasts give [power]'s spread, and with [sequential] n_looks the looks are set from
+it before any held-out seed runs (`planned_looks`: K equally spaced looks up to the fewest seeds at which the
+simulated procedure reaches the power asked at the effect, capped at the held-out seeds listed). A family ([family]
+order) is tested in a fixed sequence (gatekeeping): the first test is the gate, run look by look as above; at the
+look where it rejects, the next test is tested against its own boundary at that look (each at the full level, with
+its own spending: Glimm, Maurer & Bretz 2010, "Hierarchical testing of multiple endpoints in group-sequential
+trials", Statistics in Medicine 29), and so on until one is not rejected; the tests after it are not tested. The
+study stops at the look where the gate is decided. This controls the family-wise error at the level.
+"""
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy import stats as sps
+
+from nonlinear_queries.analysis import power, sequential
+from nonlinear_queries.experiments.protocol import StudyError, advance, arms_at, point_dir
+from nonlinear_queries.record.runs import RunDir, RunsError, find_run_dirs, finished, history
+
+SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming-type", "pocock": "Pocock-type"}
+PILOT = -1  # LookState.current while the pilot stage's runs do not all exist
+
+
+@functools.lru_cache(maxsize=64)
+def _z_bounds(looks, level, spending):
+    return tuple(sequential.spending_bounds([n / looks[-1] for n in looks], level, spending))
+
+
+@functools.lru_cache(maxsize=64)
+def _looks_for_power(effect, sd, level, spending, futility, n_looks, wanted, max_seeds):
+    """(looks, simulated power): n_looks looks at ceil(k n / n_looks) seeds, n the fewest (from 3 n_looks up to
+    max_seeds) at which the procedure's simulated power at `effect` reaches `wanted`, else max_seeds."""
+    def schedule(n):
+        return [max(3, math.ceil((k + 1) * n / n_looks)) for k in range(n_looks)]
+
+    def reached(n):
+        looks = schedule(n)
+        z = _z_bounds(tuple(looks), level, spending)
+        dfs = [m - 1 for m in looks]
+        oc = sequential.operating_characteristics(looks, sequential.t_boundaries(z, dfs), effect, sd,
+                                                  futility_t=sequential.t_boundaries(list(futility), dfs) or None)
+        return oc.rejected
+
+    low, high = 3 * n_looks, max_seeds
+    if reached(high) < wanted:
+        return tuple(schedule(high)), reached(high)
+    while low < high:  # the power grows with n: the fewest n that reaches it
+        mid = (low + high) // 2
+        low, high = (low, mid) if reached(mid) >= wanted else (mid + 1, high)
+    return tuple(schedule(low)), reached(low)
+
+
+def primary(study):
+    """The test whose power sets n_looks' looks: the family's first, else the first declared."""
+    return next(t for t in study.tests if t.name == study.family[0]) if study.family else study.tests[0]
+
+
+def spread(study, test):
+    """(sd of `test`'s per-seed contrast, how it was had) from its [power] target: given; from the pilot's named
+    runs; from the pilot stage's runs once they all exist; else the `sd` assumed until then. (None, why) where
+    there is none yet."""
+    target = study.power.targets.get(test.name) if study.power else None
+    if target is None and not study.pilot_seeds:
+        return None, "no [power] target"
+    if target is not None and target.pilot:
+        seeds, d, diverged = pilot_contrast(study, test, target)
+        return float(np.std(d, ddof=1)), (f"from the pilot's {len(seeds)} paired seeds ({_seed_ranges(seeds)}; "
+                                          f"{diverged} diverged run(s) among them)")
+    if study.pilot_seeds:
+        losses = _losses(study, test, study.pilot_seeds)
+        if losses is not None:
+            seeds, d = power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)
+            return float(np.std(d, ddof=1)), f"from the pilot stage's {len(seeds)} seeds ({_seed_ranges(seeds)})"
+        if target is not None and target.sd:
+            return target.sd, "assumed until the pilot stage's runs all exist"
+        return None, "set by the pilot stage's runs, not all done"
+    return target.sd, "given"
+
+
+def planned_looks(study):
+    """(the looks, how they were set): [sequential] looks as declared; with n_looks, from the first test's power
+    (_looks_for_power at its spread: the pilot stage's once its runs exist); (None, why) where no spread is had."""
+    plan = study.sequential
+    if plan.looks:
+        return list(plan.looks), "declared"
+    test = primary(study)
+    sd, how = spread(study, test)
+    if sd is None:
+        return None, how
+    target = study.power.targets[test.name]
+    looks, reached = _looks_for_power(target.effect, sd, test.level, plan.spending, tuple(plan.futility),
+                                      plan.n_looks, study.power.power, len(plan.held_out))
+    return list(looks), (f"set by [power]: {test.name}'s simulated power {reached:.3f} at {target.effect:g} points, "
+                         f"sd {sd:.3f} {how}")
+
+
+def boundaries(study, test):
+    """(z boundaries, t boundaries, t futility bounds or []) of `test` at the study's looks: Lan-DeMets at the
+    fractions looks[k] / looks[-1], carried to t on looks[k] - 1 degrees of freedom."""
+    looks = planned_looks(study)[0]
+    z = list(_z_bounds(tuple(looks), test.level, study.sequential.spending))
+    dfs = [n - 1 for n in looks]
+    return z, sequential.t_boundaries(z, dfs), sequential.t_boundaries(study.sequential.futility, dfs)
+
+
+def _horizon(study, test):
+    return next(h for h in study.horizons if h.max_iters == test.horizon)
+
+
+def _cut(study, n):
+    """The study with every horizon's held-out seeds the pilot's then the first n (and an arm's own cut to n)."""
+    seeds = [*study.pilot_seeds, *study.sequential.held_out[:n]]
+    return replace(study, horizons=[replace(h, seeds=seeds) for h in study.horizons],
+                   arms=[replace(a, seeds=a.seeds[:n]) if a.seeds is not None else a for a in study.arms])
+
+
+def at_look(study, k):
+    """The study with every horizon's (and arm's own) held-out seeds cut to the first looks[k], after the pilot's
+    seeds where it has a pilot stage: what study.py plans and runs while look k is current; k = PILOT: the pilot's
+    seeds alone."""
+    return _cut(study, 0 if k == PILOT else planned_looks(study)[0][k])
+
+
+def _losses(study, test, seeds):
+    """{arm: {seed: val loss}} of the test's arms on `seeds`, or None while one run is missing or unfinished (its
+    status read, not its loss)."""
+    horizon = _horizon(study, test)
+    cut = replace(study, horizons=[replace(h, seeds=list(seeds)) for h in study.horizons])
+    arms = [a for a in arms_at(cut, _horizon(cut, test)) if a.name in {test.baseline, *test.contrast}]
+    # every run's status first: no loss is read while one run of the look is missing or unfinished
+    points = [(a, _points(study, a, test, seeds)) for a in arms]
+    if any(len(p) != len(seeds) or not all(finished(RunDir(point_dir(study, a, horizon, x)).status(test.horizon))
+                                           for x in p) for a, p in points):
+        return None
+    losses = {}
+    for arm in arms:
+        stage = advance(cut, arm, _horizon(cut, test))
+        if stage.chosen is None or any(v is None for v in stage.held_out.values()):
+            return None
+        losses[arm.name] = {s: stage.held_out[s] for s in seeds}
+    return losses
+
+
+def _look_losses(study, test, k, looks):
+    """_losses of look k's held-out seeds; None where the held-out seeds are fewer than the look asks."""
+    seeds = study.sequential.held_out[:looks[k]]
+    return _losses(study, test, seeds) if len(seeds) == looks[k] else None
+
+
+@dataclass
+class Evaluation:
+    """One declared test at one look: n seeds, the contrast's mean (points) and SE, t on df, its two-sided p, the
+    look's boundaries (z, and |t| at this df; futility |t| or None), the decision ('reject', 'futility', 'continue',
+    'not rejected' at the last look), the repeated confidence interval, the sign-flip p and how it was computed, and
+    the diverged runs counted at diverged_val_loss."""
+
+    test: str
+    look: int
+    seeds: list
+    mean: float
+    se: float
+    t: float
+    df: int
+    p: float
+    z_bound: float
+    t_bound: float
+    futility_t: float | None
+    decision: str
+    interval: tuple
+    sign_flip_p: float
+    sign_flip: str
+    diverged: int
+
+
+def evaluate_look(study, test, k, losses):
+    """The Evaluation of `test` at look k from `losses` ({arm: {seed: val loss}}, every run of the look finished).
+    A test after the gate of a family ([family] order) is tested once, at the look where the tests before it
+    rejected: 'reject' or 'not rejected'."""
+    seeds, d = power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)
+    n = len(d)
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
+    z, tb, ft = boundaries(study, test)
+    last = k == len(z) - 1
+    gated = bool(study.family) and test.name != study.family[0]
+    futility = ft[k] if ft and not last and not gated else None
+    decision = ("reject" if abs(t) >= tb[k] else "futility" if futility is not None and abs(t) < futility
+                else "not rejected" if last or gated else "continue")
+    p_flip, how = _sign_flip(tuple(d), study.sequential.sign_flip_draws)
+    diverged = sum(math.isinf(losses[a][s]) for a in losses for s in seeds)
+    return Evaluation(test.name, k + 1, seeds, mean, se, t, n - 1, float(2 * sps.t.sf(abs(t), n - 1)), z[k], tb[k],
+                      futility, decision, (mean - tb[k] * se, mean + tb[k] * se), p_flip, how, diverged)
+
+
+@functools.lru_cache(maxsize=256)
+def _sign_flip(differences, draws):
+    """sequential.sign_flip_p of a look's per-seed contrasts (a tuple), kept: study.json is rewritten every round."""
+    return sequential.sign_flip_p(np.array(differences), draws=draws)
+
+
+@dataclass
+class LookState:
+    """Where a sequential study stands: `evaluated` (Evaluations of the looks whose runs all exist, in order),
+    `current` (the 0-based look to run now, PILOT while the pilot stage's runs do not all exist, None once the
+    study has stopped) and `stopped_at` (the 0-based look at which it stopped, None while it goes on)."""
+
+    evaluated: list
+    current: int | None
+    stopped_at: int | None
+
+
+def state(study):
+    """The LookState of a sequential study: the pilot stage first, where there is one; then each look in turn is
+    evaluated once its runs all exist. Without a family a test stops at its first rejection or futility, and the
+    study at the look where every test has stopped or at the last look; with a family, at the look where its gate
+    (the first test) is decided, the later tests tested in order at that look while each before rejected."""
+    if study.pilot_seeds and any(_losses(study, t, study.pilot_seeds) is None for t in study.tests):
+        return LookState([], PILOT, None)
+    looks = planned_looks(study)[0]
+    order = [next(t for t in study.tests if t.name == n) for n in study.family] or list(study.tests)
+    evaluated, open_tests = [], order[:1] if study.family else order
+    for k in range(len(looks)):
+        results = []
+        for test in open_tests:
+            losses = _look_losses(study, test, k, looks)
+            if losses is None:
+                return LookState(evaluated, k, None)
+            results.append(evaluate_look(study, test, k, losses))
+        if study.family and results[0].decision == "reject":
+            for test in order[1:]:  # gatekeeping: each at its own boundary, while the ones before it rejected
+                results.append(evaluate_look(study, test, k, _look_losses(study, test, k, looks)))
+                if results[-1].decision != "reject":
+                    break
+        evaluated += results
+        open_tests = [t for t, e in zip(open_tests, results) if e.decision == "continue"]
+        if not open_tests or k == len(looks) - 1:
+            return LookState(evaluated, None, k)
+    raise AssertionError("unreachable: the last look stops the study")
+
+
+def withhold(study, stages):
+    """The stages ({max_iters: {arm: Stage}}) with the held-out losses of seeds past the last evaluated look left
+    out, for study.json: no loss of a look whose runs do not all exist is written."""
+    if study.sequential is None:
+        return stages
+    s = state(study)
+    shown = set() if s.current == PILOT else {*study.pilot_seeds, *(seed for e in s.evaluated for seed in e.seeds)}
+    return {h: {a: replace(stage, held_out={seed: v for seed, v in stage.held_out.items() if seed in shown})
+                for a, stage in arms.items()} for h, arms in stages.items()}
+
+
+def record(study):
+    """study.json's 'sequential' entry: the looks, spending and, per evaluated look and test, its statistic, df,
+    boundary and decision; {} for a study without looks."""
+    if study.sequential is None:
+        return {}
+    s = state(study)
+    plan = study.sequential
+    looks, how = planned_looks(study)
+    return {"sequential": {
+        "looks": looks, "looks_set": how, "pilot_seeds": study.pilot_seeds, "family_order": study.family,
+        "spending": plan.spending, "futility_z": plan.futility,
+        "boundaries": {t.name: {"z": boundaries(study, t)[0], "t": boundaries(study, t)[1], "level": t.level}
+                       for t in study.tests} if looks else {},
+        "current_look": None if s.current is None else "pilot" if s.current == PILOT else s.current + 1,
+        "stopped_at_look": None if s.stopped_at is None else s.stopped_at + 1,
+        "evaluated": [{"test": e.test, "look": e.look, "seeds": e.seeds, "estimate": e.mean, "se": e.se, "t": e.t,
+                       "df": e.df, "p": e.p, "z_boundary": e.z_bound, "t_boundary": e.t_bound,
+                       "futility_t": e.futility_t, "decision": e.decision, "repeated_ci": list(e.interval),
+                       "sign_flip_p": e.sign_flip_p, "sign_flip": e.sign_flip, "diverged_runs": e.diverged}
+                      for e in s.evaluated]}}
+
+
+def _contrast_text(test):
+    terms = " ".join(f"{'+' if c > 0 else '-'} {abs(c):g} g({a})" for a, c in test.contrast.items())
+    return f"{test.name} = {terms.removeprefix('+ ')}, each g against {test.baseline}"
+
+
+def _runs_done(study, test, seeds):
+    """How many of the test's arms' runs at `seeds` have finished (their status read, not their losses)."""
+    horizon = _horizon(study, test)
+    return sum(finished(RunDir(point_dir(study, a, horizon, p)).status(test.horizon))
+               for a in arms_at(study, horizon) if a.name in {test.baseline, *test.contrast}
+               for p in _points(study, a, test, seeds))
+
+
+def describe_looks(study):
+    """The lines --dry_run prints for a sequential study: the pilot stage where there is one, the family's order,
+    per test its boundaries, per look its seeds, whether its runs all exist (counted by status: no loss is read
+    until they do) and, for evaluated looks, the decision."""
+    s = state(study)
+    plan = study.sequential
+    looks, how = planned_looks(study)
+    lines = [f"\nlooks ({SPENDING_NAMES[plan.spending]} Lan-DeMets spending, two-sided; each look's z boundary carried "
+             f"to its t by the same nominal p; the first n of the held-out seeds in the study file's order):"]
+    if study.pilot_seeds:
+        n_arms = len(study.arms)
+        done = max(_runs_done(study, t, study.pilot_seeds) for t in study.tests)
+        lines.append(f"  pilot stage: seeds {', '.join(map(str, study.pilot_seeds))} of every arm after its tuning, "
+                     f"in no test; its spread sets [power] ({n_arms * len(study.pilot_seeds)} runs; {done} of the "
+                     f"largest test's exist)" + ("  <- current" if s.current == PILOT else ""))
+    if plan.n_looks:
+        lines.append(f"  {plan.n_looks} looks, " + (f"at {', '.join(map(str, looks))} seeds an arm, {how}" if looks
+                                                    else f"not set yet: {how}"))
+    if study.family:
+        lines.append(f"  one family, a fixed sequence (gatekeeping) at level {primary(study).level:g}: "
+                     f"{' -> '.join(study.family)}; the gate {study.family[0]} runs look by look, each later test is "
+                     f"tested at the look where the gate rejects, while every test before it rejected")
+    if not looks:
+        return lines
+    for test in ([next(t for t in study.tests if t.name == n) for n in study.family] or study.tests):
+        z, tb, ft = boundaries(study, test)
+        lines.append(f"  {_contrast_text(test)}, level {test.level:g}:")
+        for k, n in enumerate(looks):
+            seeds = plan.held_out[:n]
+            done = _runs_done(study, test, seeds)
+            total = n * (1 + len(test.contrast))
+            result = next((e for e in s.evaluated if e.test == test.name and e.look == k + 1), None)
+            where = ("  <- current" if s.current == k else "")
+            futility = f", stop for futility if |t| < {ft[k]:.2f}" if ft and k < len(looks) - 1 and \
+                plan.futility[k] > 0 and not (study.family and test.name != study.family[0]) else ""
+            outcome = (f"; t = {result.t:+.2f}, {result.decision}" if result else
+                       f"; {done}/{total} runs exist" + ("" if s.current != k else
+                                                         " (no loss of this look is read until all exist)")
+                       if s.stopped_at is None or k < s.stopped_at else "; not run (stopped earlier)")
+            lines.append(f"    look {k + 1}: {n} seeds an arm ({_seed_ranges(seeds)}), reject if |z| >= {z[k]:.3f}: "
+                         f"|t| >= {tb[k]:.2f} on {n - 1} df (nominal p <= {2 * sps.norm.sf(z[k]):.2g}){futility}"
+                         f"{outcome}{where}")
+    if s.stopped_at is not None:
+        lines.append(f"  the study stopped at look {s.stopped_at + 1}")
+    return lines
+
+
+def _points(study, arm, test, seeds):
+    """The held-out points of `arm` at `seeds` (its value as the protocol chooses it, without reading held-out
+    losses: a fixed value, or the tuning's choice)."""
+    from_stage = advance(replace(study, horizons=[replace(h, seeds=[]) for h in study.horizons]), arm,
+                         _horizon(study, test)).chosen
+    if from_stage is None:
+        return []
+    point = {study.key: from_stage, "seed": None}
+    return [{**point, "seed": s, **({"data_seed": s} if study.vary_data_order else {})} for s in seeds]
+
+
+def _seed_ranges(seeds):
+    return f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
+        "seeds " + ", ".join(map(str, seeds))
+
+
+def pilot_contrast(study, test, target):
+    """(the pilot's paired seeds, their per-seed contrasts, shape (n,), how many of their runs diverged): from
+    target.pilot's finished runs (run or arm directories per arm, each run's seed from its config.json), paired by
+    seed. Raises StudyError for a pilot run that is unfinished, seeds that pair fewer than 3 times, or a directory
+    that holds no run."""
+    losses = {}
+    for arm, dirs in target.pilot.items():
+        try:
+            runs = find_run_dirs(dirs)
+        except RunsError as e:
+            raise StudyError(f"[power.{test.name}] pilot: {e}") from None
+        losses[arm] = {}
+        for run in runs:
+            evals, diverged, _, _ = history(RunDir(run).records(warn=False))
+            if diverged is None and test.horizon not in evals:
+                raise StudyError(f"[power.{test.name}] pilot: {run} has not reached step {test.horizon}")
+            try:
+                seed = power.run_seed(run)
+            except power.PilotError as e:
+                raise StudyError(f"[power.{test.name}] pilot: {e}") from None
+            if seed in losses[arm]:
+                raise StudyError(f"[power.{test.name}] pilot: two runs of {arm} have seed {seed}")
+            losses[arm][seed] = math.inf if diverged is not None else evals[test.horizon][1]
+    seeds, d = power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)
+    if len(d) < 3:
+        raise StudyError(f"[power.{test.name}] pilot: its arms' runs pair on {len(d)} seed(s); at least 3 are needed")
+    return seeds, d, sum(math.isinf(losses[a][s]) for a in losses for s in seeds)
+
+
+def pilot_spread(study, test, target):
+    """(the sample sd of the pilot's per-seed contrasts (ddof 1), its seeds): pilot_contrast's."""
+    seeds, d, _ = pilot_contrast(study, test, target)
+    return float(np.std(d, ddof=1)), seeds
+
+
+def describe_power(study, cost):
+    """The lines --dry_run prints for [power]: per declared test the spread, the seeds a fixed-n paired t-test needs
+    for the effect at the level and power, its MDE at the planned seeds (the last look's, or the held-out seeds),
+    and with looks each look's MDE at its nominal level and the sequential procedure's simulated level, power and
+    expected seeds; for a test without a spread, each look's MDE in units of its per-seed sd; and the cost of each
+    n from `cost(n)` -> (text of the floor, text with widening and one rerun per arm), the pilot's seeds added."""
+    plan = study.power
+    looks = planned_looks(study)[0] if study.sequential else None
+    pilot = len(study.pilot_seeds)
+    with_pilot = f" (with the pilot stage's {pilot} seeds)" if pilot else ""
+    lines = [f"\npower (two-sided, {plan.power:.0%} power; the paired t-test on each test's per-seed contrast; cost "
+             f"of n seeds an arm{with_pilot}, tuning included):"]
+    for test in study.tests:
+        target = plan.targets.get(test.name)
+        sd, basis = spread(study, test)
+        if sd is None:
+            if looks:
+                z = boundaries(study, test)[0]
+                lines.append(f"  {test.name}: no spread yet ({basis}); each look alone detects, in units of its "
+                             f"per-seed sd: " + ", ".join(
+                                 f"look {k + 1} ({n} seeds) {m:.2f} sd" for k, (n, m) in
+                                 enumerate(zip(looks, power.look_detectable_effects(1.0, looks, z, plan.power)))))
+            continue
+        if target is None:  # a spread from the pilot stage, and no effect declared: the MDE at each look alone
+            if looks:
+                z = boundaries(study, test)[0]
+                lines.append(f"  {test.name}: sd {sd:.3f} points {basis}; each look alone detects (MDE at its nominal "
+                             f"level): " + ", ".join(f"look {k + 1} ({n} seeds) {m:.2f} points" for k, (n, m) in
+                                                     enumerate(zip(looks, power.look_detectable_effects(
+                                                         sd, looks, z, plan.power)))))
+            continue
+        planned = looks[-1] if looks else len(_horizon(study, test).seeds)
+        needed = power.seeds_for_power(target.effect, sd, test.level, plan.power)
+        mde = power.detectable_effect(sd, planned, test.level, plan.power)
+        lines += [f"  {test.name}: sd {sd:.3f} points {basis}; effect to detect {target.effect:g} points at level "
+                  f"{test.level:g}",
+                  f"    a fixed-n test needs {needed} seeds an arm; cost {cost(needed + pilot)[0]}, with widening and "
+                  f"one rerun per arm {cost(needed + pilot)[1]}",
+                  f"    at the planned {planned} seeds an arm its MDE is {mde:.2f} points; cost "
+                  f"{cost(planned + pilot)[0]}, with widening and one rerun per arm {cost(planned + pilot)[1]}"]
+        if looks:
+            z, tb, ft = boundaries(study, test)
+            gated = bool(study.family) and test.name != study.family[0]
+            mdes = power.look_detectable_effects(sd, looks, z, plan.power)
+            lines.append("    each look alone detects (MDE at its nominal level): " + ", ".join(
+                f"look {k + 1} ({n} seeds) {m:.2f} points" for k, (n, m) in enumerate(zip(looks, mdes))))
+            lines.append(f"    were the look's spread sd {sd:.3f}, it rejects where |estimate| >= " + ", ".join(
+                f"{b * sd / math.sqrt(n):.2f}" for b, n in zip(tb, looks)) + " points" + ("".join(
+                    f"; look {k + 1} stops for futility where |estimate| < {f * sd / math.sqrt(looks[k]):.2f}"
+                    for k, (f, z_f) in enumerate(zip(ft, study.sequential.futility)) if z_f > 0 and not gated)))
+            if not gated:  # a later test of a family is tested once, where the gate rejects: no procedure of its own
+                for effect in (0.0, target.effect):
+                    oc = sequential.operating_characteristics(looks, tb, effect, sd, futility_t=ft or None)
+                    lines.append(f"    simulated ({oc.studies:,} studies, seed 0) at E = {effect:g}: rejects "
+                                 f"{oc.rejected:.3f}, stops at the looks {', '.join(f'{x:.3f}' for x in oc.stopped_at)}"
+                                 f", expected seeds an arm {oc.expected_seeds:.1f}")
+            lines.append("    cost by look: " + "; ".join(f"look {k + 1} {cost(n + pilot)[0]}"
+                                                          for k, n in enumerate(looks)))
+    return lines
+
+
+def cost_text(study, seconds_for, n):
+    """(the floor, with widening and one rerun per arm) of running `n` held-out seeds of every arm, as text:
+    seconds_for(arm, horizon, runs) -> (seconds, how), study.py's estimate; the widening adds up to max_widen values
+    at each edge on every tuning seed for each tuned arm, the rerun one run per arm."""
+    floor = more = 0.0
+    unit = set()
+    for horizon in study.horizons:
+        for arm in arms_at(study, horizon):
+            stage = advance(replace(study, horizons=[replace(h, seeds=[]) for h in study.horizons]), arm, horizon)
+            tuning = 0 if arm.value or arm.value_from or not horizon.tune else (
+                len(stage.todo) if stage.chosen is None else 0)
+            widen = 0 if arm.value or arm.value_from or not horizon.tune else (
+                2 * study.max_widen - len(stage.widening)) * len(study.tuning_seeds)
+            s, how = seconds_for(arm, horizon, n + tuning)
+            floor += s
+            unit.add(how)
+            more += s + seconds_for(arm, horizon, widen + 1)[0]
+    name = "GPU-hours" if unit == {"flops"} else "run-hours"
+    return f"{floor / 3600:,.1f} {name}", f"{more / 3600:,.1f} {name}"
+
+
+def tables_section(study):
+    """TABLES.md's section for a sequential study: per evaluated look and test, the estimate, t, df, boundary,
+    decision, repeated confidence interval and sign-flip p; '' for a study without looks."""
+    if study.sequential is None:
+        return ""
+    s, plan = state(study), study.sequential
+    header = ["test", "look", "seeds an arm", "estimate (points)", "SE", "t", "df", "p (nominal)", "boundary (±t)",
+              "decision", "repeated CI", "sign-flip p", "diverged runs"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * 7 + ["---"] * 2 + ["---:"] * 2)
+            + "|"]
+    rows += [f"| {e.test} | {e.look} | {len(e.seeds)} | {e.mean:+.3f} | {e.se:.3f} | {e.t:+.2f} | {e.df} | {e.p:.2g} "
+             f"| {e.t_bound:.2f} | {e.decision} | [{e.interval[0]:+.2f}, {e.interval[1]:+.2f}] | "
+             f"{e.sign_flip_p:.3g} ({e.sign_flip}) | {e.diverged} |" for e in s.evaluated]
+    where = (f"the study stopped at look {s.stopped_at + 1}" if s.stopped_at is not None else
+             "the pilot stage's runs do not all exist yet" if s.current == PILOT else
+             f"look {s.current + 1}'s runs do not all exist yet")
+    if study.family:
+        where += (f"; one family in a fixed sequence, {' -> '.join(study.family)}: a test after the first is tested "
+                  f"at the look where the first rejects, while every test before it rejected")
+    contrasts = "; ".join(_contrast_text(t) for t in study.tests)
+    looks = planned_looks(study)[0]
+    return (f"## The declared tests, look by look\n\n{contrasts}. Looks at {', '.join(map(str, looks))} seeds an "
+            f"arm, {SPENDING_NAMES[plan.spending]} Lan-DeMets spending, two-sided; {where}. The interval is the "
+            f"repeated confidence interval (estimate ± boundary × SE); the sign-flip p is reported beside the "
+            f"declared t-test, not instead of it.\n\n" + "\n".join(rows) + "\n")

@@ -1,0 +1,256 @@
+"""
+One run per out_dir: a run holds an exclusive lock on out_dir/.lock for its whole life.
+
+The lock is the operating system's (flock(2)), held through an open file, so it dies with
+the process: a run that is killed, crashes or is requeued by a scheduler never leaves a
+stale lock behind. The lock file names its holder (host, PID, start time) for the error a
+second run gets. Under torchrun only rank 0 takes it. A run that ends cleanly (finished, or
+stopped by a signal with its checkpoint) removes the file (release_out_dir), so a .lock in
+out_dir means a run is in it now, or one was killed or crashed there (no process holds its
+lock: out_dir_holder says None). flock works across the machines of
+an NFS mount on Linux (it is emulated with byte-range locks there). A file system without
+file locks (Lustre mounted without -o flock or -o localflock, an NFS mount whose lock
+service does not answer) is a NoFileLocks error that says how to go on; train.py's
+lock_out_dir=False skips the lock there.
+
+try_lock and lock_holder are the same lock on any file: sweep.py claims a point with
+out_dir/.sweep.lock for as long as it runs the point's train.py, so two sweeps never launch one point.
+`exclusive` waits for the lock instead: sweep.py updates SWEEP_DIR/sweep.json under it, so two sweeps
+on one sweep_dir never overwrite each other's statuses with a stale copy.
+"""
+
+import contextlib
+import datetime
+import errno
+import fcntl
+import os
+import socket
+import time
+
+from nonlinear_queries.record.errors import SetupError
+
+
+class OutDirBusy(SetupError):
+    """out_dir is held by another live run."""
+
+
+class NoFileLocks(SetupError):
+    """out_dir's file system does not support flock."""
+
+
+class OutDirUnwritable(SetupError):
+    """out_dir is a file, or a directory this process cannot write in."""
+
+
+def unwritable(run_dir, e):
+    """The OutDirUnwritable for the OSError `e` that creating or writing in the run directory `run_dir` (a
+    runs.RunDir) raised: one sentence naming the path and what to do."""
+    out_dir = run_dir.path
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):
+        return OutDirUnwritable(f"out_dir {out_dir} cannot be a run directory: {e.filename or out_dir} is a file, not "
+                                f"a directory; choose another --out_dir, or move the file away")
+    if e.errno == errno.EROFS:
+        return OutDirUnwritable(f"cannot write in out_dir {out_dir}: its file system is read-only; choose an "
+                                f"--out_dir on a writable file system")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return OutDirUnwritable(f"cannot write in out_dir {out_dir}: permission denied on {e.filename or out_dir} "
+                                f"(its permissions, an immutable attribute or another user's directory); choose an "
+                                f"--out_dir you can write to, or change its permissions")
+    return OutDirUnwritable(f"cannot write in out_dir {out_dir}: {e.strerror or e}; choose another --out_dir")
+
+
+def make_out_dir(run_dir):
+    """Create the run directory `run_dir` (a runs.RunDir; its parents too) if missing. Raises OutDirUnwritable
+    where it cannot be made."""
+    try:
+        os.makedirs(run_dir.path, exist_ok=True)
+    except OSError as e:
+        raise unwritable(run_dir, e) from None
+
+
+# flock's errors for a file system that cannot lock (flock(2), errno(3)): ENOSYS "Function not implemented",
+# Lustre mounted without -o flock (its noflock default); EOPNOTSUPP "Operation not supported", a file system
+# without lock support; ENOLCK "No locks available", NFS whose lock manager cannot be reached
+UNSUPPORTED = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
+
+
+_HELD = {}  # out_dir -> its open lock file, for the life of the process
+_CREATED = {}  # out_dir -> (the paths hold_out_dir created: the lock file, out_dir itself; what out_dir held then)
+
+
+def hold_out_dir(run_dir):
+    """Take the exclusive lock of the run directory `run_dir` (a runs.RunDir; created if missing) for the rest of
+    this process's life and write the holder into its lock file. Raises OutDirBusy, naming the holder, if
+    another process holds it, NoFileLocks if the file system has no file locks (UNSUPPORTED), OutDirUnwritable
+    if out_dir is a file or cannot be written in.
+    Taking it again in the same process does nothing."""
+    out_dir = run_dir.path
+    if out_dir in _HELD:
+        return
+    created = [p for p in (run_dir.lock, out_dir) if not os.path.exists(p)]
+    make_out_dir(run_dir)
+    found = _listing(run_dir)
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    try:  # out_dir_holder's probe holds the lock for microseconds: try for half a second
+        f, holder = try_lock(run_dir.lock, f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
+                             tries=20)
+    except OSError as e:
+        _remove_created(created)
+        if e.errno not in UNSUPPORTED:
+            raise unwritable(run_dir, e) from None
+        raise NoFileLocks(
+            f"cannot lock {run_dir.lock}: its file system has no file locks (flock: {e.strerror}), "
+            f"so train.py cannot make sure that no other run writes to {out_dir}. Mount it with locks "
+            f"(Lustre: -o flock), choose an --out_dir on another file system, or pass --lock_out_dir=False "
+            f"and see to it yourself that one run at a time uses each out_dir") from None
+    if f is None:
+        raise OutDirBusy(f"{out_dir} is in use by a running training run: {holder}. Two runs in one out_dir would "
+                         f"mix their metrics and overwrite each other's checkpoints; wait for it to end (or stop it), "
+                         f"or choose another --out_dir")
+    _HELD[out_dir] = f
+    _CREATED[out_dir] = created, found
+
+
+def left_lock_file(run_dir):
+    """Whether the run directory `run_dir` (a runs.RunDir) holds a lock file that no process holds, this one
+    included: the mark of a run that was killed or crashed there (a run that ends cleanly removes it:
+    release_out_dir). Call it before taking the lock (hold_out_dir takes an old lock file over). False where
+    out_dir or its lock file cannot be read: taking the lock then says why (OutDirUnwritable)."""
+    try:
+        return run_dir.path not in _HELD and os.path.lexists(run_dir.lock) and out_dir_holder(run_dir) is None
+    except OSError:
+        return False
+
+
+def release_new_out_dir(run_dir):
+    """After a run that failed or stopped before writing anything: remove what hold_out_dir created in the run
+    directory `run_dir` (a runs.RunDir), the lock file and out_dir itself if it was new, so a failed start leaves
+    no trace, also in an out_dir that holds another run it refused to replace. Does nothing where out_dir's
+    files differ from what hold_out_dir found (a run that wrote something keeps its lock file, the mark of a run
+    that did not end cleanly). Returns True if out_dir is gone."""
+    out_dir = run_dir.path
+    if out_dir not in _HELD or _listing(run_dir) != _CREATED[out_dir][1]:
+        return False
+    f = _HELD.pop(out_dir)
+    created, _ = _CREATED.pop(out_dir)
+    if run_dir.lock in created:
+        os.remove(run_dir.lock)
+    f.close()
+    return _remove_created([p for p in created if p != run_dir.lock])
+
+
+def _listing(run_dir):
+    """The run directory's entries and their modification times, less the lock file."""
+    with os.scandir(run_dir.path) as entries:
+        return {e.name: e.stat().st_mtime_ns for e in entries if e.name != os.path.basename(run_dir.lock)}
+
+
+def release_out_dir(run_dir):
+    """At the clean end of a run: remove the lock file of the run directory `run_dir` (a runs.RunDir) and give
+    its lock back. The file is removed while the lock is held; a process that opened it meanwhile and then takes
+    the lock finds it removed and tries again on a new file (try_lock), so the lock stays exclusive. Does nothing
+    where this process holds no lock on out_dir."""
+    f = _HELD.pop(run_dir.path, None)
+    _CREATED.pop(run_dir.path, None)
+    if f is None:
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(run_dir.lock)
+    f.close()
+
+
+def _remove_created(created):
+    """Remove the paths hold_out_dir created (the lock file, then out_dir if it holds nothing else); returns
+    True if out_dir went too."""
+    for path in created:
+        if os.path.isfile(path):
+            os.remove(path)
+        elif os.path.isdir(path) and not os.listdir(path):
+            os.rmdir(path)
+            return True
+    return False
+
+
+def out_dir_holder(run_dir):
+    """The holder written in the lock file of the run directory `run_dir` (a runs.RunDir) if a live process holds
+    the lock, else None."""
+    return lock_holder(run_dir.lock)
+
+
+def lock_holder(path):
+    """The holder written in the lock file `path` if a live process holds its lock, else None (also where there
+    is no such file, and on a file system without file locks, where no process can hold it). It asks for a
+    shared lock without waiting, and gives it back at once."""
+    try:
+        f = open(path)
+    except FileNotFoundError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in UNSUPPORTED:
+                return None
+            return f.read().strip() or "a process"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
+def try_lock(path, holder, tries=4):
+    """Take the exclusive lock of the file `path` (created, with its directory, if missing) without waiting
+    longer than a probe (lock_holder) holds it (`tries` attempts 25 ms apart), and write `holder` into it.
+    Returns (the open file, None): the lock is held until the file is closed or this process ends; or (None,
+    what the process holding it wrote).
+    Raises OSError where the file system has no flock(2)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    f = open(path, "a+")
+    for _ in range(tries):
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                f.close()
+                raise
+            time.sleep(0.025)
+            continue
+        if _same_file(f, path):
+            break
+        # its holder removed it at its end (release_out_dir) after this process opened it: the lock is on a
+        # file no one else will open, so take the one at `path` now
+        f.close()
+        f = open(path, "a+")
+    else:
+        f.seek(0)
+        other = f.read().strip() or "another process (it has not written its name yet)"
+        f.close()
+        return None, other
+    f.seek(0)
+    f.truncate()
+    f.write(f"{holder}\n")
+    f.flush()
+    return f, None
+
+
+def _same_file(f, path):
+    """Whether the open file f is still the file at `path` (not removed or replaced since it was opened)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+@contextlib.contextmanager
+def exclusive(path):
+    """Hold the exclusive lock of the file `path` (created if missing) for the `with` block, waiting for
+    another process that holds it: a read-modify-write of a file two processes share (sweep.json) under it
+    sees the other's last write. On a file system without file locks (UNSUPPORTED) the block runs unlocked,
+    as it would without this lock."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in UNSUPPORTED:
+                raise
+        yield  # closing the file gives the lock back

@@ -1,0 +1,108 @@
+"""
+How train.py's run starts: where its weights come from, settled once (resolve_start: from scratch, resuming a
+checkpoint, or fine-tuning a pretrained model; nanoGPT settles the same in one if/elif on init_from), its run
+directory held (hold_run_dir: the lock, and no run replaced unasked), the model built from the start
+(build_model), and the command that resumes the run (resume_command). After resolve_start nothing reads
+init_from or resume_from: train.py, runs.RunDir.check_start and checkpoint.Checkpointer read the Start.
+"""
+
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from model import GPT, GPTConfig, model_config_keys
+from nonlinear_queries.record.errors import SetupError
+from nonlinear_queries.record.lock import hold_out_dir, left_lock_file, make_out_dir
+from nonlinear_queries.weights.checkpoint import latest_checkpoint
+from nonlinear_queries.weights.pretrained import load_model
+
+# the kinds of Start
+SCRATCH = "scratch"
+RESUME = "resume"
+FINE_TUNE = "fine-tune"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a training run's weights come from (resolve_start makes it).
+
+    kind: SCRATCH (new weights, seeded by the config's seed), RESUME (a checkpoint of this run, its training state
+    included) or FINE_TUNE (a pretrained model's weights, for a new run). path: for RESUME the checkpoint to
+    continue (a file or a sharded directory, not yet checked to exist: checkpoint.Checkpointer says so); for
+    FINE_TUNE the source pretrained.load_model reads (gpt2, a Hugging Face or export directory, a run directory, a
+    checkpoint file); '' for SCRATCH."""
+
+    kind: str
+    path: str = ""
+
+    @property
+    def resumes(self):
+        """Whether the run continues a checkpoint of its own (the run in out_dir, or resume_from)."""
+        return self.kind == RESUME
+
+    @property
+    def fine_tunes(self):
+        """Whether the run is a new one on a pretrained model's weights."""
+        return self.kind == FINE_TUNE
+
+
+def resolve_start(cfg, run_dir):
+    """The Start of the run that `cfg` describes (a TrainConfig: init_from, resume_from, parallelism), whose out_dir
+    is `run_dir` (a runs.RunDir): a resume_from, or init_from='resume', resumes resume_from or else the newest
+    checkpoint in run_dir (checkpoint.latest_checkpoint: ckpt.pt or ckpt.dcp, whichever holds the later step);
+    init_from='scratch' starts from scratch; any other init_from fine-tunes the pretrained source it names.
+    Raises nothing: a checkpoint that is missing or unreadable is checkpoint.Checkpointer's error."""
+    if cfg.resume_from or cfg.init_from == "resume":
+        return Start(RESUME, cfg.resume_from or latest_checkpoint(run_dir, cfg.parallelism))
+    if cfg.init_from == "scratch":
+        return Start(SCRATCH)
+    return Start(FINE_TUNE, cfg.init_from)
+
+
+def resume_command(rt):
+    """The command line that continues this run from its checkpoint: this process's own command line (sys.argv,
+    under torchrun with its launcher and this machine's process count, from rt, runtime.setup's processes),
+    without its --init_from, --resume_from and --overwrite, and with --init_from=resume."""
+    args = [a for a in sys.argv[1:] if not a.startswith(("--init_from=", "--resume_from=", "--overwrite="))]
+    launcher = (f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', rt.world_size)} "
+                "[your other torchrun options] " if "RANK" in os.environ else "python ")
+    return launcher + shlex.join([sys.argv[0], *args, "--init_from=resume"])
+
+
+def hold_run_dir(cfg, rt, run_dir, source, stop):
+    """Hold the run directory `run_dir` (a runs.RunDir, cfg.out_dir's) for the run that starts from `source` (a
+    Start): on rank 0 created and, with cfg.lock_out_dir, locked for this process's life (lock.py; one run per
+    out_dir); a new run that would replace or append to what a run left there unasked (checkpoints,
+    metrics.jsonl, config.json, wandb/, a .lock no process holds) is refused on every rank unless cfg.overwrite
+    (runs.RunDir.check_start). rt: runtime.setup's processes; stop: the run's stopping.StopFlag, which defers a
+    signal while the lock is taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or
+    CheckpointError."""
+    left_lock = left_lock_file(run_dir)  # before this run's own lock file is made
+    if rt.master and cfg.lock_out_dir:
+        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
+            hold_out_dir(run_dir)
+    elif rt.master:
+        make_out_dir(run_dir)
+    run_dir.check_start(source, cfg.overwrite, resume_command(rt), left_lock)
+
+
+def build_model(cfg, rt, source, resumed_args):
+    """The run's model on rt.device (rt: runtime.setup's processes) for the run that starts from `source` (a
+    Start): new from the config `cfg` (a TrainConfig; init seeded by cfg.seed), the one of resumed_args (a
+    resumed checkpoint's model_args, {} for a new run), or a pretrained source's to fine-tune (its new
+    parameters, such as anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg with the model's settings
+    filled in, model). Raises PretrainedError, or SetupError for a model μP cannot classify."""
+    torch.manual_seed(cfg.seed)
+    if source.fine_tunes:
+        model = load_model(source.path, **cfg.model_settings())
+    else:
+        # a checkpoint's model_args win; settings it predates keep the config's values
+        model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **resumed_args}
+        try:
+            model = GPT(GPTConfig(**model_args))
+        except ValueError as e:  # a parameter μP cannot classify (model.GPT._mup_roles)
+            raise SetupError(str(e)) from None
+    return replace(cfg, **asdict(model.config)), model.to(rt.device)
