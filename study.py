@@ -246,9 +246,9 @@ def table_command(study, table, arms):
 
 def write_tables(study):
     """RESULTS_DIR/TABLES.md: per horizon, compare.py's table over the arms (baseline first) with the held-out
-    protocol's flags, and its figure, made in this process by compare.py's report (nonlinear_queries.analysis.comparison)
-    from the command line printed above it; generated, so it is rewritten whole on every run. Raises StudyError
-    where compare.py would fail, with what it would say."""
+    protocol's flags, and its figure, made in this process by compare.py's report
+    (nonlinear_queries.analysis.comparison) from the command line printed above it; generated, so it is rewritten
+    whole on every run. Raises StudyError where compare.py would fail, with what it would say."""
     os.makedirs(study.results_dir, exist_ok=True)
     sections = [f"# {study.name}: generated tables\n",
                 f"Written by `python study.py {study.path}` from the runs under {study.runs_dir}; do not edit "

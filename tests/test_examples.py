@@ -96,8 +96,8 @@ EXCLUDED = {
     "python export.py --out_dir=out-baseline --to=hf-baseline": PAPER_RUNS,
     "python -c \"from transformers import GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('hf-baseline')\"":
         "needs hf-baseline, the export of a paper's run (tests/test_pretrained.py round-trips a tiny one)",
-    "python -m nonlinear_queries.weights.checkpoint --out_dir=out-gpt3-2p7b-res-gelu": "needs a sharded checkpoint of the "
-                                                                               "2.7B model: GPUs",
+    "python -m nonlinear_queries.weights.checkpoint --out_dir=out-gpt3-2p7b-res-gelu":
+        "needs a sharded checkpoint of the 2.7B model: GPUs",
     "python analyze.py --coord_check=config/mini/res_gelu.py --plot=coord.png":
         "the coordinate check, widths 64 to 512: minutes of CPU (tests/test_width.py holds it)",
     # benchmarks

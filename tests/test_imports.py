@@ -6,6 +6,7 @@ does: it checks every planned run's TrainConfig, whose model fields are model.py
 
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,10 @@ import pytest
 from helpers import REPO
 
 # what only training needs: its optimizers, its batches, and DCP (torch.distributed.checkpoint, sharded checkpoints)
-TRAINING_ONLY = ("nonlinear_queries.trainer.optimizers", "nonlinear_queries.data.batches", "torch.distributed.checkpoint")
+TRAINING_ONLY = ("nonlinear_queries.trainer.optimizers", "nonlinear_queries.data.batches",
+                 "torch.distributed.checkpoint")
+# the package's rooms bottom-up, as its __init__.py lists them: each imports only rooms before it
+ROOMS = ["cli", "interrupt", "config", "record", "data", "trainer", "weights", "analysis", "experiments"]
 # the harness's commands that start no run, and a module each must have loaded (the command did run)
 HARNESS_COMMANDS = {
     "sweep.py --help": "nonlinear_queries.experiments.sweeps",
@@ -25,14 +29,14 @@ HARNESS_COMMANDS = {
 
 
 def repo_modules():
-    """{module name: path} of the package's modules (nonlinear_queries itself its __init__.py) and the
-    programs at the repo's root (model.py among them)."""
+    """{module name: path} of the package's modules (a package by its __init__.py, a room's module by its
+    dotted name) and the programs at the repo's root (model.py among them)."""
     modules = {f[:-3]: os.path.join(REPO, f) for f in os.listdir(REPO) if f.endswith(".py")}
-    package = os.path.join(REPO, "nonlinear_queries")
-    for f in os.listdir(package):
-        if f.endswith(".py"):
-            name = "nonlinear_queries" if f == "__init__.py" else f"nonlinear_queries.{f[:-3]}"
-            modules[name] = os.path.join(package, f)
+    for folder, _, files in os.walk(os.path.join(REPO, "nonlinear_queries")):
+        package = os.path.relpath(folder, REPO).replace(os.sep, ".")
+        for f in files:
+            if f.endswith(".py"):
+                modules[package if f == "__init__.py" else f"{package}.{f[:-3]}"] = os.path.join(folder, f)
     return modules
 
 
@@ -52,7 +56,7 @@ def imported(node, name, modules):
         if node.level:  # relative: from the package the module `name` stands in
             package = name if name == "nonlinear_queries" else name.rpartition(".")[0]
             base = ".".join(p for p in (package, base) if p)
-        # `from nonlinear_queries import runtime` loads nonlinear_queries.trainer.runtime
+        # `from nonlinear_queries.trainer import runtime` loads nonlinear_queries.trainer.runtime
         candidates = [base, *(f"{base}.{alias.name}" for alias in node.names)]
     return {c for c in candidates if c in modules and c != name}
 
@@ -96,10 +100,46 @@ def find_circle(graph):
 
 def test_the_import_graph_has_no_circle():
     graph = import_graph()
-    assert "nonlinear_queries.weights.checkpoint" in graph and "sample" in graph  # the walk read the package and the root
+    # the walk read the package's rooms and the root
+    assert "nonlinear_queries.weights.checkpoint" in graph and "sample" in graph
     circle = find_circle(graph)
     assert circle is None, "an import circle: " + " -> ".join(
         f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
+
+
+def room(module):
+    """The room of the package that `module` (a dotted name) stands in, or None for a program at the root."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "nonlinear_queries" and len(parts) > 1 else None
+
+
+def test_the_package_is_a_few_rooms_each_importing_only_the_rooms_below_it():
+    package = os.path.join(REPO, "nonlinear_queries")
+    top = sorted(f.removesuffix(".py") for f in os.listdir(package) if f != "__init__.py" and (
+        f.endswith(".py") or os.path.isfile(os.path.join(package, f, "__init__.py"))))
+    assert top == sorted(ROOMS) and len(top) <= 12
+    with open(os.path.join(package, "__init__.py")) as f:
+        listed = re.findall(r"^(\w+)(?:, \w+)*(?::| \(modules at the top\))", f.read(), re.MULTILINE)
+    assert listed == ["cli", *ROOMS[2:]], "the __init__ docstring's rooms, bottom-up, are ROOMS"
+    upward = [(a, b, line) for a, targets in import_graph().items() for b, line in targets.items()
+              if room(a) and room(b) and room(a) != room(b) and ROOMS.index(room(b)) > ROOMS.index(room(a))]
+    assert upward == [], f"imports of a room listed later (module, module, line): {upward}"
+
+
+def test_no_function_of_the_package_imports_a_module_of_the_package():
+    # an import inside a function that dodges a circle hides the graph; third-party ones (matplotlib, lm-eval)
+    # may wait until needed, and so may a program's (analyze.py loads the trainer only for --coord_check)
+    modules, found = repo_modules(), []
+    for name, path in modules.items():
+        if not name.startswith("nonlinear_queries"):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in {i for fn in functions for i in ast.walk(fn) if isinstance(i, (ast.Import, ast.ImportFrom))}:
+            if any(t.startswith("nonlinear_queries") for t in imported(node, name, modules)):
+                found.append((path.removeprefix(REPO + os.sep), node.lineno))
+    assert found == [], f"function-level imports of the package: {found}"
 
 
 def test_the_loader_of_models_stands_on_the_sources_side():

@@ -1,6 +1,6 @@
 """The signposts are true: what the docs, comments and docstrings point a reader to exists (a README
 section, a file, a function of the package or of the model), and every module of the package is on
-both maps of it (nonlinear_queries/__init__.py and the README's layout)."""
+its one map (nonlinear_queries/__init__.py), every room of it in the README's layout."""
 
 import ast
 import importlib
@@ -17,8 +17,12 @@ from helpers import REPO
 
 MODEL_NAMES = ("GPT", "GPTConfig")
 FILE_EXTENSIONS = ("py", "md", "html", "conf", "json", "jsonl", "toml", "log", "pt", "bin", "txt")
-PACKAGE = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "nonlinear_queries"))
-                 if f.endswith(".py") and f != "__init__.py")
+# {module: its dotted name} of the package's modules, in its rooms or at its top
+PACKAGE = {f[:-3]: ".".join((*os.path.relpath(folder, REPO).split(os.sep), f[:-3]))
+           for folder, _, files in os.walk(os.path.join(REPO, "nonlinear_queries"))
+           for f in files if f.endswith(".py") and f != "__init__.py"}
+ROOMS = sorted(f for f in os.listdir(os.path.join(REPO, "nonlinear_queries"))
+               if os.path.isfile(os.path.join(REPO, "nonlinear_queries", f, "__init__.py")))
 
 
 def tracked(*patterns):
@@ -54,13 +58,14 @@ def model_instance_attributes():
 
 
 def exists(reference, instance_attributes):
-    """Whether `module.name` (a module of the package) or `GPT.name` / `GPTConfig.name` names something real.
-    `stats.name` may also be scipy.stats's, which the results READMEs cite by that name."""
-    owner, name = reference.removeprefix("nonlinear_queries.").split(".")[:2]
+    """Whether `module.name` (a module of the package, with or without its dotted path) or `GPT.name` /
+    `GPTConfig.name` names something real. `stats.name` may also be scipy.stats's, which the results READMEs
+    cite by that name."""
+    owner, name = re.sub(r"^nonlinear_queries\.(?:(?:" + "|".join(ROOMS) + r")\.)?", "", reference).split(".")[:2]
     if owner in MODEL_NAMES:
         cls = getattr(importlib.import_module("model"), owner)
         return hasattr(cls, name) or name in getattr(cls, "__dataclass_fields__", {}) or name in instance_attributes
-    module = importlib.import_module(f"nonlinear_queries.{owner}")
+    module = importlib.import_module(PACKAGE[owner])
     return hasattr(module, name) or (owner == "stats" and hasattr(scipy.stats, name))
 
 
@@ -82,7 +87,8 @@ def test_every_readme_section_a_file_cites_exists():
 
 
 def test_every_function_a_doc_or_comment_names_exists():
-    names = r"(?<![\w.])((?:nonlinear_queries\.)?(?:" + "|".join((*MODEL_NAMES, *PACKAGE)) + r")\.[A-Za-z_]\w*)"
+    names = (r"(?<![\w.])((?:nonlinear_queries\.(?:(?:" + "|".join(ROOMS) + r")\.)?)?(?:"
+             + "|".join((*MODEL_NAMES, *PACKAGE)) + r")\.[A-Za-z_]\w*)")
     instance_attributes, missing = model_instance_attributes(), []
     for path in tracked("*.py", "*.md"):
         for m in re.finditer(names, prose(path)):
@@ -105,27 +111,25 @@ def test_every_file_a_markdown_link_points_to_exists():
     assert not missing, f"links to files that do not exist: {missing}"
 
 
-def test_every_module_of_the_package_is_on_both_maps():
+def test_every_module_of_the_package_is_on_its_map_and_every_room_in_the_readme():
     with open(os.path.join(REPO, "nonlinear_queries", "__init__.py")) as f:
         docstring = ast.get_docstring(ast.parse(f.read()))
-    # the __init__ docstring's "- a, b: what" lines; the README layout's indented "  a, b    what" lines
+    # the __init__ docstring's "- a, b: what" lines; the README layout's indented "  room/   what" lines
     listed_init = {n.strip() for line in re.findall(r"^- ([\w, ]+):", docstring, re.MULTILINE)
                    for n in line.split(",")}
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
     layout = readme[readme.index("## Layout"):]
-    listed_readme = {n.strip() for line in re.findall(r"^  (\w+(?:, \w+)*)  ", layout, re.MULTILINE)
-                     for n in line.split(",")}
-    assert set(PACKAGE) - listed_init == set(), "modules missing from nonlinear_queries/__init__.py's list"
-    assert set(PACKAGE) - listed_readme == set(), "modules missing from the README's layout"
-    assert listed_init - set(PACKAGE) == set() and listed_readme - set(PACKAGE) == set(), "modules that do not exist"
+    listed_readme = set(re.findall(r"^  (\w+)/  ", layout, re.MULTILINE))
+    assert set(PACKAGE) == listed_init, "nonlinear_queries/__init__.py's map and the package's modules differ"
+    assert set(ROOMS) == listed_readme, "the README's layout and the package's rooms differ"
 
 
 def test_no_two_modules_of_the_package_define_one_public_name():
     # a reader who meets `read_checkpoint` or `run` knows which one it is
     defined = {}
-    for module in PACKAGE:
-        with open(os.path.join(REPO, "nonlinear_queries", f"{module}.py")) as f:
+    for module, dotted in PACKAGE.items():
+        with open(os.path.join(REPO, *dotted.split(".")) + ".py") as f:
             for node in ast.parse(f.read()).body:
                 if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
                     defined.setdefault(node.name, []).append(module)

@@ -124,8 +124,9 @@ class TrainConfig(GPTConfig):
     # inductor's options (torch._inductor.config names) as NAME=VALUE[,NAME=VALUE], e.g. 'online_softmax=False',
     # joined to compile_mode's own and passed to torch.compile under ddp and fsdp (runtime.compile_kwargs); '' = none
     compile_options: str = ""
-    # res_gelu's f through Triton kernels registered as custom ops (nonlinear_queries/trainer/kernels.py): on CUDA, or on
-    # the CPU under TRITON_INTERPRET=1; elsewhere the ops' PyTorch path. The same math; other query modes unchanged
+    # res_gelu's f through Triton kernels registered as custom ops (nonlinear_queries/trainer/kernels.py): on CUDA,
+    # or on the CPU under TRITON_INTERPRET=1; elsewhere the ops' PyTorch path. The same math; other query modes
+    # unchanged
     kernels: bool = False
     seed: int = 1337  # model init and dropout
     peak_flops: float = 0.0  # device peak FLOP/s for MFU; 0 = look it up by GPU name
@@ -190,7 +191,8 @@ class TrainConfig(GPTConfig):
         if self.parallelism == "fsdp" and self.eval_tasks:
             raise ValueError("eval_tasks with parallelism='fsdp' cannot work here: the tasks run on rank 0 alone, "
                              "which holds only its shard of the weights. Leave eval_tasks empty and run eval.py on "
-                             "a checkpoint made whole by `python -m nonlinear_queries.weights.checkpoint --out_dir=RUN`")
+                             "a checkpoint made whole by "
+                             "`python -m nonlinear_queries.weights.checkpoint --out_dir=RUN`")
         for key in ("eval_interval", "log_interval", "eval_iters", "batch_size", "gradient_accumulation_steps",
                     "keep_last_n", "divergence_patience", "diagnostics_batches"):
             if getattr(self, key) < 1:

@@ -35,7 +35,7 @@ the dict above without model and optimizer but with the optimizers' names and pa
 link to the newest. DCP reads the shards on any number of processes (set_state_dict), and
 without any (consolidate(), which makes a ckpt.pt for sample.py and export.py):
 
-    python -m nonlinear_queries.weights.checkpoint --out_dir=out-gpt3-xl      # out-gpt3-xl/ckpt.dcp -> out-gpt3-xl/ckpt.pt
+    python -m nonlinear_queries.weights.checkpoint --out_dir=out-gpt3-xl   # out-gpt3-xl/ckpt.dcp -> ckpt.pt
 
 The shards and meta.pt are read with torch.load(weights_only=True); DCP reads its own
 .metadata index with pickle, so load sharded checkpoints only from directories you trust.
