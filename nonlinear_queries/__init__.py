@@ -5,9 +5,9 @@ which imports nothing from here. This is the package's one map: a room a concern
 
 The rooms are listed bottom-up: a room imports only rooms listed before it (tests/test_imports.py holds
 the order), so the shell and the config come first, then the run record and the data, the trainer, the
-weights, the analysis and the experiments. The experiments import no torch, so a laptop can plan, check and
-report a study without the training stack (tests/test_imports.py runs sweep.py, study.py and compare.py to
-see it).
+weights, the analysis and the experiments. The experiments and the tables load torch only where they check
+a config (configurator.train_config_class: TrainConfig's model fields are model.py's), so sweep.py --help and
+--status, study.py --help and compare.py --help run without the training stack (tests/test_imports.py).
 
 cli, interrupt (modules at the top)
 - cli: a program piped into one that stops reading (`| head`) ends quietly

@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 
-from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.config.configurator import train_config_class
 from nonlinear_queries.record.runs import RunsError, find_run_dirs, load_run
 
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
@@ -54,7 +54,7 @@ def fill_defaults(runs):
     keys = set().union(*(r.config for r in runs))
     if all(keys <= set(r.config) for r in runs):
         return
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    defaults = {f.name: f.default for f in fields(train_config_class())}
     for run in runs:
         for key in keys - set(run.config):
             if key in defaults:

@@ -200,6 +200,16 @@ def read_config_file(path):
     return {key: value for key, (value, _) in _read(path).items()}
 
 
+def train_config_class():
+    """train.py's TrainConfig (nonlinear_queries.config.train_config), loaded on first call. Its model fields are
+    model.py's GPTConfig, whose module imports torch: the harness's commands that check no config (sweep.py
+    --help and --status, study.py --help, compare.py) call this only where they check one, so they run without
+    the training stack. This is the package's one import inside a function (tests/test_imports.py)."""
+    from nonlinear_queries.config.train_config import TrainConfig
+
+    return TrainConfig
+
+
 def parse_config(config_cls, argv):
     """Build a `config_cls` dataclass instance from config files and --key=value overrides.
 

@@ -11,7 +11,7 @@ import statistics
 import tomllib
 from dataclasses import dataclass, field, fields
 
-from nonlinear_queries.config.configurator import parse_config
+from nonlinear_queries.config.configurator import parse_config, train_config_class
 from nonlinear_queries.experiments.sweeps import Launcher, point_name
 from nonlinear_queries.record.runs import RunDir, finished, format_value, history
 
@@ -426,12 +426,8 @@ def train_args(study, arm, horizon):
 
 def arm_config(study, arm, horizon, point):
     """The TrainConfig of one run (raises ConfigError for a setting train.py would refuse)."""
-    # imported here: TrainConfig's model fields are model.py's GPTConfig, whose module imports torch, which
-    # study.py --help and its reports never load
-    from nonlinear_queries.config.train_config import TrainConfig
-
     args = [*train_args(study, arm, horizon), *(f"--{k}={v}" for k, v in point.items())]
-    return parse_config(TrainConfig, args)[0]
+    return parse_config(train_config_class(), args)[0]
 
 
 def arm_dir(study, arm, horizon):

@@ -21,7 +21,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field, fields
 
-from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.configurator import ConfigError, parse_config, train_config_class
 from nonlinear_queries.experiments.launch import launcher
 from nonlinear_queries.experiments.slurm import parse_sbatch_options, run_slurm, slurm_minutes, slurm_queue
 from nonlinear_queries.record.atomic import write_json
@@ -38,11 +38,7 @@ def parse_grid(specs):
     whose every value sets all its keys (seed,data_seed=1,2: seed and data_seed move together). Raises
     ConfigError for a malformed axis, an unknown key, a key given twice or an empty value. Values stay as
     typed (they name the point's directory); train.py parses them."""
-    # imported here: TrainConfig's model fields are model.py's GPTConfig, whose module imports torch, which
-    # sweep.py --help and --status never load
-    from nonlinear_queries.config.train_config import TrainConfig
-
-    known = {f.name for f in fields(TrainConfig)}
+    known = {f.name for f in fields(train_config_class())}
     axes, seen = [], set()
     for spec in specs:
         names, sep, values = spec.partition("=")
@@ -70,9 +66,7 @@ def read_points(path):
     value as train.py parses it (a string as it is, else its repr). Raises ConfigError for a file that cannot
     be read or is not TOML, an unknown key, a key sweep.py sets itself (out_dir only at the top level), a
     name that cannot be a directory name, or a file without a point."""
-    # imported here, as in parse_grid: torch comes with it
-    from nonlinear_queries.config.train_config import TrainConfig
-
+    TrainConfig = train_config_class()
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -484,9 +478,7 @@ def plan(sweep):
     controller answering): (the Points, in order, a point given twice once; the train.py arguments of every run, a
     --points file's shared settings added; the config they share). Sets sweep.sweep_dir (by default the config's
     out_dir) and sweep.sbatch_options. Raises ConfigError for a bad option, axis, points file or config."""
-    # imported here, as in parse_grid: torch comes with it
-    from nonlinear_queries.config.train_config import TrainConfig
-
+    TrainConfig = train_config_class()
     if sweep.launcher not in ("local", "slurm"):
         raise ConfigError(f"--launcher={sweep.launcher!r}: choose local or slurm (a point's torchrun is "
                           f"--gpus_per_run=N, or --procs_per_run=N on the CPU)")
