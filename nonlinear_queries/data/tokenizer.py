@@ -150,8 +150,9 @@ def run_tokenizer(run_config=None):
     A dataset whose meta.json says "tokenizer": "char" gives a CharTokenizer over its characters;
     any other, or one without meta.json, GPT-2's BPE. Returns a GPT2Tokenizer or CharTokenizer."""
     run_config = run_config or {"data_dir": "", "dataset": "openwebtext"}
-    data_dir = run_config["data_dir"] or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                                                      run_config["dataset"])
+    # train.py's default data_dir: the repo root's data/<dataset>
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    data_dir = run_config["data_dir"] or os.path.join(repo, "data", run_config["dataset"])
     meta_path = os.path.join(data_dir, "meta.json")
     meta = {}
     if os.path.isfile(meta_path):

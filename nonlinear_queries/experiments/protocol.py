@@ -15,7 +15,8 @@ from nonlinear_queries.config.configurator import parse_config, train_config_cla
 from nonlinear_queries.experiments.sweeps import Launcher, point_name
 from nonlinear_queries.record.runs import RunDir, finished, format_value, history
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repo root, above the package and its room
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # assumed when no run of the study has finished yet: an H100's dense bf16 peak at a typical MFU
 DEFAULT_PEAK_FLOPS, DEFAULT_MFU = 989e12, 0.40
 

@@ -28,7 +28,8 @@ from nonlinear_queries.record.atomic import write_json
 from nonlinear_queries.record.lock import exclusive, lock_holder, out_dir_holder, try_lock
 from nonlinear_queries.record.runs import RunDir, finished, history, read_json
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the repo root, above the package and its room
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "train.py")
 SET_BY_SWEEP = ("out_dir", "init_from", "resume_from", "overwrite")  # where and how each point's run starts
 
