@@ -33,11 +33,11 @@ checkpoints. With a launcher that returns before its jobs finish (SLURM), a swee
 its options typed) submits, and the study stops after submitting and says so; run the same command again
 once they are done. A study that declares tests ([[test]]: a paired contrast over the arms' per-seed gaps) and looks
 ([sequential]) runs its held-out seeds one look at a time: when the look's runs all exist it evaluates each test
-against the look's alpha-spending boundary (nonlinear_queries/experiments/looks.py, sequential.py), records the look in
-study.json and TABLES.md, and stops; the same command runs the next look, until a boundary is crossed or the last
-look is done. --dry_run prints the looks (which is current) and, with [power], the seeds each test needs, its MDE
-and their cost (docs/studies.md). Exit status: 0 ok (or waiting for jobs), 1 a sweep failed (on this machine the
-other arms run to their end first), 2 a bad study file, 128 + N stopped by signal N.
+against the look's alpha-spending boundary (nonlinear_queries/experiments/looks.py, analysis/sequential.py),
+records the look in study.json and TABLES.md, and stops; the same command runs the next look, until a boundary is
+crossed or the last look is done. --dry_run prints the looks (which is current) and, with [power], the seeds each
+test needs, its MDE and their cost (docs/studies.md). Exit status: 0 ok (or waiting for jobs), 1 a sweep failed
+(on this machine the other arms run to their end first), 2 a bad study file, 128 + N stopped by signal N.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)

@@ -64,20 +64,13 @@ from model import GPT, model_config_keys
 from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.config.train_config import TrainConfig, parse_compile_options
 from nonlinear_queries.data.batches import DataError, get_batch, open_run_data
+from nonlinear_queries.record.errors import SetupError
 from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir
 from nonlinear_queries.record.runs import RunDir
 from nonlinear_queries.trainer.budget import check_cpu_time, check_memory
 from nonlinear_queries.trainer.diagnostics import diagnose
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.trainer.runtime import (
-    SetupError,
-    all_reduce_sum,
-    numerics,
-    parallelize,
-    peak_flops,
-    setup,
-    teardown,
-)
+from nonlinear_queries.trainer.runtime import all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
 from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop
 from nonlinear_queries.trainer.training import (
     DivergenceGuard,

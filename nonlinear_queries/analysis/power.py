@@ -16,13 +16,13 @@ effect that look alone detects with the given power: what it can decide.
 
 import json
 import math
-import os
 
 import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
 from nonlinear_queries.analysis import stats
+from nonlinear_queries.record.runs import RunDir
 
 
 def paired_power(effect, sd, n, alpha=0.05):
@@ -72,7 +72,7 @@ class PilotError(ValueError):
 
 def run_seed(run_dir):
     """The seed of a finished run, from its config.json (train.py's newest header: its `config`'s seed)."""
-    path = os.path.join(run_dir, "config.json")
+    path = RunDir(run_dir).config
     try:
         with open(path) as f:
             return int(json.load(f)["config"]["seed"])
