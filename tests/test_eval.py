@@ -250,7 +250,7 @@ def test_eval_tasks_under_torchrun_keep_the_other_ranks_waiting(shakespeare_dir,
     script = patched_train(tmp_path / "train_slow_tasks.py", "\n".join([
         "import datetime, time",
         "import torch.distributed.distributed_c10d as c10d",
-        "from nonlinear_queries import downstream",
+        "from nonlinear_queries.analysis import downstream",
         "c10d.default_pg_timeout = datetime.timedelta(seconds=8)",
         "run_tasks, calls = downstream.run_tasks, []",
         "def slow_run_tasks(*args, **kwargs):",

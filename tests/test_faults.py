@@ -194,7 +194,7 @@ def test_a_signal_during_a_long_evaluation_stops_the_run_at_once_with_a_resumabl
     # every evaluation batch after the first evaluation's 4 (2 a split) takes 10 s: the one at step 4, 40 s
     slow_evaluations = "\n".join([
         "import time",
-        "from nonlinear_queries import training",
+        "from nonlinear_queries.trainer import training",
         "get_batch, calls = training.get_batch, []",
         "def slow(*args, **kwargs):",
         "    calls.append(time.sleep(10) if len(calls) >= 4 else None)",

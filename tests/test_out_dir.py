@@ -274,7 +274,8 @@ def test_a_full_disk_during_a_sharded_checkpoint_is_the_same_clear_error(tmp_pat
 def test_fsdp_on_a_full_disk_stops_every_process_with_the_error_and_resumes(shakespeare_dir, tmp_path):
     # two processes shard the tiny model; each sharded checkpoint takes 25 MB, keep_last_n=2 holds two of them
     # in 64 MB, and the third fills the disk while it is written (the free-space check is patched to see room)
-    script = patched_train(tmp_path / "train_full_disk.py", "import types\nfrom nonlinear_queries import checkpoint\n"
+    script = patched_train(tmp_path / "train_full_disk.py",
+                           "import types\nfrom nonlinear_queries.weights import checkpoint\n"
                            "checkpoint.shutil.disk_usage = lambda path: types.SimpleNamespace(free=2**40)")
     fsdp = [*RUN, "--parallelism=fsdp", "--batch_size=2", "--gradient_accumulation_steps=4"]
     with tmpfs(tmp_path / "disk", "64m") as disk:

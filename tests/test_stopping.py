@@ -115,7 +115,7 @@ def test_discard_in_flight_removes_the_temporary_files_of_writes_in_progress(tmp
 def test_a_second_request_exits_at_once_with_128_plus_its_number(tmp_path):
     code = "\n".join([
         "import os, signal, time",
-        "from nonlinear_queries import atomic",
+        "from nonlinear_queries.record import atomic",
         "from nonlinear_queries.trainer.stopping import StopFlag",
         "stop = StopFlag('train.py').install()",
         "stop.start()",
