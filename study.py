@@ -473,16 +473,20 @@ def run_sequential(study):
 
 
 def run(study):
-    """Run the protocol to its end (or until submitted jobs must finish first); then write the tables. On this
+    """Run the protocol to its end (or until submitted jobs must finish first); returns the exit status. On this
     machine the arms share [launcher] jobs slots (run_pooled; with one slot too, so that a stopped study leaves
     whole seeds), on SLURM one sweep at a time submits its points."""
     os.makedirs(study.results_dir, exist_ok=True)
     slots = local_slots(study)
-    code = run_pooled(study, slots) if slots else run_sequential(study)
+    return run_pooled(study, slots) if slots else run_sequential(study)
+
+
+def run_fixed(study):
+    """A study without looks: run(study), then, once every run exists, write the tables and say so."""
+    code = run(study)
     if code:
         return code
-    stages = {h.max_iters: {a.name: advance(study, a, h) for a in arms_at(study, h)} for h in study.horizons}
-    if any(s.todo for arms in stages.values() for s in arms.values()):
+    if any(advance(study, a, h).todo for h in study.horizons for a in arms_at(study, h)):
         return 0  # submitted jobs still to finish (run_sequential said so)
     write_tables(study)
     print(f"done: every arm tuned and run on its held-out seeds; tables in "
@@ -553,7 +557,7 @@ def main(argv):
         if args.dry_run:
             plan_declared(study)
             return 0
-        return run_looks(study) if study.sequential else run(study)
+        return run_looks(study) if study.sequential else run_fixed(study)
     except StudyError as e:
         print(f"study error: {e}", file=sys.stderr)
         return 1

@@ -305,13 +305,13 @@ def test_a_pilot_stage_sets_the_looks_and_a_family_is_tested_in_its_fixed_sequen
 
 
 def test_study_py_runs_the_pilot_stage_then_the_looks_it_sets(tmp_path, monkeypatch, capsys):
-    """run_looks with a pilot stage: the first command runs the pilot's seeds alone (recording and writing its
-    tables on the study cut to them, as study.run does) and says which looks they set; the second runs look 1, where
+    """run_looks with a pilot stage: the first command runs the pilot's seeds alone (recording them in study.json
+    on the study cut to them, as study.run does) and says which looks they set; the second runs look 1, where
     the gate E rejects and D is tested after it; a third runs nothing."""
     s = seq_study(tmp_path, PILOT_TOML)
     ran = []
 
-    def fake(cut):  # what study.run does to the cut study: its runs, then study.json and the tables
+    def fake(cut):  # what study.run does to the cut study: its runs, then study.json
         seeds = cut.horizons[0].seeds
         ran.append(list(seeds))
         for seed in seeds:
@@ -319,7 +319,6 @@ def test_study_py_runs_the_pilot_stage_then_the_looks_it_sets(tmp_path, monkeypa
             fake_seed(s, "b", seed, 1.9 - 0.001 * (seed % 3))
             fake_seed(s, "c", seed, 2.0 + 0.01 * (seed % 2))
         study.record(cut, {10: {a.name: protocol.advance(cut, a, cut.horizons[0]) for a in cut.arms}})
-        study.write_tables(cut)
         return 0
 
     monkeypatch.setattr(study, "run", fake)
@@ -447,6 +446,41 @@ def test_the_declarations_tables_and_numbers_are_what_their_commands_print(capsy
         assert printed in out, printed
 
 
+def test_the_width256_look_1_report_is_what_the_committed_runs_give(capsys, monkeypatch):
+    """results/width_ladder/width256_e/README.md's look 1: its table is TABLES.md's look row as looks.tables_section
+    computes it from the committed runs, study.json records the same look, and the numbers quoted around the table
+    (per-seed range, spread, t at the pilot's spread, the baseline's mean, the measured cost) are the runs'."""
+    monkeypatch.chdir(REPO)
+    s = study.load_study(os.path.join("studies", "width256_e.toml"))
+    readme = open(os.path.join(s.results_dir, "README.md")).read()
+    computed = [row for row in looks.tables_section(s).splitlines() if row.startswith("| E |")]
+    assert computed == [row for row in readme.splitlines() if row.startswith("| E |")]
+    state = looks.state(s)
+    (e,) = state.evaluated
+    assert (e.look, e.decision, state.stopped_at, e.diverged) == (1, "reject", 0, 0)
+    recorded = json.load(open(os.path.join(s.results_dir, "study.json")))["sequential"]
+    assert recorded["stopped_at_look"] == 1 and recorded["evaluated"][0]["t"] == pytest.approx(e.t, abs=1e-9)
+    losses = {arm.name: protocol.advance(s, arm, s.horizons[0]).held_out for arm in s.arms}
+    base, plus = losses["baseline_temp2_w256"], losses["res_gelu_no_half_w256"]
+    per_seed = {k: 100 * (base[k] - plus[k]) / base[k] for k in e.seeds}
+    low, high = min(per_seed, key=per_seed.get), max(per_seed, key=per_seed.get)
+    sd = np.std(list(per_seed.values()), ddof=1)
+    text = " ".join(readme.split())
+    for quoted in (f"E is positive on all {len(e.seeds)} seeds" if min(per_seed.values()) > 0 else "never",
+                   f"from {per_seed[low]:+.2f} (seed {low}) to {per_seed[high]:+.2f} points (seed {high})",
+                   f"SD on seeds 21–30 is {sd:.2f} points ({e.se:.3f} × √10)",
+                   f"t ≈ {e.mean / (0.786 / math.sqrt(10)):.1f}",
+                   f"its mean over seeds 21–30 is {np.mean([base[k] for k in e.seeds]):.4f} (res_gelu_no_half "
+                   f"{np.mean([plus[k] for k in e.seeds]):.4f})",
+                   f"+{e.interval[0]:.2f} to +{e.interval[1]:.2f} points",
+                   f"p = {e.sign_flip_p:.3g}"):
+        assert quoted in text, quoted
+    assert study.main(["studies/width256_e.toml", "--dry_run"]) == 0
+    out = capsys.readouterr().out
+    run_hours = out.split("cost by look: look 1 ")[1].split(" run-hours")[0]
+    assert f"the 20 runs took {run_hours} run-hours" in text
+
+
 @pytest.mark.slow
 def test_study_py_runs_a_tiny_sequential_study_one_look_a_command(tmp_path, shakespeare_dir):
     """study.py on tiny real runs: the first command trains look 1's seeds (1-3) of both arms and no other, records
@@ -487,7 +521,8 @@ diverged_val_loss = 4.85
 looks = [3, 4]
 """)
     out = run_script("study.py", str(path), env=ONE_THREAD).stdout
-    assert "look 1, E:" in out and "look 2 is next" in out
+    # a look's end says what the look decided and what is next, never a fixed study's "done"
+    assert "look 1, E:" in out and "look 2 is next" in out and "done" not in out
     runs = sorted(p.parent.name for p in (tmp_path / "runs").rglob("metrics.jsonl"))
     assert runs == sorted(f"learning_rate=1e-3,seed={s},data_seed={s}" for s in (1, 2, 3) for _ in range(2))
     record = json.loads((tmp_path / "results" / "study.json").read_text())["sequential"]
