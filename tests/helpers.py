@@ -9,11 +9,14 @@ import io
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import time
 
 import torch
+
+from nonlinear_queries.trainer.stopping import STOP_SIGNALS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,15 +32,31 @@ TINY = [
 ]
 
 
+RUN_SCRIPT_TIMEOUT_S = 600
+
+
 def run_script(script, *args, check=True, env=None, cwd=REPO):
     """Run a repo script (a path from the repo root, or "-m MODULE") with this interpreter, as a
     user would; returns the CompletedProcess (text output). check=True raises with the script's
-    output if it exits non-zero."""
+    output if it exits non-zero; AssertionError, with its output, if it runs past RUN_SCRIPT_TIMEOUT_S
+    seconds (it and every process it started are killed)."""
     command = script.split() if script.startswith("-m ") else [os.path.join(REPO, script)]
-    proc = subprocess.run(
-        [sys.executable, *command, *args],
-        cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600,
-    )
+    # its own session, so that a timeout kills its children too (torchrun's workers, a sweep's points), which would
+    # otherwise train on beside the tests that follow
+    child = subprocess.Popen([sys.executable, *command, *args], cwd=cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+                             start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=RUN_SCRIPT_TIMEOUT_S)
+    except BaseException as e:  # its timeout, or the test's (pytest-timeout) or a Ctrl-C: the program goes too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise AssertionError(f"{script} {' '.join(args)} ran past {RUN_SCRIPT_TIMEOUT_S} s and was killed with "
+                                 f"its children:\n{out}\n{err}") from None
+        raise
+    proc = subprocess.CompletedProcess(child.args, child.returncode, out, err)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -48,10 +67,10 @@ def run_in_process(script, *args):
     for its checks of the command line, or a run too short to pay for a subprocess and a second import of torch.
     Returns (exit status, stdout, stderr), the message of sys.exit("...") counted as stderr with status 1, as
     Python reports it."""
-    import signal
-
-    # a root program run as __main__ may install its Ctrl-C handler (interrupt.py): pytest's is put back
-    out, err, argv, sigint = io.StringIO(), io.StringIO(), sys.argv, signal.getsignal(signal.SIGINT)
+    # a root program run as __main__ may install its Ctrl-C handler (interrupt.py), train.py its stop handlers
+    # (stopping.py): the test process's are put back, or a signal to it later would reach a program long ended
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     sys.argv = [os.path.join(REPO, script), *map(str, args)]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -61,7 +80,8 @@ def run_in_process(script, *args):
         code = e.code
     finally:
         sys.argv = argv
-        signal.signal(signal.SIGINT, sigint)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     if isinstance(code, str):
         return 1, out.getvalue(), err.getvalue() + code + "\n"
     return code or 0, out.getvalue(), err.getvalue()
@@ -80,7 +100,6 @@ def train_in_process(data_dir, out_dir, *args):
     so that a test can patch what it calls (train.py's names, seen as the module `train`). The signal handlers
     the run installs are put back afterwards. Returns the exit status; raises what train() raises."""
     import importlib
-    import signal
 
     from nonlinear_queries.config.configurator import parse_config
     from nonlinear_queries.config.train_config import TrainConfig
@@ -90,7 +109,7 @@ def train_in_process(data_dir, out_dir, *args):
     script = importlib.import_module("train")
     cfg, files = parse_config(TrainConfig, [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args])
     rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
+    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
         return script.train(cfg, files, rt, RunDir(cfg.out_dir))
     finally:

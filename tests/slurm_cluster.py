@@ -1,9 +1,11 @@
 """A real one-node SLURM cluster for the tests: munged, slurmctld and slurmd of Debian's packages
 (`apt-get install slurmctld slurmd slurm-client munge`; .ci/run installs them), started as
 background processes with their own key, config, ports and state in a temporary directory
-(SLURM_CONF names it), and stopped by process id at the end of the session. Jobs run as the
-user running the tests; with no accounting database (slurmdbd), sacct knows no jobs, so
-sweep.py reads SLURM's state from squeue alone."""
+(SLURM_CONF names it), and stopped by process id at the end of the session. Each test that asks
+for the cluster leaves its queue empty, so a test that fails with a job still queued or running
+fails alone, not every SLURM test after it. Jobs run as the user running the tests; with no
+accounting database (slurmdbd), sacct knows no jobs, so sweep.py reads SLURM's state from squeue
+alone."""
 
 import os
 import shutil
@@ -20,10 +22,29 @@ import pytest
 class Cluster:
     env: dict  # SLURM_CONF (and PATH) for sbatch, squeue and sweep.py
     directory: str
+    user: str  # the jobs' owner: the user running the tests
 
     def scontrol(self, *args):
         subprocess.run(["scontrol", *args], env={**os.environ, **self.env}, check=True, capture_output=True,
                        text=True, timeout=60)
+
+    def queue(self):
+        """squeue's lines ("JOBID STATE") for every job of the cluster; [] when the queue is empty."""
+        proc = subprocess.run(["squeue", "--noheader", "--format=%i %T"], env={**os.environ, **self.env},
+                              check=True, capture_output=True, text=True, timeout=60)
+        return proc.stdout.splitlines()
+
+    def empty(self):
+        """Cancel every job of the user's and wait until the queue is empty (a cancelled job leaves it once its
+        processes have ended)."""
+        subprocess.run(["scancel", f"--user={self.user}"], env={**os.environ, **self.env}, capture_output=True,
+                       timeout=30, check=False)
+        start = time.time()
+        while self.queue():
+            if time.time() - start > 120:
+                raise AssertionError(f"the test SLURM cluster: its queue is not empty 120 s after scancel: "
+                                     f"{self.queue()}")
+            time.sleep(0.5)
 
 
 def free_port():
@@ -42,7 +63,7 @@ def wait_for(condition, what, log, timeout=60):
         time.sleep(0.3)
 
 
-@pytest.fixture(scope="session", name="slurm_cluster")
+@pytest.fixture(scope="session", name="slurm_daemons")
 def start_slurm_cluster(tmp_path_factory):
     missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch") if shutil.which(p) is None and
                not os.path.exists(f"/usr/sbin/{p}")]
@@ -104,7 +125,7 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
             return proc.returncode == 0 and proc.stdout.strip() == "idle"
 
         wait_for(idle, "the node idle", f"{d}/slurmctld.log")
-        yield Cluster(env, d)
+        yield Cluster(env, d, user)
     finally:
         subprocess.run(["scancel", f"--user={user}"], env=full_env, capture_output=True, timeout=30, check=False)
         for proc in reversed(procs):
@@ -114,3 +135,12 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(name="slurm_cluster")
+def slurm_cluster_for_one_test(slurm_daemons):
+    """The session's cluster (slurm_daemons), its queue emptied when the test ends."""
+    try:
+        yield slurm_daemons
+    finally:
+        slurm_daemons.empty()

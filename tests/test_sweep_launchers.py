@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from slurm_cluster import start_slurm_cluster  # noqa: F401 (the slurm_cluster fixture)
+from slurm_cluster import slurm_cluster_for_one_test, start_slurm_cluster  # noqa: F401 (the fixtures)
 
 from helpers import (
     ONE_THREAD,
@@ -393,7 +393,10 @@ def preempt_and_resume(cluster, sweep_dir, name, preemption):
     assert stopped in log, log
     if preemption == "warning":
         assert log.index(stopped) < log.index(f"Requeued job {job}"), log
-    cluster.scontrol("update", f"JobId={job}", "StartTime=now")  # else SLURM waits ~2 min to start it again
+    # else SLURM waits ~2 min to start it again. Not "now": slurmd refuses a job's launch while its credential is
+    # no newer than the kill's, counted in whole seconds, so a start in the kill's second fails the job at once
+    # ("Job credential revoked"); the queue shows the job requeued only once the kill is done
+    cluster.scontrol("update", f"JobId={job}", "StartTime=now+2")
     wait_until(lambda: status_table(sweep_dir, cluster.env)[name]["state"] == "done", 300, "the job done")
     starts = [r["step"] for r in read_metrics(point, "config")]
     assert len(starts) == 2 and 0 < starts[1] <= stopped_at  # resumed from its checkpoint, not restarted
