@@ -22,10 +22,15 @@ collect_ignore = [] if torch.cuda.is_available() else ["test_cuda.py"]
 
 def pytest_configure(config):
     """Under pytest-xdist, only --dist loadgroup keeps each xdist_group (the SLURM cluster's tests, the GPU's) on
-    one worker; any other distribution would start a second test SLURM cluster beside the first."""
+    one worker; any other distribution would start a second test SLURM cluster beside the first. Under loadgroup,
+    a worker that crashes is not replaced: pytest-xdist 3.8.0 gives its replacement the crashed worker's work,
+    the crashing test included, and then runs it again or waits forever (pytest-xdist #1323, #1371, #1378), so
+    the first crash ends the run, the test it crashed in failed by name."""
     dist = getattr(config.option, "dist", "no")
     if not hasattr(config, "workerinput") and dist not in ("no", "loadgroup"):
         raise pytest.UsageError(f"--dist {dist}: run the suite with -n N --dist loadgroup (README.md)")
+    if not hasattr(config, "workerinput") and dist == "loadgroup":
+        config.option.maxworkerrestart = "0"
 
 
 @pytest.fixture(scope="session")
