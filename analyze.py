@@ -27,7 +27,7 @@ dataset or data_dir, data_seed, batch_size and block_size), so the numbers are t
 at that step; another source on the val.bin of --data_dir (default data/openwebtext) with train.py's
 defaults. --batches and --batch_size override the number and size of the batches.
 
---coord_check=CONFIG: μP's coordinate check (nonlinear_queries/analysis/coord_check.py, docs/width.md) of a config's
+--coord_check=CONFIG: μP's coordinate check (nonlinear_queries/evaluation/coord_check.py, docs/width.md) of a config's
 model, under SP and under μP: --widths (head size 32, width grown by heads), --coord_n_layer layers, --coord_steps
 steps of --coord_batch tokens at the constant rate --coord_lr, --coord_seeds; the mean |x| of every activation
 at every step on the config's training data (--data_dir). The table gives, per activation and parametrization,
@@ -203,10 +203,10 @@ def analyze_checkpoint(args):
 def coord_check(args):
     """Run μP's coordinate check on args.coord_check's model, print the slopes and, with --plot, draw the figure."""
     # imported here: torch takes seconds, and the runs' table needs none of it
-    from nonlinear_queries.analysis import coord_check as cc
     from nonlinear_queries.config.configurator import ConfigError, parse_config
     from nonlinear_queries.config.train_config import TrainConfig
     from nonlinear_queries.data.batches import open_tokens
+    from nonlinear_queries.evaluation import coord_check as cc
 
     try:
         batch_size, block_size = (int(n) for n in args.coord_batch.split("x"))

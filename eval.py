@@ -55,7 +55,7 @@ class EvalConfig:
 def main():
     cfg, _ = config_from_argv(EvalConfig)
     # imported after the command line is checked: lm-eval takes a second or two to import
-    from nonlinear_queries.analysis.downstream import (
+    from nonlinear_queries.evaluation.downstream import (
         GPTLM,
         EvalError,
         prepare_hub,
@@ -98,7 +98,7 @@ def write_results(results, lm, cfg):
     from lm_eval.loggers.utils import add_env_info
     from lm_eval.utils import handle_non_serializable
 
-    from nonlinear_queries.analysis.downstream import MODEL_NAME
+    from nonlinear_queries.evaluation.downstream import MODEL_NAME
     from nonlinear_queries.record.runs import git_state
 
     results["config"] = {"model": MODEL_NAME, "model_args": {"pretrained": cfg.init_from}, **lm.get_model_info(),

@@ -160,7 +160,7 @@ def open_tasks(cfg, rt):
     before the run; None without eval_tasks."""
     if not cfg.eval_tasks:
         return None
-    from nonlinear_queries.analysis.downstream import DownstreamEval
+    from nonlinear_queries.evaluation.downstream import DownstreamEval
 
     return DownstreamEval(cfg, rt)
 

@@ -5,9 +5,10 @@ which imports nothing from here. This is the package's one map: a room a concern
 
 The rooms are listed bottom-up: a room imports only rooms listed before it (tests/test_imports.py holds
 the order), so the shell and the config come first, then the run record and the data, the trainer, the
-weights, the analysis and the experiments. The experiments and the tables load torch only where they check
-a config (configurator.train_config_class: TrainConfig's model fields are model.py's), so sweep.py --help and
---status, study.py --help and compare.py --help run without the training stack (tests/test_imports.py).
+weights, the evaluation of models, the analysis of runs and the experiments. The analysis and the
+experiments import no torch; they load it only where they check a config (configurator.train_config_class:
+TrainConfig's model fields are model.py's), so sweep.py --help and --status, study.py --help and compare.py
+--help run without the training stack (tests/test_imports.py holds both).
 
 cli, interrupt (modules at the top)
 - cli: a program piped into one that stops reading (`| head`) ends quietly
@@ -48,14 +49,17 @@ weights: models and training states in and out
 - start: where a run's weights come from, resolved once from init_from (scratch, resume or fine-tune), its
   out_dir held, its model built
 
-analysis: what runs and models say
+evaluation: models measured, with torch
+- downstream: lm-evaluation-harness on this repo's models (eval.py, train.py's eval_tasks)
+- coord_check: μP's coordinate check of a config's widths (analyze.py --coord_check)
+
+analysis: what runs say, read from their records
 - arms, stats, plots: runs grouped into comparison arms (labels, pooled and paired runs, the common step);
   Welch, paired and Holm tests, tables; the figures
 - table1: compare.py's Table 1, its columns, cells and footer
 - comparison: compare.py's report (Table 1 and its tests, the width reports)
-- coord_check, width: μP's coordinate check; the best rate and the gap to the baseline across widths
+- width: the best rate and the gap to the baseline across widths
 - power, sequential: power planning; group-sequential boundaries (alpha spending)
-- downstream: lm-evaluation-harness on this repo's models
 
 experiments: sweeps and studies
 - sweeps, slurm: a sweep's points and their claims, the one local scheduler (claiming, starting, polling, ending

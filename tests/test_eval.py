@@ -32,8 +32,8 @@ from helpers import (
     val_losses_by_step,
 )
 from model import GPT, GPTConfig
-from nonlinear_queries.analysis.downstream import GPTLM, TasksStopped
 from nonlinear_queries.data.tokenizer import GPT2Tokenizer
+from nonlinear_queries.evaluation.downstream import GPTLM, TasksStopped
 from nonlinear_queries.weights.pretrained import export
 
 BLOCK = 16  # the test model's block_size: the long contexts and texts below need several windows of it
@@ -250,7 +250,7 @@ def test_eval_tasks_under_torchrun_keep_the_other_ranks_waiting(shakespeare_dir,
     script = patched_train(tmp_path / "train_slow_tasks.py", "\n".join([
         "import datetime, time",
         "import torch.distributed.distributed_c10d as c10d",
-        "from nonlinear_queries.analysis import downstream",
+        "from nonlinear_queries.evaluation import downstream",
         "c10d.default_pg_timeout = datetime.timedelta(seconds=8)",
         "run_tasks, calls = downstream.run_tasks, []",
         "def slow_run_tasks(*args, **kwargs):",

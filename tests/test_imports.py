@@ -18,7 +18,7 @@ from helpers import REPO
 TRAINING_ONLY = ("nonlinear_queries.trainer.optimizers", "nonlinear_queries.data.batches",
                  "torch.distributed.checkpoint")
 # the package's rooms bottom-up, as its __init__.py lists them: each imports only rooms before it
-ROOMS = ["cli", "interrupt", "config", "record", "data", "trainer", "weights", "analysis", "experiments"]
+ROOMS = ["cli", "interrupt", "config", "record", "data", "trainer", "weights", "evaluation", "analysis", "experiments"]
 # the one function of the package that imports a module of it: TrainConfig, whose model fields bring torch, loaded
 # where a config is checked, so the harness's commands that check none run without torch
 DOOR_TO_TORCH = ("nonlinear_queries.config.configurator", "train_config_class")
@@ -198,3 +198,17 @@ def test_a_harness_command_that_trains_nothing_imports_no_torch(command, tmp_pat
     assert HARNESS_COMMANDS[command] in loaded
     torch = [m for m in loaded if m == "torch" or m.startswith("torch.")]
     assert torch == [], f"{command} imports torch ({len(torch)} of its modules)"
+
+
+@pytest.mark.slow
+def test_every_module_of_the_analysis_and_the_experiments_imports_no_torch():
+    # the rooms that read runs' records and plan studies; measuring a model is the evaluation room's
+    rooms = ("nonlinear_queries.analysis.", "nonlinear_queries.experiments.")
+    names = sorted(name for name in repo_modules() if name.startswith(rooms))
+    assert {"nonlinear_queries.analysis.comparison", "nonlinear_queries.experiments.sweeps"} <= set(names), names
+    code = (f"import importlib, sys\nfor name in {names!r}:\n    importlib.import_module(name)\n"
+            f"print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == "False\n", f"importing {names} loads torch"

@@ -18,9 +18,9 @@ from test_compare import make_run, run_compare
 
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, train
 from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
-from nonlinear_queries.analysis.coord_check import coord_check
 from nonlinear_queries.analysis.stats import p_cell
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.evaluation.coord_check import coord_check
 from nonlinear_queries.record.runs import RunsError
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.trainer.runtime import parallelize, setup
@@ -175,8 +175,8 @@ def test_the_coordinate_check_holds_under_mup_and_fails_under_sp(chars):
     # the check, as results/coord_check/README.md runs it: widths 64-512, 2 layers, 10 steps of 4 x 64
     # characters at a deliberately high rate, 3 seeds, res_gelu (every activation, the query branch f(x)
     # included); slopes of log mean|x| against log width at steps >= 2
-    from nonlinear_queries.analysis.coord_check import slope_cell, slope_summary
     from nonlinear_queries.config.configurator import parse_config
+    from nonlinear_queries.evaluation.coord_check import slope_cell, slope_summary
 
     cfg = parse_config(TrainConfig, [os.path.join(REPO, "config/mini/res_gelu.py"), "--n_layer=2", "--batch_size=4",
                                      "--block_size=64"])[0]
