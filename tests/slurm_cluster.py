@@ -24,21 +24,22 @@ class Cluster:
     directory: str
     user: str  # the jobs' owner: the user running the tests
 
+    def command(self, *args, check=True, timeout=60):
+        """Run a SLURM client command (scontrol, squeue, scancel) against this cluster; its stdout."""
+        return subprocess.run(args, env={**os.environ, **self.env}, check=check, capture_output=True, text=True,
+                              timeout=timeout).stdout
+
     def scontrol(self, *args):
-        subprocess.run(["scontrol", *args], env={**os.environ, **self.env}, check=True, capture_output=True,
-                       text=True, timeout=60)
+        self.command("scontrol", *args)
 
     def queue(self):
         """squeue's lines ("JOBID STATE") for every job of the cluster; [] when the queue is empty."""
-        proc = subprocess.run(["squeue", "--noheader", "--format=%i %T"], env={**os.environ, **self.env},
-                              check=True, capture_output=True, text=True, timeout=60)
-        return proc.stdout.splitlines()
+        return self.command("squeue", "--noheader", "--format=%i %T").splitlines()
 
     def empty(self):
         """Cancel every job of the user's and wait until the queue is empty (a cancelled job leaves it once its
         processes have ended)."""
-        subprocess.run(["scancel", f"--user={self.user}"], env={**os.environ, **self.env}, capture_output=True,
-                       timeout=30, check=False)
+        self.command("scancel", f"--user={self.user}", check=False, timeout=30)
         start = time.time()
         while self.queue():
             if time.time() - start > 120:

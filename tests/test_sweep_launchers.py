@@ -383,7 +383,7 @@ def preempt_and_resume(cluster, sweep_dir, name, preemption):
     if preemption == "requeue":
         cluster.scontrol("requeue", job)
     else:
-        subprocess.run(["scancel", "--signal=USR2", job], env={**os.environ, **cluster.env}, check=True)
+        cluster.command("scancel", "--signal=USR2", job)
     wait_until(lambda: status_table(sweep_dir, cluster.env)[name]["state"] == "preempted-requeued", 120,
                "the job requeued")
     stopped_at = max(r["step"] for r in read_metrics(point, "train"))
