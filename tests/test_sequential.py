@@ -532,3 +532,83 @@ looks = [3, 4]
     assert "the study stopped at look 2" in out
     assert len(list((tmp_path / "runs").rglob("metrics.jsonl"))) == 8
     assert "| E | 2 | 4 |" in (tmp_path / "results" / "TABLES.md").read_text()
+
+
+HOLM_TOML = TOML.replace("""[sequential]
+looks = [3, 6]
+""", """[[arm]]
+name = "c"
+config = "config/mini/res_gelu.py"
+value = "1e-3"
+[[test]]
+name = "F"
+baseline = "base"
+contrast = { c = 1 }
+diverged_val_loss = 5.0
+[family]
+order = ["E", "F"]
+rule = "holm"
+[sequential]
+looks = [10, 20]
+""").replace("seeds = [1, 2, 3, 4, 5, 6]", "seeds = " + str(list(range(1, 21))))
+
+
+def test_holm_levels_and_the_family_simulation_hold_the_level_and_give_the_issues_powers():
+    """holm_levels: 0.05/3, 0.05/2, 0.05. family_characteristics at every effect 0 keeps the family-wise error at
+    0.05 (within the simulation's error) under both rules; one test alone is the same study under both; and at
+    effects 0.9, 0.5, 0.5 points, sd 0.6, looks 10/20/30 (issue 83's figures) the fixed sequence's later tests lose
+    power to the gate's early stop (about 0.60 and 0.45) where Holm keeps about 0.99 each."""
+    assert sequential.holm_levels(0.05, 3) == pytest.approx([0.05 / 3, 0.025, 0.05])
+    looks_ = [10, 20, 30]
+
+    def bounds(level):
+        z = sequential.spending_bounds([n / 30 for n in looks_], level)
+        return sequential.t_boundaries(z, [n - 1 for n in looks_])
+
+    s2 = 0.6 ** 2 / 2  # four arms' independent noises: E_tuned, E_gated, G as in studies/width256_gate.toml
+    cov = s2 * np.array([[2, 0, 1], [0, 2, -1], [1, -1, 2]])
+    holm = [bounds(x) for x in sequential.holm_levels(0.05, 3)]
+    for rule, b in [("holm", holm), ("fixed_sequence", [bounds(0.05)])]:
+        null = sequential.family_characteristics(looks_, b, [0, 0, 0], cov, rule)
+        assert null.false_rejection <= 0.055, rule
+    one = [sequential.family_characteristics(looks_, [bounds(0.05)], [0.3], [[0.36]], rule) for rule in
+           sequential.FAMILY_RULES]
+    assert one[0] == one[1]
+    fixed = sequential.family_characteristics(looks_, [bounds(0.05)], [0.9, 0.5, 0.5], cov, "fixed_sequence")
+    assert fixed.rejected[1] == pytest.approx(0.60, abs=0.03) and fixed.rejected[2] == pytest.approx(0.45, abs=0.03)
+    assert min(sequential.family_characteristics(looks_, holm, [0.9, 0.5, 0.5], cov, "holm").rejected) > 0.98
+    with pytest.raises(ValueError, match="no futility"):
+        sequential.family_characteristics(looks_, holm, [0, 0, 0], cov, "holm", futility_t=[1.0, 1.0])
+
+
+def test_a_holm_family_passes_a_rejected_tests_level_to_the_others_at_the_same_look(tmp_path):
+    """[family] rule = "holm": at look 1 E crosses its boundary at 0.025 and F's |t| lies between its boundaries at
+    0.025 and 0.05, so F is rejected at the same look once E's level passes to it; the study stops there, every
+    test rejected. F's values alone, without E's rejection, would not be rejected at look 1."""
+    s = seq_study(tmp_path, HOLM_TOML)
+    assert looks.holm(s) and looks.initial_level(s, s.tests[1]) == 0.025
+    b_half, b_full = (looks.boundaries(s, s.tests[1], x)[1][0] for x in (0.025, 0.05))
+    assert b_full < b_half
+    target = (b_half + b_full) / 2  # F's t at look 1
+    signs = np.array([(-1) ** k for k in range(10)])  # mean 0, sd sqrt(10/9)
+    mu = 1.0
+    spread_ = mu * math.sqrt(10) / target / np.std(signs, ddof=1)  # the sd that gives t = target
+    f_values = mu + spread_ * signs
+    for seed in range(1, 11):
+        fake_seed(s, "base", seed, 2.0)
+        fake_seed(s, "b", seed, 2.0 * (1 - (5.0 + 0.01 * (seed % 2)) / 100))  # E: +5 points, tiny spread
+        fake_seed(s, "c", seed, 2.0 * (1 - f_values[seed - 1] / 100))
+    st = looks.state(s)
+    assert [(e.test, e.look, e.decision, e.level) for e in st.evaluated] == [("E", 1, "reject", 0.025),
+                                                                              ("F", 1, "reject", 0.05)]
+    assert st.evaluated[1].t == pytest.approx(target, rel=1e-6) and st.stopped_at == 0
+    record = looks.record(s)["sequential"]
+    assert record["family_rule"] == "holm" and [e["level"] for e in record["evaluated"]] == [0.025, 0.05]
+    assert "group-sequential Holm" in looks.tables_section(s)
+    for seed in range(1, 11):  # E behind by nothing: F alone at 0.025 continues to look 2
+        fake_seed(s, "b", seed, 2.0 * (1 - 0.3 * (-1) ** seed / 100))
+    st = looks.state(s)
+    assert [(e.test, e.decision) for e in st.evaluated] == [("E", "continue"), ("F", "continue")]
+    assert st.current == 1 and st.evaluated[1].level == 0.025
+    with pytest.raises(protocol.StudyError, match="rule 'holm' needs"):
+        seq_study(tmp_path / "futile", HOLM_TOML.replace("looks = [10, 20]", "looks = [10, 20]\nfutility = [1.0]"))

@@ -193,3 +193,82 @@ def operating_characteristics(looks, t_bounds, effect, sd, studies=20_000, seed=
         stopped_at.append(float(stop.mean()))
         active &= ~stop
     return Characteristics(float(rejected.mean()), stopped_at, float(futile.mean()), float(seeds.mean()), studies)
+
+
+FAMILY_RULES = ("fixed_sequence", "holm")
+
+
+def holm_levels(level, m):
+    """The level each open test of a group-sequential Holm family of m tests is tested at, by how many of the m
+    have been rejected (r = 0 .. m - 1): level / (m - r). The graphical form with equal weights, a rejected test's
+    level split equally among the open ones (Bretz, Maurer, Brannath & Posch 2009, "A graphical approach to
+    sequentially rejective multiple test procedures", Statistics in Medicine 28; in group-sequential trials:
+    Maurer & Bretz 2013, "Multiple testing in group sequential trials using graphical approaches", Statistics in
+    Biopharmaceutical Research 5). Returns a list of m floats."""
+    return [level / (m - r) for r in range(m)]
+
+
+@dataclass
+class FamilyCharacteristics:
+    """The operating characteristics of a family of group-sequential paired t tests on shared seeds, from simulated
+    studies: per test the share of studies that rejected it, the share that rejected at least one test whose
+    effect is 0 (the family-wise error where some effects are 0), and the expected seeds per arm at stopping."""
+
+    rejected: list
+    false_rejection: float
+    expected_seeds: float
+    studies: int
+
+
+def family_characteristics(looks, t_bounds, means, cov, rule, futility_t=None, studies=20_000, seed=0):
+    """Simulate `studies` studies of m declared tests on shared seeds: each seed's m contrasts (points) drawn from
+    normal(means, cov) (numpy default_rng(seed)), each test's statistic at look k the paired (one-sample) t of its
+    first looks[k] seeds. `rule`:
+
+    - 'fixed_sequence' (gatekeeping, Glimm, Maurer & Bretz 2010): test 0 runs look by look against t_bounds[0]
+      (its boundaries at the full level), with the non-binding `futility_t` on it; at the look where it rejects,
+      test 1 is tested once against the same look's boundary, then test 2 while each before it rejected; the study
+      stops at the look where test 0 is decided.
+    - 'holm' (holm_levels, group-sequential): every open test is tested at every look against the boundaries of its
+      current level, t_bounds[r] with r the tests rejected so far (t_bounds[r]: the boundaries at level / (m - r));
+      a rejection at a look raises the others' level at that look (tested again there) and at the later looks;
+      the study stops once every test is rejected, or at the last look. No futility bound.
+
+    `t_bounds`: per level (one list for 'fixed_sequence', m for 'holm'), a boundary on |t| per look.
+    Returns a FamilyCharacteristics. Raises ValueError for another rule, or a futility bound under 'holm'."""
+    if rule not in FAMILY_RULES:
+        raise ValueError(f"the family's rule must be one of {', '.join(FAMILY_RULES)}, got {rule!r}")
+    if rule == "holm" and futility_t:
+        raise ValueError("a group-sequential Holm family has no futility bound here")
+    means = np.asarray(means, dtype=float)
+    m, n_max = len(means), looks[-1]
+    rng = np.random.default_rng(seed)
+    x = rng.multivariate_normal(means, np.asarray(cov, dtype=float), size=(studies, n_max))  # (S, N, m)
+    s1, s2 = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+    bounds = np.asarray(t_bounds, dtype=float)  # (levels, K)
+    active = np.ones(studies, dtype=bool)
+    rejected = np.zeros((studies, m), dtype=bool)
+    seeds = np.full(studies, n_max, dtype=float)
+    for k, n in enumerate(looks):
+        mean = s1[:, n - 1] / n
+        var = (s2[:, n - 1] - n * mean * mean) / (n - 1)
+        t = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)  # (S, m)
+        if rule == "holm":
+            for _ in range(m):  # each new rejection raises the others' level, tested again at this look
+                r = np.minimum(rejected.sum(axis=1), m - 1)
+                rejected |= active[:, None] & (t >= bounds[r, k][:, None])
+            stop = active & rejected.all(axis=1) if k < len(looks) - 1 else active
+        else:
+            chain = active & (t[:, 0] >= bounds[0, k])
+            for j in range(m):
+                chain = chain & (t[:, j] >= bounds[0, k]) if j else chain
+                rejected[:, j] |= chain
+            futile = active & ~rejected[:, 0] & (t[:, 0] < futility_t[k]) if futility_t and k < len(looks) - 1 \
+                else np.zeros(studies, dtype=bool)
+            stop = active & (rejected[:, 0] | futile) if k < len(looks) - 1 else active
+        seeds[stop] = n
+        active &= ~stop
+    null = means == 0
+    false = rejected[:, null].any(axis=1) if null.any() else np.zeros(studies, dtype=bool)
+    return FamilyCharacteristics([float(v) for v in rejected.mean(axis=0)], float(false.mean()), float(seeds.mean()),
+                                 studies)

@@ -8,10 +8,18 @@ spread of the study's [power] pilot (or given sd).
     python -m nonlinear_queries.experiments.design studies/width256_e.toml --effects 0 0.45 0.86 --pilot_seeds 11 20
 
 The first line's table is the one results/width_ladder/width256_e/README.md's declaration chose its design from.
+
+With --family, a study's family of declared tests: each rule ('fixed_sequence', 'holm') at each candidate schedule of
+looks, under the [power] effects, under each of them alone set to 0 and under all 0 (family_rows):
+
+    python -m nonlinear_queries.experiments.design studies/width256_gate.toml --family
+
+results/width_ladder/width256_gate/README.md's declaration chose its rule and looks from that table.
 """
 
 import argparse
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -47,6 +55,43 @@ def design_rows(looks_list, effects, sd, level=0.05, studies=20_000, seed=0, arm
     return rows
 
 
+# the schedules of looks (seeds an arm) a family's rules are compared at
+FAMILY_LOOKS = [[10], [20], [8, 16], [10, 20], [12, 24], [10, 20, 30]]
+
+
+def family_rows(study, schedules, studies=20_000):
+    """(header, rows) of the family table: per rule and schedule, its t boundaries at the first level and, under each
+    scenario of effects (the [power] effects; each test's alone 0; every one 0), the share of simulated studies that
+    reject each test, the share that reject a test whose effect is 0, and the expected runs (seeds an arm x arms).
+    The spreads are each test's [power] spread (looks.spread); the covariance looks.family_covariance's."""
+    tests = [next(t for t in study.tests if t.name == n) for n in study.family]
+    sds = [looks.spread(study, t)[0] for t in tests]
+    effects = [study.power.targets[t.name].effect for t in tests]
+    scenarios = [effects, *([0.0 if j == i else e for j, e in enumerate(effects)] for i in range(len(tests))),
+                 [0.0] * len(tests)]
+    n_arms = len({a for t in tests for a in (t.baseline, *t.contrast)})
+    header = ["rule", "looks (seeds an arm)", "t boundaries at the first level"]
+    for sc in scenarios:
+        name = ", ".join(f"{t.name} {e:g}" for t, e in zip(tests, sc))
+        header += [f"{name}: rejects {t.name}" for t in tests] + [f"{name}: rejects a true null",
+                                                                  f"{name}: expected runs"]
+    rows = []
+    for rule in sequential.FAMILY_RULES:
+        for schedule in schedules:
+            s = replace(study, family_rule=rule, sequential=replace(study.sequential, looks=list(schedule),
+                                                                      futility=[]))
+            level = sequential.holm_levels(tests[0].level, len(tests))[0] if rule == "holm" else tests[0].level
+            z = sequential.spending_bounds([n / schedule[-1] for n in schedule], level, study.sequential.spending)
+            tb = sequential.t_boundaries(z, [n - 1 for n in schedule])
+            row = [rule.replace("_", " "), "/".join(map(str, schedule)), ", ".join(f"{b:.2f}" for b in tb)]
+            for sc in scenarios:
+                oc = looks.family_simulation(s, list(schedule), sc, sds, studies)
+                row += [f"{p:.3f}" for p in oc.rejected]
+                row += [f"{oc.false_rejection:.3f}" if 0.0 in sc else "", f"{n_arms * oc.expected_seeds:.1f}"]
+            rows.append(row)
+    return header, rows
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", help="a study file with a declared [[test]] and its [power] (pilot or sd)")
@@ -55,7 +100,24 @@ def main(argv):
     parser.add_argument("--pilot_seeds", type=int, nargs=2, metavar=("FIRST", "LAST"), default=None,
                         help="the spread of the pilot's seeds FIRST..LAST alone")
     parser.add_argument("--studies", type=int, default=20_000, help="simulated studies per design and effect")
+    parser.add_argument("--family", action="store_true",
+                        help="compare the family's rules at several schedules of looks (the study's [family])")
     args = parser.parse_args(argv)
+    if args.family:
+        try:
+            study = load_study(args.study)
+            if not study.family or study.sequential is None:
+                raise StudyError(f"{args.study} declares no [family] with [sequential] looks")
+            header, rows = family_rows(study, FAMILY_LOOKS, args.studies)
+        except (StudyError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"the family {', '.join(study.family)}: two-sided level {study.tests[0].level:g} over the family, "
+              f"{args.studies:,} simulated studies per row and scenario (numpy seed 0), spreads "
+              + ", ".join(f"{t.name} {looks.spread(study, t)[0]:.3f}" for t in study.tests) + " points\n")
+        for line in [header, ["---"] * 3 + ["---:"] * (len(header) - 3), *rows]:
+            print("| " + " | ".join(line) + " |")
+        return 0
     try:
         study = load_study(args.study)
         test = study.tests[0]

@@ -25,7 +25,11 @@ order) is tested in a fixed sequence (gatekeeping): the first test is the gate, 
 look where it rejects, the next test is tested against its own boundary at that look (each at the full level, with
 its own spending: Glimm, Maurer & Bretz 2010, "Hierarchical testing of multiple endpoints in group-sequential
 trials", Statistics in Medicine 29), and so on until one is not rejected; the tests after it are not tested. The
-study stops at the look where the gate is decided. This controls the family-wise error at the level.
+study stops at the look where the gate is decided. This controls the family-wise error at the level. A family with
+`rule = "holm"` is a group-sequential Holm procedure instead (sequential.holm_levels; Maurer & Bretz 2013): every
+open test is tested at every look against the boundaries of its current level, level / (m - r) with r of the m tests
+rejected so far, so a rejection passes its level to the others at that look (tested again there) and at every later
+look; the study stops once every test is rejected, or at the last look.
 """
 
 import functools
@@ -72,6 +76,16 @@ def _looks_for_power(effect, sd, level, spending, futility, n_looks, wanted, max
     return tuple(schedule(low)), reached(low)
 
 
+def holm(study):
+    """Whether the study's family is a group-sequential Holm procedure ([family] rule = "holm")."""
+    return bool(study.family) and study.family_rule == "holm"
+
+
+def initial_level(study, test):
+    """The level `test` is first tested at: the family's level over its m tests under Holm, else its own."""
+    return sequential.holm_levels(test.level, len(study.tests))[0] if holm(study) else test.level
+
+
 def primary(study):
     """The test whose power sets n_looks' looks: the family's first, else the first declared."""
     return next(t for t in study.tests if t.name == study.family[0]) if study.family else study.tests[0]
@@ -116,11 +130,12 @@ def planned_looks(study):
                          f"sd {sd:.3f} {how}")
 
 
-def boundaries(study, test):
+def boundaries(study, test, level=None):
     """(z boundaries, t boundaries, t futility bounds or []) of `test` at the study's looks: Lan-DeMets at the
-    fractions looks[k] / looks[-1], carried to t on looks[k] - 1 degrees of freedom."""
+    fractions looks[k] / looks[-1] at `level` (default the test's own), carried to t on looks[k] - 1 degrees of
+    freedom."""
     looks = planned_looks(study)[0]
-    z = list(_z_bounds(tuple(looks), test.level, study.sequential.spending))
+    z = list(_z_bounds(tuple(looks), test.level if level is None else level, study.sequential.spending))
     dfs = [n - 1 for n in looks]
     return z, sequential.t_boundaries(z, dfs), sequential.t_boundaries(study.sequential.futility, dfs)
 
@@ -192,27 +207,29 @@ class Evaluation:
     sign_flip_p: float
     sign_flip: str
     diverged: int
+    level: float | None = None  # the level it was tested at, under a Holm family (None: the test's own)
 
 
-def evaluate_look(study, test, k, losses):
-    """The Evaluation of `test` at look k from `losses` ({arm: {seed: val loss}}, every run of the look finished).
-    A test after the gate of a family ([family] order) is tested once, at the look where the tests before it
-    rejected: 'reject' or 'not rejected'."""
+def evaluate_look(study, test, k, losses, level=None):
+    """The Evaluation of `test` at look k from `losses` ({arm: {seed: val loss}}, every run of the look finished),
+    against the boundaries at `level` (a Holm family's current level; default the test's own). A test after the gate
+    of a fixed-sequence family ([family] order) is tested once, at the look where the tests before it rejected:
+    'reject' or 'not rejected'."""
     seeds, d = power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)
     n = len(d)
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     se = sd / math.sqrt(n)
     t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
-    z, tb, ft = boundaries(study, test)
+    z, tb, ft = boundaries(study, test, level)
     last = k == len(z) - 1
-    gated = bool(study.family) and test.name != study.family[0]
+    gated = bool(study.family) and test.name != study.family[0] and not holm(study)
     futility = ft[k] if ft and not last and not gated else None
     decision = ("reject" if abs(t) >= tb[k] else "futility" if futility is not None and abs(t) < futility
                 else "not rejected" if last or gated else "continue")
     p_flip, how = _sign_flip(tuple(d), study.sequential.sign_flip_draws)
     diverged = sum(math.isinf(losses[a][s]) for a in losses for s in seeds)
     return Evaluation(test.name, k + 1, seeds, mean, se, t, n - 1, float(2 * sps.t.sf(abs(t), n - 1)), z[k], tb[k],
-                      futility, decision, (mean - tb[k] * se, mean + tb[k] * se), p_flip, how, diverged)
+                      futility, decision, (mean - tb[k] * se, mean + tb[k] * se), p_flip, how, diverged, level)
 
 
 @functools.lru_cache(maxsize=256)
@@ -241,6 +258,8 @@ def state(study):
         return LookState([], PILOT, None)
     looks = planned_looks(study)[0]
     order = [next(t for t in study.tests if t.name == n) for n in study.family] or list(study.tests)
+    if holm(study):
+        return _holm_state(study, order, looks)
     evaluated, open_tests = [], order[:1] if study.family else order
     for k in range(len(looks)):
         results = []
@@ -257,6 +276,33 @@ def state(study):
         evaluated += results
         open_tests = [t for t, e in zip(open_tests, results) if e.decision == "continue"]
         if not open_tests or k == len(looks) - 1:
+            return LookState(evaluated, None, k)
+    raise AssertionError("unreachable: the last look stops the study")
+
+
+def _holm_state(study, order, looks):
+    """state() of a Holm family: at each look every open test is evaluated at level / (m - r), r the tests rejected
+    so far; each rejection re-evaluates the open ones at the raised level, at the same look. A rejected test's
+    Evaluation is the one at the level it was rejected at."""
+    levels = sequential.holm_levels(order[0].level, len(order))
+    evaluated, rejected = [], []
+    for k in range(len(looks)):
+        open_tests = [t for t in order if t.name not in rejected]
+        losses = {t.name: _look_losses(study, t, k, looks) for t in open_tests}
+        if any(v is None for v in losses.values()):
+            return LookState(evaluated, k, None)
+        final = {}
+        while True:
+            level = levels[min(len(rejected), len(order) - 1)]
+            results = {t.name: evaluate_look(study, t, k, losses[t.name], level) for t in open_tests
+                       if t.name not in rejected}
+            final.update(results)
+            new = [name for name, e in results.items() if e.decision == "reject"]
+            if not new:
+                break
+            rejected += new
+        evaluated += [final[t.name] for t in open_tests]
+        if len(rejected) == len(order) or k == len(looks) - 1:
             return LookState(evaluated, None, k)
     raise AssertionError("unreachable: the last look stops the study")
 
@@ -285,12 +331,18 @@ def record(study):
         "spending": plan.spending, "futility_z": plan.futility,
         "boundaries": {t.name: {"z": boundaries(study, t)[0], "t": boundaries(study, t)[1], "level": t.level}
                        for t in study.tests} if looks else {},
+        **({"family_rule": "holm", "boundaries_by_level": {
+            f"{level:.6g}": {"z": boundaries(study, study.tests[0], level)[0],
+                             "t": boundaries(study, study.tests[0], level)[1]}
+            for level in sequential.holm_levels(study.tests[0].level, len(study.tests))}} if holm(study) and looks
+           else {}),
         "current_look": None if s.current is None else "pilot" if s.current == PILOT else s.current + 1,
         "stopped_at_look": None if s.stopped_at is None else s.stopped_at + 1,
         "evaluated": [{"test": e.test, "look": e.look, "seeds": e.seeds, "estimate": e.mean, "se": e.se, "t": e.t,
                        "df": e.df, "p": e.p, "z_boundary": e.z_bound, "t_boundary": e.t_bound,
                        "futility_t": e.futility_t, "decision": e.decision, "repeated_ci": list(e.interval),
-                       "sign_flip_p": e.sign_flip_p, "sign_flip": e.sign_flip, "diverged_runs": e.diverged}
+                       "sign_flip_p": e.sign_flip_p, "sign_flip": e.sign_flip, "diverged_runs": e.diverged,
+                       **({"level": e.level} if e.level is not None else {})}
                       for e in s.evaluated]}}
 
 
@@ -325,15 +377,23 @@ def describe_looks(study):
     if plan.n_looks:
         lines.append(f"  {plan.n_looks} looks, " + (f"at {', '.join(map(str, looks))} seeds an arm, {how}" if looks
                                                     else f"not set yet: {how}"))
-    if study.family:
+    if holm(study):
+        levels = sequential.holm_levels(primary(study).level, len(study.tests))
+        lines.append(f"  one family, group-sequential Holm at level {primary(study).level:g} over "
+                     f"{', '.join(study.family)}: every open test at every look at level / (m - r), r of the "
+                     f"{len(study.tests)} rejected so far ({', '.join(f'{x:.4g}' for x in levels)}); a rejection "
+                     f"passes its level to the others at that look and the later ones")
+    elif study.family:
         lines.append(f"  one family, a fixed sequence (gatekeeping) at level {primary(study).level:g}: "
                      f"{' -> '.join(study.family)}; the gate {study.family[0]} runs look by look, each later test is "
                      f"tested at the look where the gate rejects, while every test before it rejected")
     if not looks:
         return lines
     for test in ([next(t for t in study.tests if t.name == n) for n in study.family] or study.tests):
-        z, tb, ft = boundaries(study, test)
-        lines.append(f"  {_contrast_text(test)}, level {test.level:g}:")
+        z, tb, ft = boundaries(study, test, initial_level(study, test))
+        lines.append(f"  {_contrast_text(test)}, level {initial_level(study, test):.4g}" + (
+            f" (raised to {', '.join(f'{x:.4g}' for x in sequential.holm_levels(test.level, len(study.tests))[1:])}"
+            f" as others are rejected)" if holm(study) else "") + ":")
         for k, n in enumerate(looks):
             seeds = plan.held_out[:n]
             done = _runs_done(study, test, seeds)
@@ -346,9 +406,11 @@ def describe_looks(study):
                        f"; {done}/{total} runs exist" + ("" if s.current != k else
                                                          " (no loss of this look is read until all exist)")
                        if s.stopped_at is None or k < s.stopped_at else "; not run (stopped earlier)")
+            raised = "".join(f"; at {x:.4g}: |t| >= {boundaries(study, test, x)[1][k]:.2f}"
+                             for x in sequential.holm_levels(test.level, len(study.tests))[1:]) if holm(study) else ""
             lines.append(f"    look {k + 1}: {n} seeds an arm ({_seed_ranges(seeds)}), reject if |z| >= {z[k]:.3f}: "
-                         f"|t| >= {tb[k]:.2f} on {n - 1} df (nominal p <= {2 * sps.norm.sf(z[k]):.2g}){futility}"
-                         f"{outcome}{where}")
+                         f"|t| >= {tb[k]:.2f} on {n - 1} df (nominal p <= {2 * sps.norm.sf(z[k]):.2g}){raised}"
+                         f"{futility}{outcome}{where}")
     if s.stopped_at is not None:
         lines.append(f"  the study stopped at look {s.stopped_at + 1}")
     return lines
@@ -422,7 +484,7 @@ def describe_power(study, cost):
         sd, basis = spread(study, test)
         if sd is None:
             if looks:
-                z = boundaries(study, test)[0]
+                z = boundaries(study, test, initial_level(study, test))[0]
                 lines.append(f"  {test.name}: no spread yet ({basis}); each look alone detects, in units of its "
                              f"per-seed sd: " + ", ".join(
                                  f"look {k + 1} ({n} seeds) {m:.2f} sd" for k, (n, m) in
@@ -430,24 +492,24 @@ def describe_power(study, cost):
             continue
         if target is None:  # a spread from the pilot stage, and no effect declared: the MDE at each look alone
             if looks:
-                z = boundaries(study, test)[0]
+                z = boundaries(study, test, initial_level(study, test))[0]
                 lines.append(f"  {test.name}: sd {sd:.3f} points {basis}; each look alone detects (MDE at its nominal "
                              f"level): " + ", ".join(f"look {k + 1} ({n} seeds) {m:.2f} points" for k, (n, m) in
                                                      enumerate(zip(looks, power.look_detectable_effects(
                                                          sd, looks, z, plan.power)))))
             continue
         planned = looks[-1] if looks else len(_horizon(study, test).seeds)
-        needed = power.seeds_for_power(target.effect, sd, test.level, plan.power)
-        mde = power.detectable_effect(sd, planned, test.level, plan.power)
+        needed = power.seeds_for_power(target.effect, sd, initial_level(study, test), plan.power)
+        mde = power.detectable_effect(sd, planned, initial_level(study, test), plan.power)
         lines += [f"  {test.name}: sd {sd:.3f} points {basis}; effect to detect {target.effect:g} points at level "
-                  f"{test.level:g}",
+                  f"{initial_level(study, test):.4g}",
                   f"    a fixed-n test needs {needed} seeds an arm; cost {cost(needed + pilot)[0]}, with widening and "
                   f"one rerun per arm {cost(needed + pilot)[1]}",
                   f"    at the planned {planned} seeds an arm its MDE is {mde:.2f} points; cost "
                   f"{cost(planned + pilot)[0]}, with widening and one rerun per arm {cost(planned + pilot)[1]}"]
         if looks:
-            z, tb, ft = boundaries(study, test)
-            gated = bool(study.family) and test.name != study.family[0]
+            z, tb, ft = boundaries(study, test, initial_level(study, test))
+            gated = bool(study.family) and test.name != study.family[0] and not holm(study)
             mdes = power.look_detectable_effects(sd, looks, z, plan.power)
             lines.append("    each look alone detects (MDE at its nominal level): " + ", ".join(
                 f"look {k + 1} ({n} seeds) {m:.2f} points" for k, (n, m) in enumerate(zip(looks, mdes))))
@@ -463,7 +525,56 @@ def describe_power(study, cost):
                                  f", expected seeds an arm {oc.expected_seeds:.1f}")
             lines.append("    cost by look: " + "; ".join(f"look {k + 1} {cost(n + pilot)[0]}"
                                                           for k, n in enumerate(looks)))
+    if holm(study) and looks:
+        lines += describe_family(study)
     return lines
+
+
+def family_covariance(study, sds):
+    """The covariance (points^2) of the family's per-seed contrasts, tests in study.family's order, with the spreads
+    `sds`: each test's contrast taken as its arms' independent, equally spread noises (baseline +sum of coefficients,
+    each contrast arm -coefficient), so corr(i, j) = a_i . a_j / (|a_i| |a_j|) for those arm vectors (two tests
+    sharing an arm with the same sign correlate positively). Returns an (m, m) numpy array."""
+    arms = sorted({a for t in study.tests for a in (t.baseline, *t.contrast)})
+    tests = [next(t for t in study.tests if t.name == n) for n in study.family]
+    a = np.zeros((len(tests), len(arms)))
+    for i, t in enumerate(tests):
+        a[i, arms.index(t.baseline)] += sum(t.contrast.values())
+        for arm, c in t.contrast.items():
+            a[i, arms.index(arm)] -= c
+    corr = (a @ a.T) / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(a, axis=1))
+    return corr * np.outer(sds, sds)
+
+
+def family_simulation(study, looks, means, sds, studies=20_000, seed=0):
+    """sequential.family_characteristics of the study's family at `looks`, per-test `means` and `sds` (family order),
+    its rule and boundaries (Holm: one set per level), the covariance family_covariance's."""
+    tests = [next(t for t in study.tests if t.name == n) for n in study.family]
+    spending, level = study.sequential.spending, tests[0].level
+    dfs = [n - 1 for n in looks]
+    levels = sequential.holm_levels(level, len(tests)) if study.family_rule == "holm" else [level]
+    bounds = [sequential.t_boundaries(_z_bounds(tuple(looks), x, spending), dfs) for x in levels]
+    futility = sequential.t_boundaries(study.sequential.futility, dfs) or None
+    return sequential.family_characteristics(looks, bounds, means, family_covariance(study, sds),
+                                             study.family_rule, futility, studies, seed)
+
+
+def describe_family(study):
+    """The dry run's lines for a Holm family: its simulated power per test at the [power] effects and its
+    family-wise error with every effect 0, at the tests' spreads (a test without one: the first's)."""
+    looks = planned_looks(study)[0]
+    tests = [next(t for t in study.tests if t.name == n) for n in study.family]
+    sds = [spread(study, t)[0] for t in tests]
+    if any(sd is None for sd in sds) or any(t.name not in study.power.targets for t in tests):
+        return ["  the family: every test needs a [power] effect and spread for its simulation"]
+    effects = [study.power.targets[t.name].effect for t in tests]
+    at = family_simulation(study, looks, effects, sds)
+    null = family_simulation(study, looks, [0.0] * len(tests), sds)
+    return [f"  the family, simulated ({at.studies:,} studies, seed 0; the tests' contrasts correlated through their "
+            f"shared arms): at the effects {', '.join(f'{t.name} {e:g}' for t, e in zip(tests, effects))} it rejects "
+            + ", ".join(f"{t.name} {p:.3f}" for t, p in zip(tests, at.rejected))
+            + f", expected seeds an arm {at.expected_seeds:.1f}; with every effect 0 it rejects any test in "
+            f"{null.false_rejection:.3f} of them"]
 
 
 def cost_text(study, seconds_for, n):
@@ -503,7 +614,11 @@ def tables_section(study):
     where = (f"the study stopped at look {s.stopped_at + 1}" if s.stopped_at is not None else
              "the pilot stage's runs do not all exist yet" if s.current == PILOT else
              f"look {s.current + 1}'s runs do not all exist yet")
-    if study.family:
+    if holm(study):
+        where += (f"; one family, group-sequential Holm over {', '.join(study.family)}: each open test at level "
+                  f"{primary(study).level:g} / (m - r) at every look, r the tests rejected so far (the boundary "
+                  f"column is the one at the level it was tested at)")
+    elif study.family:
         where += (f"; one family in a fixed sequence, {' -> '.join(study.family)}: a test after the first is tested "
                   f"at the look where the first rejects, while every test before it rejected")
     contrasts = "; ".join(_contrast_text(t) for t in study.tests)

@@ -146,7 +146,8 @@ class Study:
     sequential: "Sequential | None" = None  # the looks and their spending ([sequential])
     power: "PowerPlan | None" = None  # the power planning ([power])
     pilot_seeds: list = field(default_factory=list)  # [pilot] seeds: run by every arm before the looks, tested never
-    family: list = field(default_factory=list)  # [family] order: the declared tests' fixed-sequence order
+    family: list = field(default_factory=list)  # [family] order: the declared tests' order
+    family_rule: str = "fixed_sequence"  # [family] rule: 'fixed_sequence' (gatekeeping) or 'holm' (looks.py)
 
     @property
     def tuning_seed(self):
@@ -288,11 +289,13 @@ def load_study(path):
     power = _power(raw.pop("power"), f"{path} [power]", tests, bool(pilot_seeds)) if "power" in raw else None
     family = _take(raw, "family", dict, path, {})
     order = _take(family, "order", list, f"{path} [family]") if family else []
+    rule = _take(family, "rule", str, f"{path} [family]", "fixed_sequence") if family else "fixed_sequence"
     _no_more(family, f"{path} [family]")
     _no_more(raw, path)
     _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_seeds, horizons)
+    _check_rule(path, rule, tests, sequential)
     study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
-                  launcher, tables, peak, mfu, per_step, tests, sequential, power, pilot_seeds, order)
+                  launcher, tables, peak, mfu, per_step, tests, sequential, power, pilot_seeds, order, rule)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
         for horizon in (h for h in horizons if arm.name in h.arms):
             try:
@@ -416,6 +419,16 @@ def _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_s
         if target is None or not (target.sd or target.pilot or pilot_seeds):
             raise StudyError(f"{path} [sequential]: 'n_looks' sets the looks from [power.{first}]'s effect and spread: "
                              f"declare it, with 'sd', 'pilot' runs or a [pilot] stage")
+
+
+def _check_rule(path, rule, tests, sequential):
+    """The [family] rule checked: 'fixed_sequence', or 'holm' over looks without a futility bound, every test at one
+    level (the family's). Raises StudyError."""
+    if rule not in ("fixed_sequence", "holm"):
+        raise StudyError(f"{path} [family]: 'rule' must be 'fixed_sequence' or 'holm', got {rule!r}")
+    if rule == "holm" and (sequential is None or sequential.futility or len({t.level for t in tests}) > 1):
+        raise StudyError(f"{path} [family]: rule 'holm' needs [sequential] looks without 'futility' and every "
+                         f"[[test]] at one level (the family's)")
 
 
 def train_args(study, arm, horizon):
