@@ -73,7 +73,7 @@ from nonlinear_queries.experiments.protocol import (
 )
 from nonlinear_queries.experiments.sweeps import Point, point_name, write_record
 from nonlinear_queries.record.atomic import atomic_write, write_json
-from nonlinear_queries.record.runs import RunDir, RunsError, finished
+from nonlinear_queries.record.runs import RunDir, RunsError, finished, step_seconds
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 
@@ -217,6 +217,11 @@ def plan(study):
               f"(widening may add runs)")
     else:
         print()
+    if done:
+        hours = sum(step_seconds(RunDir(d).records()) for d in run_dirs_of(study)) / 3600
+        print(f"the {done} runs' training steps took {hours:.2f} run-hours, measured: each run's logged step laps "
+              f"summed (ms_per_step times the steps since the log before it; evaluation, checkpoints and startup "
+              f"left out)")
     if saved_in_all:
         print(f"tuning at the smaller widths instead of each arm's own saves about {saved_in_all:.1f} GPU-hours")
     return left

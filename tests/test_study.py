@@ -137,6 +137,31 @@ def test_the_dry_run_costs_the_runs_left_in_run_hours_and_wall_hours_at_the_slot
     assert "about 4.0 run-hours, about 2.0 hours of wall time at 2 runs at a time" in capsys.readouterr().out
 
 
+def test_the_measured_run_hours_sum_each_logged_lap_over_its_own_steps(tmp_path, capsys):
+    """runs.step_seconds: a `train` record's ms_per_step is the mean over the steps since the log before it, so it
+    counts those steps, not log_interval: a session's first lap after a restart at step 110 (40 steps) and the last
+    lap of a run stopped at 165 (15 steps) are shorter; what a crashed session logged past its resume point does
+    not count. The dry run prints the sum over the study's runs."""
+    lines = [{"type": "config", "step": 0}, {"type": "train", "step": 50, "ms_per_step": 100e3},
+             {"type": "eval", "step": 100, "train_loss": 2.0, "val_loss": 2.1},
+             {"type": "train", "step": 100, "ms_per_step": 200e3},
+             {"type": "train", "step": 120, "ms_per_step": 9e6},  # dropped: the restart below resumes at 110
+             {"type": "config", "step": 110}, {"type": "train", "step": 150, "ms_per_step": 400e3},
+             {"type": "train", "step": 165, "ms_per_step": 500e3}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    # 50 x 100 + 50 x 200 + 40 x 400 + 15 x 500 s; ms_per_step x 50 a record would give 60,000 s
+    assert runs.step_seconds(runs.read_records(str(path))) == pytest.approx(38_500)
+    assert runs.step_seconds([{"type": "config", "step": 0}]) == 0.0
+    s = write_study(tmp_path)
+    run = study.point_dir(s, s.arms[0], s.horizons[0], {"learning_rate": "1e-3", "seed": 0})
+    os.makedirs(run)
+    (tmp_path / "metrics.jsonl").rename(os.path.join(run, "metrics.jsonl"))
+    study.plan(s)
+    assert "the 1 runs' training steps took 10.69 run-hours, measured: each run's logged step laps summed" in \
+        " ".join(capsys.readouterr().out.split())
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace('seed = 0\n', 'seed = 1\n'), "also a held-out seed"),
     (lambda t: t.replace('max_widen = 2', 'max_widen = 2\nwiden = "x2"'), "unknown key(s) widen"),

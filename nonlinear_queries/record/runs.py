@@ -450,6 +450,23 @@ def history(records):
     return evals, diverged[-1] if diverged else None, downstream, diags
 
 
+def step_seconds(records):
+    """The seconds a run's training steps took, from its records (read_records): its logged step laps summed. A
+    `train` record's ms_per_step is the mean over the steps since the record before it (train.py's StepClock.lap:
+    the previous `train` record, or the `config` record that opened the session, a restart's at its step), so it
+    counts that many steps, not log_interval: a run's last lap, or a session's first after a restart, can be
+    shorter. Evaluation, diagnostics, checkpoints, lm-eval tasks and startup fall outside the laps and are left
+    out; steps a crashed session logged past its resume point go with its dropped records. 0.0 where no `train`
+    record has ms_per_step (a run that logged none yet)."""
+    seconds, since = 0.0, 0
+    for record in records:
+        if record["type"] == "train" and record.get("ms_per_step"):
+            seconds += record["ms_per_step"] / 1000 * (record["step"] - since)
+        if record["type"] in ("train", "config"):
+            since = record["step"]
+    return seconds
+
+
 def load_run(path):
     """Read a run directory into a Run: config.json, else the last `config` record of metrics.jsonl, as the
     header. Raises RunsError if it has neither."""
