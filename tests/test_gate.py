@@ -6,11 +6,14 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from test_study import TOML, write_study
 
+import study
 from helpers import REPO, randomize, reference_attention_logits
 from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.experiments import protocol
 from nonlinear_queries.weights.checkpoint import CheckpointError, check_resumable
 from nonlinear_queries.weights.pretrained import hf_incompatibility
 
@@ -180,6 +183,16 @@ def test_config_files_and_the_command_line_set_the_gate_and_a_wrong_one_is_named
     assert cfg.attn_gate == "headwise" and cfg.model_settings()["attn_gate"] == "headwise"
     with pytest.raises(ValueError, match="unknown attn_gate 'channel'; valid: none, headwise, elementwise"):
         GPTConfig(attn_gate="channel")
+
+
+def test_a_study_arm_sets_the_gate_as_an_override_and_a_wrong_one_is_one_error(tmp_path):
+    text = TOML.replace('name = "b"', 'name = "b"\noverrides = { attn_gate = "elementwise" }')
+    spec = write_study(tmp_path, text)
+    a, b = spec.arms
+    configs = [protocol.arm_config(spec, arm, spec.horizons[0], {"learning_rate": 2e-3}) for arm in (a, b)]
+    assert [c.attn_gate for c in configs] == ["none", "elementwise"]
+    with pytest.raises(study.StudyError, match="unknown attn_gate 'channel'"):
+        write_study(tmp_path, text.replace('"elementwise"', '"channel"'))
 
 
 def test_hugging_faces_gpt2_has_no_gate():
