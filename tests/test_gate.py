@@ -9,13 +9,13 @@ import torch
 from test_study import TOML, write_study
 
 import study
-from helpers import REPO, randomize, reference_attention_logits
+from helpers import REPO, randomize, reference_attention_logits, run_script, train
 from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.experiments import protocol
 from nonlinear_queries.weights.checkpoint import CheckpointError, check_resumable
-from nonlinear_queries.weights.pretrained import hf_incompatibility
+from nonlinear_queries.weights.pretrained import hf_incompatibility, load_model
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 GATES = ["headwise", "elementwise"]
@@ -199,3 +199,23 @@ def test_hugging_faces_gpt2_has_no_gate():
     assert hf_incompatibility(GPTConfig()) is None
     assert hf_incompatibility(GPTConfig(attn_gate="headwise")) == (
         "attn_gate='headwise': GPT-2 has no output gate on its attention")
+
+
+@pytest.mark.slow
+def test_a_gated_run_records_its_gate_samples_with_the_cache_refuses_another_and_exports_with_why(shakespeare_dir,
+                                                                                                  tmp_path):
+    out = tmp_path / "run"
+    train(shakespeare_dir, out, "--attn_gate=elementwise", "--max_iters=4", "--eval_interval=4")
+    ckpt = torch.load(out / "ckpt.pt", weights_only=True)
+    assert ckpt["model_args"]["attn_gate"] == "elementwise"
+    assert ckpt["model"]["transformer.h.0.attn.c_gate.weight"].shape == (32, 32)
+    proc = train(shakespeare_dir, out, "--attn_gate=headwise", "--init_from=resume", "--max_iters=6", check=False)
+    assert proc.returncode != 0
+    assert (f"{out}/ckpt.pt was trained with attn_gate='elementwise' but the config asks for attn_gate='headwise'; "
+            f"use the run's own config to resume it") in proc.stderr
+    assert load_model(str(out)).config.attn_gate == "elementwise"
+    assert run_script("sample.py", f"--out_dir={out}", "--device=cpu", "--num_samples=1", "--max_new_tokens=8",
+                      "--start=To be").returncode == 0
+    proc = run_script("export.py", f"--out_dir={out}", f"--to={tmp_path / 'hf'}")
+    assert proc.stdout.startswith("attn_gate='elementwise': GPT-2 has no output gate on its attention. Hugging Face")
+    assert load_model(str(tmp_path / "hf")).config.attn_gate == "elementwise"
