@@ -14,6 +14,7 @@ from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.experiments import protocol
+from nonlinear_queries.trainer.optimizers import configure_optimizers, muon_parameters
 from nonlinear_queries.weights.checkpoint import CheckpointError, check_resumable
 from nonlinear_queries.weights.pretrained import hf_incompatibility, load_model
 
@@ -164,6 +165,10 @@ def test_under_mup_the_gate_weight_is_a_hidden_matrix(kind):
     # N(0, 0.02) as every other Linear, times μP's 1/sqrt(m) at m = 32 / 16 = 2
     w_sp, w_mup = sp.transformer.h[0].attn.c_gate.weight, mup.transformer.h[0].attn.c_gate.weight
     torch.testing.assert_close(w_mup, w_sp * 2**-0.5)
+    # AdamW puts it in the hidden group: rate η/m, weight decay wd·m; Muon (2-D matrices of the blocks) takes it
+    hidden = configure_optimizers(mup, 0.1, 1e-3, (0.9, 0.95), "cpu").param_groups[0]
+    assert any(p is w_mup for p in hidden["params"]) and (hidden["lr_mult"], hidden["weight_decay"]) == (0.5, 0.2)
+    assert any(p is w_mup for p in muon_parameters(mup))
     big = GPT(GPTConfig(n_embd=768, n_head=12, n_layer=1, vocab_size=64, block_size=8, attn_gate=kind))
     assert abs(big.transformer.h[0].attn.c_gate.weight.std().item() - 0.02) < 0.002
 
