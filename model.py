@@ -32,6 +32,9 @@ class GPTConfig:
     qk_norm: bool = False  # RMSNorm of each head's query and key over head_dim, learnable weight (any query_mode)
     fused_qkv: bool = True  # one input matmul for K, V and the query's first layer (docs/design.md)
     attn_scale: float = 0.0  # softmax scale; 0 = the query module's own, scale_mult / sqrt(head_dim)
+    # an output gate on attention (Qiu et al. 2025, G1): each head's SDPA output times sigmoid(x W_θ), x the block's
+    # ln_1 output, before c_proj; 'none', 'headwise' (W_θ n_embd x n_head) or 'elementwise' (n_embd x n_embd)
+    attn_gate: str = "none"
     tie_weights: bool = True  # the LM head shares the token embedding's weight; False gives it its own
     bias: bool = False  # a bias in every Linear but the LM head and in every LayerNorm (GPT-2 has them)
     # a key of MLP_ACTIVATIONS ('gelu' exact, 'gelu_tanh' GPT-2's gelu_new, 'relu2') or of GATED_MLP_ACTIVATIONS
@@ -72,6 +75,8 @@ class GPTConfig:
             raise ValueError(f"query_rank must be >= 0 (0 means n_embd // 2), got {self.query_rank}")
         if self.attn_scale < 0:
             raise ValueError(f"attn_scale must be >= 0 (0 = the query module's own scale), got {self.attn_scale}")
+        if self.attn_gate not in ATTN_GATES:
+            raise ValueError(f"unknown attn_gate {self.attn_gate!r}; valid: {', '.join(ATTN_GATES)}")
         if self.mlp_activation not in {**MLP_ACTIVATIONS, **GATED_MLP_ACTIVATIONS}:
             raise ValueError(f"unknown mlp_activation {self.mlp_activation!r}; valid: "
                              f"{', '.join([*MLP_ACTIVATIONS, *GATED_MLP_ACTIVATIONS])}")
@@ -127,6 +132,10 @@ class GPTConfig:
     def query_bottleneck(self):
         """Bottleneck width r of res_gelu's f: query_rank, or n_embd // 2 (the paper's r = d/2) when 0."""
         return self.query_rank or self.n_embd // 2
+
+
+# attn_gate's kinds (CausalSelfAttention)
+ATTN_GATES = ("none", "headwise", "elementwise")
 
 
 def model_config_keys():
@@ -367,7 +376,10 @@ class CausalSelfAttention(nn.Module):
     positions after the cached ones; rope: rope_angles' (cos, sin) for them. c_kv: C -> 2 kv_heads head_dim (GQA:
     query head h uses K, V head h // (n_head / kv_heads)); `fused_qkv` stacks the query's rows under it, except when
     decoding. qk_norm: RMSNorm over head_dim, weight (head_dim,). Softmax scale: attn_scale, else scale_mult (1 with
-    qk_norm) / sqrt(head_dim) times attn_scale_mult."""
+    qk_norm) / sqrt(head_dim) times attn_scale_mult. attn_gate (Qiu et al. 2025, arXiv:2505.06708, G1): c_gate, W_θ
+    (+ b with `bias`) of C -> n_head (headwise) or C -> C (elementwise), and SDPA's output y becomes
+    y * sigmoid(x W_θ + b) before c_proj, a head's gate scaling all its head_dim channels (headwise) or channel
+    c of y (head c // head_dim) getting gate c (elementwise); c_gate is None with attn_gate='none'."""
 
     def __init__(self, config):
         super().__init__()
@@ -380,6 +392,9 @@ class CausalSelfAttention(nn.Module):
         head_dim = config.n_embd // config.n_head
         self.c_kv = nn.Linear(config.n_embd, 2 * self.n_kv_head * head_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        # no module at all without the gate: the parameters and the draws of the init stay those of before the gate
+        gates = {"headwise": config.n_head, "elementwise": config.n_embd}.get(config.attn_gate)
+        self.c_gate = nn.Linear(config.n_embd, gates, bias=config.bias) if gates else None
         self.resid_dropout = nn.Dropout(config.dropout)
         # qk_norm off is the identity, so heads() reads the same either way
         self.q_norm = nn.RMSNorm(head_dim, eps=1e-5) if config.qk_norm else nn.Identity()
@@ -432,7 +447,10 @@ class CausalSelfAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.n_kv_head != self.n_head,
         )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2)  # (B, T, n_head, head_dim)
+        if self.c_gate is not None:  # from this token's x alone, so decoding with the cache needs nothing cached
+            y = y * torch.sigmoid(self.c_gate(x)).view(B, T, self.n_head, -1)  # -1: 1 a head, or head_dim
+        y = y.contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 

@@ -1,7 +1,8 @@
 """
 Print the parameter table (the paper's Table 1 / Figure 2; docs/design.md) for every config in config/,
 config/modern/ (the modern recipe, named modern/<config>), config/gpt3/ (the GPT-3 sizes,
-named gpt3/<config>) and config/official/ (the official runs' twins, named official/<config>; docs/official.md).
+named gpt3/<config>) and config/official/ (the official runs' twins, named official/<config>; docs/official.md),
+and the baseline and res_gelu each with the two output gates (`attn_gate`, named "baseline, attn_gate=headwise").
 
     python bench/params.py
 
@@ -30,12 +31,18 @@ for folder in ("", "modern/", "gpt3/", "official/"):
         if os.path.basename(path) == "recipe.py":  # config/modern/recipe.py: a base of the modern configs, not a run
             continue
         values = read_config_file(path)
-        with torch.device("meta"):
-            model = GPT(GPTConfig(**{k: v for k, v in values.items() if k in model_config_keys()}))
-        cfg = model.config
-        rows.append((folder + os.path.basename(path)[:-3], cfg.query_mode, f"{cfg.n_layer}x{cfg.n_embd}",
-                     cfg.mlp_hidden, model.get_num_params(), model.get_num_params(non_embedding=False),
-                     values.get("learning_rate"), values.get("min_lr"), values.get("weight_decay")))
+        name = folder + os.path.basename(path)[:-3]
+        # the Table 1 baseline and res_gelu also with each output gate (attn_gate; docs/design.md)
+        gates = ("none", "headwise", "elementwise") if name in ("baseline", "res_gelu") else ("none",)
+        for gate in gates:
+            with torch.device("meta"):
+                model = GPT(GPTConfig(**{k: v for k, v in values.items() if k in model_config_keys()},
+                                      attn_gate=gate))
+            cfg = model.config
+            rows.append((name if gate == "none" else f"{name}, attn_gate={gate}", cfg.query_mode,
+                         f"{cfg.n_layer}x{cfg.n_embd}", cfg.mlp_hidden, model.get_num_params(),
+                         model.get_num_params(non_embedding=False), values.get("learning_rate"), values.get("min_lr"),
+                         values.get("weight_decay")))
 
 # {(folder, L x d): non-emb} of the baselines
 baselines = {(row[0][: row[0].rfind("/") + 1], row[2]): row[4] for row in rows

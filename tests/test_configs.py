@@ -71,6 +71,11 @@ def test_params_table_shows_spec_counts(params_table):
     assert rows["identity"]["non-emb"] == "77,875,968"
     assert rows["mlp475"]["non-emb"] == rows["mlp475_scaled"]["non-emb"] == "95,570,688"
     assert rows["mlp475"]["vs baseline"] == "+12.50%" and rows["baseline"]["vs baseline"] == "+0.00%"
+    # the output gate (attn_gate): W_θ of 768 x 12 (headwise) or 768 x 768 (elementwise) a layer
+    for arm, count in (("baseline", 84_953_856), ("res_gelu", 84_972_288)):
+        assert rows[f"{arm}, attn_gate=headwise"]["non-emb"] == f"{count + 12 * 768 * 12:,}"
+        assert rows[f"{arm}, attn_gate=elementwise"]["non-emb"] == f"{count + 12 * 768 * 768:,}"
+    assert rows["baseline, attn_gate=elementwise"]["vs baseline"] == "+8.33%"
     # the modern recipe: + QK-norm's 12 x 2 x 64; its untied head doubles the embedding count, no wpe
     assert rows["modern/baseline"]["non-emb"] == "84,955,392" and rows["modern/baseline"]["total"] == "162,222,336"
     assert rows["modern/res_gelu"]["non-emb"] == "84,973,824"

@@ -271,14 +271,15 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
         load_training_state({"model": {}, "optimizer": []}, str(tmp_path / "ckpt.pt"), again, again_optimizers)
 
 
-def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_one, monkeypatch):
+@pytest.mark.parametrize("attn_gate", ["none", "elementwise"])
+def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_one, monkeypatch, attn_gate):
     # parallelize as it runs for a CUDA bfloat16 run, its device mesh built on the CPU; the forward pass under
-    # bf16 autocast (the CPU's), as train.py runs it (rt.autocast)
+    # bf16 autocast (the CPU's), as train.py runs it (rt.autocast); with and without the output gate
     cuda_mesh = runtime.init_device_mesh
     monkeypatch.setattr(runtime, "init_device_mesh", lambda device_type, shape: cuda_mesh("cpu", shape))
     on_cuda = SimpleNamespace(device_type="cuda", dtype="bfloat16", world_size=1, backend="nccl", distributed=True)
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, pos_encoding="rope",
-                       qk_norm=True, query_mode="res_gelu", bias=True)
+                       qk_norm=True, query_mode="res_gelu", bias=True, attn_gate=attn_gate)
     x, y = torch.randint(0, 64, (2, 2, 8), generator=torch.Generator().manual_seed(0))
 
     def step(rt, parallelism):
@@ -394,9 +395,10 @@ def test_fsdp_on_cuda_joins_its_process_group_with_the_gpu_index(monkeypatch, de
         assert (call["rank"], call["world_size"], type(call["store"])) == (0, 1, dist.HashStore)
 
 
-def test_activation_checkpointing_gives_the_same_gradients_from_less_memory():
+@pytest.mark.parametrize("attn_gate", ["none", "headwise"])
+def test_activation_checkpointing_gives_the_same_gradients_from_less_memory(attn_gate):
     config = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1,
-                       query_mode="res_gelu")
+                       query_mode="res_gelu", attn_gate=attn_gate)
     x, y = torch.randint(0, 64, (2, 2, 16))
     rt = setup("cpu", "float32")
 

@@ -435,12 +435,14 @@ def one_step(model, idx, targets):
     return logits, {k: v.grad for k, v in model.named_parameters()}, model(idx, targets)[1].detach()
 
 
-@pytest.mark.parametrize("query_mode", sorted(QUERY_MODULES))
+@pytest.mark.parametrize("query_mode, attn_gate", [(m, "none") for m in sorted(QUERY_MODULES)]
+                         + [("res_gelu", "elementwise"), ("anchored_res_gelu", "headwise")])
 @pytest.mark.parametrize("fused_qkv", [True, False])
-def test_model_with_kernels_computes_what_the_model_without_does(path, query_mode, fused_qkv):
-    """Logits and one training step, every query mode, fused and unfused projection: use_kernels
-    changes res_gelu and anchored_res_gelu only, and not what they compute."""
-    cfg = GPTConfig(**TINY, query_mode=query_mode, fused_qkv=fused_qkv, bias=query_mode == "anchored_res_gelu")
+def test_model_with_kernels_computes_what_the_model_without_does(path, query_mode, attn_gate, fused_qkv):
+    """Logits and one training step, every query mode, fused and unfused projection, and the output gate
+    beside the kernels' f: use_kernels changes res_gelu and anchored_res_gelu only, and not what they compute."""
+    cfg = GPTConfig(**TINY, query_mode=query_mode, fused_qkv=fused_qkv, bias=query_mode == "anchored_res_gelu",
+                    attn_gate=attn_gate)
     torch.manual_seed(3)
     plain = GPT(cfg)
     if query_mode == "anchored_res_gelu":  # f starts at zero there; move its LN off zero so f is seen

@@ -9,7 +9,8 @@ holds the slopes.
 Activations (per block i): `embedding` (the first block's input), `attn_i` (attention's output, after c_proj),
 `mlp_i` (the MLP's output), `query_i` (the query module's output, the q that the softmax scale then multiplies),
 `query_f_i` (the learned branch f(x) of res_gelu and the other anchored-plus-f modules, where the module has
-one), and `logits` (after μP's 1/m). The model runs without the fused input matmul (fused_qkv=False), the same
+one), `gate_i` (the output gate's scores x W_θ, before the sigmoid, where attn_gate is on), and `logits` (after
+μP's 1/m). The model runs without the fused input matmul (fused_qkv=False), the same
 parameters and numbers up to rounding, so that every module's own forward runs and can be hooked.
 """
 
@@ -52,6 +53,8 @@ def record_activations(model, sink):
         hooked = {f"attn_{i}": block.attn, f"mlp_{i}": block.mlp, f"query_{i}": block.attn.query}
         if hasattr(block.attn.query, "f"):  # the learned branch f(x) ends in the module's own LayerNorm
             hooked[f"query_f_{i}"] = block.attn.query.ln
+        if block.attn.c_gate is not None:  # the scores: the sigmoid would hide their growth
+            hooked[f"gate_{i}"] = block.attn.c_gate
         for name, module in hooked.items():
             handles.append(module.register_forward_hook(
                 lambda m, i, out, name=name: sink.setdefault(name, []).append(out.abs().mean().item())))

@@ -403,6 +403,8 @@ def hf_incompatibility(config):
         return f"query_mode={config.query_mode!r}: GPT-2's query is linear"
     if config.qk_norm:
         return "qk_norm=True: GPT-2 has no QK-norm"
+    if config.attn_gate != "none":
+        return f"attn_gate={config.attn_gate!r}: GPT-2 has no output gate on its attention"
     if config.pos_encoding != "learned":
         return f"pos_encoding={config.pos_encoding!r}: GPT-2's positions are learned"
     if config.kv_heads != config.n_head:
