@@ -656,3 +656,45 @@ def test_a_holm_family_passes_a_rejected_tests_level_to_the_others_at_the_same_l
     assert st.current == 1 and st.evaluated[1].level == 0.025
     with pytest.raises(protocol.StudyError, match="rule 'holm' needs"):
         seq_study(tmp_path / "futile", HOLM_TOML.replace("looks = [10, 20]", "looks = [10, 20]\nfutility = [1.0]"))
+
+
+def test_the_gate_studys_declaration_is_what_its_commands_print(capsys, tmp_path):
+    """results/width_ladder/width256_gate/README.md: its table of rules and schedules equals what its marker's command
+    prints, every design holds the family's level within the simulation's error, and the numbers it quotes from the
+    dry run are the dry run's before any run existed (the study file with an empty results_dir)."""
+    readme = open(os.path.join(REPO, "results", "width_ladder", "width256_gate", "README.md")).read()
+    lines = readme.splitlines()
+    marker = "<!-- table from: python -m nonlinear_queries.experiments.design studies/width256_gate.toml --family -->"
+    i = lines.index(marker)
+    assert design.main(["studies/width256_gate.toml", "--family"]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    committed = []
+    for line in lines[i + 1:]:
+        if not line.startswith("|"):
+            break
+        committed.append(line)
+    assert committed == printed
+    assert all(float(row.split("|")[8]) <= 0.055 and float(row.split("|")[10]) <= 0.055 for row in printed[2:])
+    declared = open(os.path.join(REPO, "studies", "width256_gate.toml")).read()
+    line = 'results_dir = "results/width_ladder/width256_gate"'
+    before_any_run = tmp_path / "width256_gate.toml"
+    before_any_run.write_text(declared.replace(line, f'results_dir = "{tmp_path / "empty"}"'))
+    assert study.main([str(before_any_run), "--dry_run"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    text = " ".join(readme.split())
+    for quoted, shown in [
+        ("carried to |t| ≥ 5.50 on 9 df and 2.63 on 19 df (nominal p ≤ 0.00038, 0.017)",
+         "reject if |z| >= 3.553: |t| >= 5.50 on 9 df (nominal p <= 0.00038); at 0.025: |t| >= 4.92; at 0.05: |t| >= "
+         "4.01"),
+        ("at 0.025, |t| ≥ 4.92 and 2.44; at 0.05, |t| ≥ 4.01 and 2.10",
+         "|t| >= 2.63 on 19 df (nominal p <= 0.017); at 0.025: |t| >= 2.44; at 0.05: |t| >= 2.10"),
+        ("pilot): 0.691 points", "sd 0.691 points from the pilot's 30 paired seeds (seeds 1-30"),
+        ("E_tuned in 1.000 of the simulated studies, E_gated in 0.856 and G in 0.848",
+         "it rejects E_tuned 1.000, E_gated 0.856, G 0.848"),
+        ("0.048 with every effect 0", "with every effect 0 it rejects any test in 0.048 of them"),
+        ("about 28.3 run-hours, about 14.1 hours of wall time", "about 28.3 run-hours, about 14.1 hours of wall time"),
+        ("bring the total to 45.9 run-hours", "look 2 45.9 run-hours"),
+        ("61.8 with the widening", "with widening and one rerun per arm 61.8 run-hours"),
+    ]:
+        assert quoted in text, quoted
+        assert shown in out, shown

@@ -520,7 +520,8 @@ def describe_power(study, cost):
             if not gated:  # a later test of a family is tested once, where the gate rejects: no procedure of its own
                 for effect in (0.0, target.effect):
                     oc = sequential.operating_characteristics(looks, tb, effect, sd, futility_t=ft or None)
-                    lines.append(f"    simulated ({oc.studies:,} studies, seed 0) at E = {effect:g}: rejects "
+                    alone = f"alone at level {initial_level(study, test):.4g}, " if holm(study) else ""
+                    lines.append(f"    simulated ({alone}{oc.studies:,} studies, seed 0) at E = {effect:g}: rejects "
                                  f"{oc.rejected:.3f}, stops at the looks {', '.join(f'{x:.3f}' for x in oc.stopped_at)}"
                                  f", expected seeds an arm {oc.expected_seeds:.1f}")
             lines.append("    cost by look: " + "; ".join(f"look {k + 1} {cost(n + pilot)[0]}"
