@@ -770,7 +770,7 @@ def test_a_recorded_tuning_choice_fixes_the_declaration_and_the_runs_it_was_chos
     capsys.readouterr()
     text = (tmp_path / "toy.toml").read_text()
     (tmp_path / "toy.toml").write_text(text.replace('"4e-3"]', '"4e-3", "8e-3"]'))
-    for argv in ([path], [path, "--dry_run"]):
+    for argv in ([path, "--dry_run"], [path]):  # the dry run first: unrefused, the run would train
         assert study.main(argv) == 2
         assert capsys.readouterr().err == (
             f"study error: {path} changes the declaration that the tuning choice learning_rate=2e-3 of arm a at 10 "
