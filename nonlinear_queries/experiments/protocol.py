@@ -5,6 +5,7 @@ protocol (`advance`): the tuning grid, widened at an edge, the chosen value, the
 points still to run. Runs are named as sweep.py names them (sweeps.point_name) and read with runs.py.
 """
 
+import json
 import math
 import os
 import statistics
@@ -333,10 +334,11 @@ def declaration(study, held_out):
     `held_out` its [held_out] seeds: the runs' directory, the tuning, the held-out seeds, the horizons, the arms
     (config, overrides, grid, value, reused runs, seeds), the declared tests, the looks and their spending and
     futility, the pilot, the power planning and the family's order, as plain JSON values, keyed by the file's
-    tables ([[arm]] by name, [[horizon]] by max_iters, [[test]] by name). Left out, as the decisions do not rest
-    on them: the name, the results directory (where study.json is), [launcher], [cost] and [[table]]."""
+    tables ([[arm]] by name, [[horizon]] by max_iters, [[test]] by name), a copy through JSON (nothing the study
+    shares). Left out, as the decisions do not rest on them: the name, the results directory (where study.json is),
+    [launcher], [cost] and [[table]]."""
     seq, plan = study.sequential, study.power
-    return {
+    return json.loads(json.dumps({
         "runs_dir": study.runs_dir,
         "tuning": {"key": study.key, "grid": study.grid, "seeds": study.tuning_seeds, "max_widen": study.max_widen},
         "held_out": {"seeds": held_out, "vary_data_order": study.vary_data_order},
@@ -352,7 +354,7 @@ def declaration(study, held_out):
         "power": plan and {"power": plan.power, **{name: {"effect": t.effect, "sd": t.sd, "pilot": t.pilot}
                                                    for name, t in plan.targets.items()}},
         "family": {"order": study.family},
-    }
+    }))
 
 
 def _declared_test(raw, where, horizons):
