@@ -36,8 +36,12 @@ once they are done. A study that declares tests ([[test]]: a paired contrast ove
 against the look's alpha-spending boundary (nonlinear_queries/experiments/looks.py, analysis/sequential.py),
 records the look in study.json and TABLES.md, and stops; the same command runs the next look, until a boundary is
 crossed or the last look is done. --dry_run prints the looks (which is current) and, with [power], the seeds each
-test needs, its MDE and their cost (docs/studies.md). Exit status: 0 ok (or waiting for jobs), 1 a sweep failed
-(on this machine the other arms run to their end first), 2 a bad study file, 128 + N stopped by signal N.
+test needs, its MDE and their cost (docs/studies.md). Once study.json records a look or an arm's tuned value, the
+declaration they rest on (arms, seeds, tests, looks, spending, power: recorded there with its fingerprint) is fixed:
+a study file that changes it is refused, the dry run too, naming the key that changed and the decision it would
+rewrite (nonlinear_queries/experiments/declaration.py); a new question is a new study. Exit status: 0 ok (or
+waiting for jobs), 1 a sweep failed (on this machine the other arms run to their end first), 2 a bad study file (or
+one that changes a fixed declaration), 128 + N stopped by signal N.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
@@ -56,7 +60,7 @@ from nonlinear_queries.analysis import comparison
 from nonlinear_queries.analysis.width import run_flops
 from nonlinear_queries.cli import run_main
 from nonlinear_queries.config.configurator import ConfigError
-from nonlinear_queries.experiments import looks, sweeps
+from nonlinear_queries.experiments import declaration, looks, sweeps
 from nonlinear_queries.experiments.protocol import (
     StudyError,
     advance,
@@ -282,7 +286,9 @@ def write_tables(study):
 
 def record(study, stages):
     """RESULTS_DIR/study.json: every choice and the val losses it was based on (a diverged run's as null); with
-    [sequential] looks, each evaluated look's tests, and no held-out loss of a look whose runs do not all exist."""
+    [sequential] looks, each evaluated look's tests, and no held-out loss of a look whose runs do not all exist; and
+    the declaration they rest on with its fingerprint (declaration.entry: fixed from the first look or tuning
+    choice recorded, declaration.check)."""
     stages = looks.withhold(study, stages)
     finite = lambda losses: {str(k): v if v is None or math.isfinite(v) else None for k, v in losses.items()}  # noqa: E731
     write_json(os.path.join(study.results_dir, "study.json"), {
@@ -294,7 +300,7 @@ def record(study, stages):
             "grid": s.values, "tuning_val_loss": finite(s.tuning), "chosen": s.chosen,
             "widening": [{**w, "because": finite(w["because"])} for w in s.widening],
             "held_out_val_loss": finite(s.held_out)} for name, s in arms.items()}
-            for max_iters, arms in stages.items()}, **looks.record(study)})
+            for max_iters, arms in stages.items()}, **looks.record(study), **declaration.entry(study)})
 
 
 def local_slots(study):
@@ -555,6 +561,7 @@ def main(argv):
     os.chdir(REPO)  # a study file's paths (configs, runs_dir, results_dir) are relative to the repo root
     try:
         study = load_study(path)
+        declaration.check(study)  # a recorded decision fixes the declaration: refused before planning or running
     except StudyError as e:
         print(f"study error: {e}", file=sys.stderr)
         return 2

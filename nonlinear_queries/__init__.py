@@ -66,5 +66,6 @@ experiments: sweeps and studies
   and recording points on GPU and thread slots, signals forwarded) and SLURM jobs
 - launch: the command that starts train.py's processes on one node (python, or torchrun)
 - protocol: a study file and the held-out protocol's next runs
+- declaration: a study's declaration, recorded with its fingerprint and fixed from its first recorded decision
 - design, looks: declared tests, the looks of a group-sequential study, and the designs' operating characteristics
 """

@@ -15,7 +15,7 @@ import study
 from helpers import ONE_THREAD, REPO, run_script
 from nonlinear_queries.analysis import power, sequential
 from nonlinear_queries.config.train_config import TrainConfig
-from nonlinear_queries.experiments import design, looks, protocol
+from nonlinear_queries.experiments import declaration, design, looks, protocol
 
 THIRDS = [1 / 3, 2 / 3, 1.0]
 
@@ -698,3 +698,63 @@ def test_the_gate_studys_declaration_is_what_its_commands_print(capsys, tmp_path
     ]:
         assert quoted in text, quoted
         assert shown in out, shown
+
+
+@pytest.mark.parametrize("old, new, change", [
+    ("looks = [3, 6]", "looks = [4, 6]", "[sequential] looks [3, 6] -> [4, 6]"),
+    ('name = "b"\n', 'name = "b"\noverrides = { n_layer = 2 }\n', "[[arm]] b: overrides.n_layer (not set) -> 2"),
+    ("seeds = [1, 2, 3, 4, 5, 6]", "seeds = [1, 2, 3, 4, 5, 7]",
+     "[held_out] seeds [1, 2, 3, 4, 5, 6] -> [1, 2, 3, 4, 5, 7] (and [[horizon]] max_iters = 10: seeds)"),
+], ids=["looks", "override", "seeds"])
+def test_a_recorded_look_fixes_the_declaration_the_run_and_the_dry_run_refuse_a_change(tmp_path, monkeypatch,
+                                                                                       capsys, old, new, change):
+    """Once look 1 is recorded, a study file that changes what it rests on is refused by study.py and by its dry
+    run, in one sentence naming the key (old -> new) and the look, and study.json and TABLES.md stay byte for byte
+    as they were; a change the decisions do not rest on ([launcher] jobs, [cost], a comment) is run; a study.json
+    written before declarations were recorded holds none and is taken as it is."""
+    s = seq_study(tmp_path)
+    ran = []
+
+    def fake(cut):  # study.run on the cut study: its look's runs (b about 1% ahead, spread: look 1 continues)
+        ran.append(list(cut.horizons[0].seeds))
+        for seed in cut.horizons[0].seeds:
+            fake_seed(s, "base", seed, 2.0)
+            fake_seed(s, "b", seed, 2.0 * (1 - (1.0 + (-1) ** seed * 1.5) / 100))
+        return 0
+
+    monkeypatch.setattr(study, "run", fake)
+    monkeypatch.setattr(study, "write_tables", lambda st: open(os.path.join(st.results_dir, "TABLES.md"), "w").write(
+        looks.tables_section(st)))
+    path = str(tmp_path / "seq.toml")
+    assert study.main([path]) == 0 and ran == [[1, 2, 3]]
+    recorded = json.load(open(tmp_path / "results" / "study.json"))
+    fields = json.loads(json.dumps(s.declared))
+    assert recorded["declaration"] == {"fingerprint": declaration.fingerprint(fields), "fields": fields}
+    assert recorded["sequential"]["evaluated"][0]["decision"] == "continue"
+    files = {name: (tmp_path / "results" / name).read_bytes() for name in ("study.json", "TABLES.md")}
+    capsys.readouterr()
+    text = TOML.replace("{results}", str(tmp_path / "results"))
+    (tmp_path / "seq.toml").write_text(text.replace(old, new))
+    said = []
+    for argv in ([path], [path, "--dry_run"]):
+        assert study.main(argv) == 2
+        out, err = capsys.readouterr()
+        said.append(err)
+        assert out == "" and err == (
+            f"study error: {path} changes the declaration that look 1 (E: continue) in "
+            f"{tmp_path / 'results' / 'study.json'} was decided under: {change}; a declaration is fixed once a look "
+            f"or tuning choice is recorded: put it back, or ask the new question as a new study (a new `name`, and a "
+            f"new `results_dir` where the file sets one)\n")
+    assert said[0] == said[1] and ran == [[1, 2, 3]]
+    assert {name: (tmp_path / "results" / name).read_bytes() for name in files} == files
+    # what no decision rests on may change: look 2 runs
+    (tmp_path / "seq.toml").write_text(
+        "# a comment\n" + text + "[launcher]\njobs = 2\n[cost]\nseconds_per_step = 0.5\n")
+    assert study.main([path, "--dry_run"]) == 0 and ran == [[1, 2, 3]]
+    assert study.main([path]) == 0 and ran == [[1, 2, 3], [1, 2, 3, 4, 5, 6]]
+    # a study.json from before declarations were recorded: nothing to compare, the changed file is taken
+    recorded = json.load(open(tmp_path / "results" / "study.json"))
+    del recorded["declaration"]
+    (tmp_path / "results" / "study.json").write_text(json.dumps(recorded))
+    (tmp_path / "seq.toml").write_text(text.replace(old, new))
+    assert study.main([path, "--dry_run"]) == 0

@@ -4,6 +4,7 @@ runs, the study files' checks, and studies/ablations.toml against the committed 
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,15 +165,23 @@ def test_the_measured_run_hours_sum_each_logged_lap_over_its_own_steps(tmp_path,
 
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace('seed = 0\n', 'seed = 1\n'), "also a held-out seed"),
-    (lambda t: t.replace('max_widen = 2', 'max_widen = 2\nwiden = "x2"'), "unknown key(s) widen"),
+    (lambda t: t.replace('max_widen = 2', 'max_widen = 2\nwiden = "x2"'),
+     "[tuning]: unknown key(s) widen; did you mean 'max_widen'?"),
+    (lambda t: t.replace('name = "b"', 'name = "b"\noverride = { n_layer = 2 }'),
+     "[[arm]] 2: unknown key(s) override; did you mean 'overrides'?"),
+    (lambda t: t + '[launcher]\njob = 2\n',
+     "[launcher] (sweep.py's options): unknown key(s) job; did you mean 'jobs'?"),
+    (lambda t: t.replace('name = "toy"', 'name = "toy"\nrunsdir = "out"'),
+     "toy.toml: unknown key(s) runsdir; did you mean 'runs_dir'?"),
     (lambda t: t.replace('key = "learning_rate"\n', ''), "'key' is missing"),
     (lambda t: t.replace('max_widen = 2', 'max_widen = "2"'), "'max_widen' must be int"),
     (lambda t: t.replace('config/mini/res_gelu.py', 'config/mini/nope.py'), "config/mini/nope.py does not exist"),
     (lambda t: t.replace('grid = ["2e-3"]', 'grid = ["fast"]'), "must be numeric"),
     (lambda t: t.replace('name = "b"', 'name = "b"\noverrides = { n_layers = 2 }'), "n_layers"),
-], ids=["seed-twice", "unknown-key", "missing-key", "wrong-type", "no-config", "not-numeric", "bad-override"])
+], ids=["seed-twice", "unknown-key", "unknown-arm-key", "unknown-launcher-option", "unknown-top-key",
+     "missing-key", "wrong-type", "no-config", "not-numeric", "bad-override"])
 def test_a_bad_study_file_is_one_error_naming_the_key(tmp_path, edit, message):
-    with pytest.raises(study.StudyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(study.StudyError, match=re.escape(message)):
         write_study(tmp_path, edit(TOML))
 
 
@@ -763,3 +772,42 @@ def test_the_gpt2_temperature_study_plans_its_stages_and_tests_its_family_in_ord
     write_tables_from_the_repo(s)
     text = (tmp_path / "results" / "TABLES.md").read_text()
     assert "## The declared tests, look by look" in text and "E -> D -> gap_res_gelu" in text
+
+
+def test_a_recorded_tuning_choice_fixes_the_declaration_and_the_runs_it_was_chosen_on(tmp_path, capsys):
+    """Before any decision the study file may change (study.json records the new declaration); once an arm's tuned
+    value is recorded, a changed grid is refused by the run and the dry run alike, naming the choice, and so are
+    tuning runs that now choose another value; study.json stays as it was."""
+    s = write_study(tmp_path)
+    arm, horizon = s.arms[0], s.horizons[0]
+    path, written = str(tmp_path / "toy.toml"), tmp_path / "results" / "study.json"
+    record = lambda st: study.record(st, {10: {a.name: study.advance(st, a, horizon) for a in st.arms}})  # noqa: E731
+    os.makedirs(s.results_dir)
+    record(s)
+    (tmp_path / "toy.toml").write_text((tmp_path / "toy.toml").read_text().replace("max_widen = 2", "max_widen = 3"))
+    assert study.main([path, "--dry_run"]) == 0  # nothing is decided yet
+    s = study.load_study(path)
+    for v, loss in (("1e-3", 2.1), ("2e-3", 2.0), ("4e-3", 2.05)):
+        fake_run(study.point_dir(s, arm, horizon, {"learning_rate": v, "seed": 0}), loss)
+    record(s)
+    before = written.read_bytes()
+    assert json.loads(before)["horizons"]["10"]["a"]["chosen"] == "2e-3"
+    capsys.readouterr()
+    text = (tmp_path / "toy.toml").read_text()
+    (tmp_path / "toy.toml").write_text(text.replace('"4e-3"]', '"4e-3", "8e-3"]'))
+    for argv in ([path, "--dry_run"], [path]):  # the dry run first: unrefused, the run would train
+        assert study.main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"study error: {path} changes the declaration that the tuning choice learning_rate=2e-3 of arm a at 10 "
+            f"steps in {written} was decided under: [tuning] grid [\"1e-3\", \"2e-3\", \"4e-3\"] -> [\"1e-3\", "
+            f"\"2e-3\", \"4e-3\", \"8e-3\"]; a declaration is fixed once a look or tuning choice is recorded: put it "
+            f"back, or ask the new question as a new study (a new `name`, and a new `results_dir` where the file "
+            f"sets one)\n")
+    (tmp_path / "toy.toml").write_text(text)
+    fake_run(study.point_dir(s, arm, horizon, {"learning_rate": "4e-3", "seed": 0}), 1.9)  # now 4e-3 is best
+    assert study.main([path, "--dry_run"]) == 2
+    assert capsys.readouterr().err == (
+        f"study error: {written} records learning_rate=2e-3 chosen for arm a at 10 steps, and its tuning runs in "
+        f"{study.arm_dir(s, arm, horizon)} now choose none yet; restore those runs, or ask the new question as a "
+        f"new study (a new `name`, and a new `results_dir` where the file sets one)\n")
+    assert written.read_bytes() == before

@@ -43,10 +43,15 @@ def _parse_literal(raw):
         return raw  # a bare word such as --dataset=shakespeare is a string
 
 
+def did_you_mean(key, keys):
+    """The hint for an unknown `key` among `keys` (a config's, a study file table's): the nearest ones by difflib's
+    ratio ("did you mean 'n_layer'?"), or every key where none is near."""
+    close = difflib.get_close_matches(key, keys, n=3)
+    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"valid keys: {', '.join(keys)}"
+
+
 def _unknown_key(key, ftypes, where):
-    close = difflib.get_close_matches(key, ftypes, n=3)
-    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"valid keys: {', '.join(ftypes)}"
-    return ConfigError(f"{where}: unknown config key {key!r}; {hint}")
+    return ConfigError(f"{where}: unknown config key {key!r}; {did_you_mean(key, ftypes)}")
 
 
 def _check_type(key, value, ftype, source, raw=None):

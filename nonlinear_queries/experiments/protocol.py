@@ -5,13 +5,14 @@ protocol (`advance`): the tuning grid, widened at an edge, the chosen value, the
 points still to run. Runs are named as sweep.py names them (sweeps.point_name) and read with runs.py.
 """
 
+import json
 import math
 import os
 import statistics
 import tomllib
 from dataclasses import dataclass, field, fields
 
-from nonlinear_queries.config.configurator import parse_config, train_config_class
+from nonlinear_queries.config.configurator import did_you_mean, parse_config, train_config_class
 from nonlinear_queries.experiments.sweeps import Launcher, point_name
 from nonlinear_queries.record.runs import RunDir, finished, format_value, history
 
@@ -148,11 +149,24 @@ class Study:
     pilot_seeds: list = field(default_factory=list)  # [pilot] seeds: run by every arm before the looks, tested never
     family: list = field(default_factory=list)  # [family] order: the declared tests' order
     family_rule: str = "fixed_sequence"  # [family] rule: 'fixed_sequence' (gatekeeping) or 'holm' (looks.py)
+    # what the study's decisions rest on, as the file declares it (`declaration`): kept whole when the held-out
+    # seeds are cut to a look's (looks.at_look), so study.json records the declaration, not the look's cut
+    declared: dict = field(default_factory=dict)
 
     @property
     def tuning_seed(self):
         """The first tuning seed: the one a point is checked with, and compare.py's --select_on."""
         return self.tuning_seeds[0]
+
+
+# a study file's top-level keys and tables
+TOP_KEYS = ("name", "results_dir", "runs_dir", "tuning", "held_out", "horizon", "arm", "launcher", "table", "cost",
+            "test", "sequential", "pilot", "power", "family")
+
+
+def _keys(cls):
+    """The keys of a study file's table that parses into the dataclass `cls`: its fields' names."""
+    return [f.name for f in fields(cls)]
 
 
 def _take(table, key, kind, where, default=None):
@@ -169,9 +183,14 @@ def _take(table, key, kind, where, default=None):
     return value
 
 
-def _no_more(table, where):
+def _no_more(table, where, keys):
+    """Raise StudyError for what is left in `table` once its `keys` are taken: the unknown keys, each with the
+    nearest known one (configurator.did_you_mean, as train.py's config errors)."""
     if table:
-        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(table))}")
+        unknown = sorted(table)
+        hints = [f"{k}: {did_you_mean(k, list(keys))}" for k in unknown] if len(unknown) > 1 else \
+            [did_you_mean(unknown[0], list(keys))]
+        raise StudyError(f"{where}: unknown key(s) {', '.join(unknown)}; {'; '.join(hints)}")
 
 
 def load_study(path):
@@ -197,12 +216,12 @@ def load_study(path):
     tuning_seeds = [_take(tuning, "seed", int, where)] if "seed" in tuning else _take(tuning, "seeds", list, where)
     if not tuning_seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in tuning_seeds):
         raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers, got {tuning_seeds!r}")
-    _no_more(tuning, where)
+    _no_more(tuning, where, ("key", "grid", "max_widen", "seed", "seeds"))
     held_out = _take(raw, "held_out", dict, path)
     where = f"{path} [held_out]"
     seeds = _take(held_out, "seeds", list, where)
     vary = _take(held_out, "vary_data_order", bool, where, True)
-    _no_more(held_out, where)
+    _no_more(held_out, where, ("seeds", "vary_data_order"))
     if set(tuning_seeds) & set(seeds):
         raise StudyError(f"{path}: the tuning seed {sorted(set(tuning_seeds) & set(seeds))[0]} is also a held-out "
                          f"seed; a value chosen on a seed must not be reported on it")
@@ -214,7 +233,7 @@ def load_study(path):
                        _take(a, "overrides", dict, where, {}), [str(v) for v in _take(a, "grid", list, where, [])],
                        _take(a, "value", str, where, ""), _take(a, "value_from", str, where, ""),
                        _take(a, "runs", str, where, ""), _take(a, "seeds", list, where, None) if "seeds" in a else None)
-        _no_more(a, where)
+        _no_more(a, where, _keys(StudyArm))
         if arm.value and arm.value_from:
             raise StudyError(f"{where}: 'value' fixes the arm's {key} and 'value_from' takes another arm's; give one")
         if arm.seeds is not None and set(arm.seeds) & set(tuning_seeds):
@@ -241,7 +260,7 @@ def load_study(path):
         horizon = Horizon(_take(h, "max_iters", int, where), _take(h, "subdir", str, where, ""),
                           _take(h, "arms", list, where, names), _take(h, "tune", bool, where, True),
                           _take(h, "chosen_from", int, where, 0), _take(h, "seeds", list, where, seeds))
-        _no_more(h, where)
+        _no_more(h, where, _keys(Horizon))
         if set(tuning_seeds) & set(horizon.seeds):
             raise StudyError(f"{where}: a tuning seed is also a held-out seed")
         if set(horizon.arms) - set(names):
@@ -254,9 +273,9 @@ def load_study(path):
         horizons.append(horizon)
     launcher = _take(raw, "launcher", dict, path, {})
     options = [f.name for f in fields(Launcher)]
-    if set(launcher) - set(options):  # the sweeps take them as keyword arguments (sweeps.Sweep)
-        raise StudyError(f"{path} [launcher]: unknown option(s) {', '.join(sorted(set(launcher) - set(options)))}; "
-                         f"the options are sweep.py's: {', '.join(options)}")
+    # the sweeps take them as keyword arguments (sweeps.Sweep): sweep.py's options and no other
+    _no_more({k: v for k, v in launcher.items() if k not in options}, f"{path} [launcher] (sweep.py's options)",
+             options)
     tables = []
     default_tables = [{"horizon": h.max_iters, "arms": h.arms,
                        "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]
@@ -266,7 +285,7 @@ def load_study(path):
                       _take(tb, "arms", list, where, names), [str(x) for x in _take(tb, "args", list, where, [])],
                       _take(tb, "figure", str, where, ""), _take(tb, "kind", str, where, "compare"),
                       _take(tb, "note", str, where, ""))
-        _no_more(tb, where)
+        _no_more(tb, where, _keys(Table))
         if table.kind not in ("compare", "width_transfer", "width_ladder"):
             raise StudyError(f"{where}: kind must be 'compare', 'width_transfer' or 'width_ladder', got {table.kind!r}")
         horizon = next((h for h in horizons if h.max_iters == table.horizon), None)
@@ -278,24 +297,25 @@ def load_study(path):
     peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
     mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
     per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
-    _no_more(cost, f"{path} [cost]")
+    _no_more(cost, f"{path} [cost]", ("peak_flops", "mfu", "seconds_per_step"))
     tests = [_declared_test(t, f"{path} [[test]] {i + 1}", horizons) for i, t in
              enumerate(_take(raw, "test", list, path, []))]
     sequential = _sequential(raw.pop("sequential"), f"{path} [sequential]", tests, horizons) \
         if "sequential" in raw else None
     pilot = _take(raw, "pilot", dict, path, {})
     pilot_seeds = _take(pilot, "seeds", list, f"{path} [pilot]", []) if pilot else []
-    _no_more(pilot, f"{path} [pilot]")
+    _no_more(pilot, f"{path} [pilot]", ("seeds",))
     power = _power(raw.pop("power"), f"{path} [power]", tests, bool(pilot_seeds)) if "power" in raw else None
     family = _take(raw, "family", dict, path, {})
     order = _take(family, "order", list, f"{path} [family]") if family else []
     rule = _take(family, "rule", str, f"{path} [family]", "fixed_sequence") if family else "fixed_sequence"
-    _no_more(family, f"{path} [family]")
-    _no_more(raw, path)
+    _no_more(family, f"{path} [family]", ("order", "rule"))
+    _no_more(raw, path, TOP_KEYS)
     _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_seeds, horizons)
     _check_rule(path, rule, tests, sequential)
     study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
                   launcher, tables, peak, mfu, per_step, tests, sequential, power, pilot_seeds, order, rule)
+    study.declared = declaration(study, seeds)
     for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
         for horizon in (h for h in horizons if arm.name in h.arms):
             try:
@@ -312,6 +332,34 @@ def load_study(path):
     return study
 
 
+def declaration(study, held_out):
+    """What the study's decisions (each arm's chosen value, each look's test) rest on, as its file declares it, with
+    `held_out` its [held_out] seeds: the runs' directory, the tuning, the held-out seeds, the horizons, the arms
+    (config, overrides, grid, value, reused runs, seeds), the declared tests, the looks and their spending and
+    futility, the pilot, the power planning and the family's order and rule, as plain JSON values, keyed by the file's
+    tables ([[arm]] by name, [[horizon]] by max_iters, [[test]] by name), a copy through JSON (nothing the study
+    shares). Left out, as the decisions do not rest on them: the name, the results directory (where study.json is),
+    [launcher], [cost] and [[table]]."""
+    seq, plan = study.sequential, study.power
+    return json.loads(json.dumps({
+        "runs_dir": study.runs_dir,
+        "tuning": {"key": study.key, "grid": study.grid, "seeds": study.tuning_seeds, "max_widen": study.max_widen},
+        "held_out": {"seeds": held_out, "vary_data_order": study.vary_data_order},
+        "horizon": {str(h.max_iters): {"subdir": h.subdir, "arms": h.arms, "tune": h.tune,
+                                       "chosen_from": h.chosen_from, "seeds": h.seeds} for h in study.horizons},
+        "arm": {a.name: {"config": a.config, "overrides": a.overrides, "grid": a.grid, "value": a.value,
+                         "value_from": a.value_from, "runs": a.runs, "seeds": a.seeds} for a in study.arms},
+        "test": {t.name: {"baseline": t.baseline, "contrast": t.contrast, "level": t.level,
+                          "diverged_val_loss": t.diverged_val_loss, "horizon": t.horizon} for t in study.tests},
+        "sequential": seq and {"looks": seq.looks, "n_looks": seq.n_looks, "spending": seq.spending,
+                               "futility": seq.futility, "sign_flip_draws": seq.sign_flip_draws},
+        "pilot": {"seeds": study.pilot_seeds},
+        "power": plan and {"power": plan.power, **{name: {"effect": t.effect, "sd": t.sd, "pilot": t.pilot}
+                                                   for name, t in plan.targets.items()}},
+        "family": {"order": study.family, "rule": study.family_rule},
+    }))
+
+
 def _declared_test(raw, where, horizons):
     """A [[test]] table checked (module docstring of DeclaredTest). Raises StudyError."""
     if not isinstance(raw, dict):
@@ -320,7 +368,7 @@ def _declared_test(raw, where, horizons):
                         _take(raw, "contrast", dict, where), _take(raw, "level", float, where, 0.05),
                         _take(raw, "diverged_val_loss", float, where), _take(raw, "horizon", int, where,
                                                                                horizons[0].max_iters))
-    _no_more(raw, where)
+    _no_more(raw, where, _keys(DeclaredTest))
     horizon = next((h for h in horizons if h.max_iters == test.horizon), None)
     arms = [test.baseline, *test.contrast]
     if horizon is None or set(arms) - set(horizon.arms):
@@ -342,7 +390,7 @@ def _sequential(raw, where, tests, horizons):
     plan = Sequential(_take(raw, "looks", list, where, []), _take(raw, "spending", str, where, "obrien_fleming"),
                       _take(raw, "futility", list, where, []), _take(raw, "sign_flip_draws", int, where, 100_000),
                       _take(raw, "n_looks", int, where, 0))
-    _no_more(raw, where)
+    _no_more(raw, where, [k for k in _keys(Sequential) if k != "held_out"])
     if not tests:
         raise StudyError(f"{where}: looks need a declared test to evaluate: add a [[test]]")
     if len({t.horizon for t in tests}) > 1:
@@ -383,7 +431,7 @@ def _power(raw, where, tests, pilot_stage=False):
         t = _take(raw, name, dict, where)
         target = PowerTarget(_take(t, "effect", float, here), _take(t, "sd", float, here, 0.0),
                              _take(t, "pilot", dict, here, {}))
-        _no_more(t, here)
+        _no_more(t, here, _keys(PowerTarget))
         if target.sd < 0 or (target.sd > 0 and target.pilot) or (
                 not pilot_stage and (target.sd > 0) == bool(target.pilot)):
             raise StudyError(f"{here}: give the spread as 'sd' (> 0) or as 'pilot' runs, one of the two"
