@@ -703,27 +703,31 @@ def test_the_temperature_study_plans_exactly_its_40_declared_runs():
 
 
 def test_the_gpt2_temperature_study_plans_its_stages_and_tests_its_family_in_order(tmp_path, capsys):
-    """studies/table1_gpt2_temperature.toml: its --dry_run plans the five arms' tuning (each on a grid of 3 rates
-    around its known rate: 6e-4 for the linear queries and mlp475, 3e-3 for the res_gelu arms) and the pilot stage
+    """studies/table1_gpt2_temperature.toml: its --dry_run plans the seven arms' tuning (each on a grid of 3 rates
+    around its known rate: 6e-4 for the linear queries and mlp475, 3e-3 for the res_gelu arms, the two gated arms
+    with theirs) and the pilot stage
     (seeds 101-103), the looks set by E's power at the assumed spread, the family's order, each test's MDE at each
     look and the GPU-hours with widening; on faked finished runs of the tuning, the pilot and look 1, E (the gate) is
-    tested on the look's seeds alone, and D, then the gaps, at that look while each before rejected."""
+    tested on the look's seeds alone, and E_gated, D, then the gaps, at that look while each before rejected."""
     path = os.path.join(REPO, "studies", "table1_gpt2_temperature.toml")
     assert study.main([path, "--dry_run"]) == 0
     out = capsys.readouterr().out
-    arms = ("baseline", "baseline_temp2", "res_gelu", "res_gelu_no_half", "mlp475")
+    arms = ("baseline", "baseline_temp2", "res_gelu", "res_gelu_no_half", "mlp475", "baseline_temp2_gate",
+            "res_gelu_no_half_gate")
     assert all(f"  {a}: tuning 0/3 done, held-out 0/3 done" in out for a in arms), out
-    assert "at least 30 run(s) left" in out and "pilot stage: seeds 101, 102, 103 of every arm" in out
+    assert "at least 42 run(s) left" in out and "pilot stage: seeds 101, 102, 103 of every arm" in out
     assert "3 looks, at 9, 18, 27 seeds an arm, set by [power]: E's simulated power" in out
-    assert "E -> D -> gap_res_gelu -> gap_res_gelu_no_half -> gap_baseline_temp2 -> gap_mlp475" in out
+    assert "E -> E_gated -> D -> gap_res_gelu -> gap_res_gelu_no_half -> gap_baseline_temp2 -> gap_mlp475" in out
     assert "each look alone detects (MDE at its nominal level): look 1 (9 seeds)" in out
     assert "with widening and one rerun per arm" in out and "GPU-hours" in out
     s = study.load_study(path)
     s.runs_dir, s.results_dir = str(tmp_path / "runs"), str(tmp_path / "results")
     (horizon,) = s.horizons
     assert {a.name: (a.grid or s.grid)[1] for a in s.arms} == {
-        "baseline": "6e-4", "baseline_temp2": "6e-4", "res_gelu": "3e-3", "res_gelu_no_half": "3e-3", "mlp475": "6e-4"}
-    offset = {"baseline": 0.0, "baseline_temp2": -0.02, "res_gelu": 0.01, "res_gelu_no_half": -0.03, "mlp475": -0.005}
+        "baseline": "6e-4", "baseline_temp2": "6e-4", "res_gelu": "3e-3", "res_gelu_no_half": "3e-3", "mlp475": "6e-4",
+        "baseline_temp2_gate": "6e-4", "res_gelu_no_half_gate": "3e-3"}
+    offset = {"baseline": 0.0, "baseline_temp2": -0.02, "res_gelu": 0.01, "res_gelu_no_half": -0.03, "mlp475": -0.005,
+              "baseline_temp2_gate": -0.025, "res_gelu_no_half_gate": -0.04}
     loss = {}
 
     def fake(arm, points):
@@ -747,9 +751,11 @@ def test_the_gpt2_temperature_study_plans_its_stages_and_tests_its_family_in_ord
     for arm in s.arms:
         best = (arm.grid or s.grid)[1]
         config = protocol.arm_config(s, arm, horizon, {"learning_rate": best, "seed": 0})
-        assert (config.attn_scale, config.query_mode) == {"baseline_temp2": (0.25, "linear"),
-                                                          "res_gelu_no_half": (0.125, "res_gelu")}.get(
-            arm.name, (0.0, config.query_mode))
+        assert (config.attn_scale, config.query_mode, config.attn_gate) == {
+            "baseline_temp2": (0.25, "linear", "none"), "res_gelu_no_half": (0.125, "res_gelu", "none"),
+            "baseline_temp2_gate": (0.25, "linear", "elementwise"),
+            "res_gelu_no_half_gate": (0.125, "res_gelu", "elementwise")}.get(arm.name,
+                                                                             (0.0, config.query_mode, "none"))
         fake(arm, [{"learning_rate": v, "seed": 0} for v in arm.grid or s.grid] +
              [protocol.held_out_point(s, best, seed) for seed in (101, 102, 103)])
     planned, how = looks.planned_looks(s)
@@ -766,12 +772,12 @@ def test_the_gpt2_temperature_study_plans_its_stages_and_tests_its_family_in_ord
     # the pilot's small spread sets three looks of 3 seeds; E crosses at the last, then the family in its order at
     # that look while each rejects: mlp475's gap (its t 1.26) is not rejected, and nothing follows it
     assert planned == [3, 6, 9] and [(x.test, x.look, x.decision) for x in state.evaluated] == [
-        ("E", 1, "continue"), ("E", 2, "continue"), ("E", 3, "reject"), ("D", 3, "reject"),
+        ("E", 1, "continue"), ("E", 2, "continue"), ("E", 3, "reject"), ("E_gated", 3, "reject"), ("D", 3, "reject"),
         ("gap_res_gelu", 3, "reject"), ("gap_res_gelu_no_half", 3, "reject"), ("gap_baseline_temp2", 3, "reject"),
         ("gap_mlp475", 3, "not rejected")]
     write_tables_from_the_repo(s)
     text = (tmp_path / "results" / "TABLES.md").read_text()
-    assert "## The declared tests, look by look" in text and "E -> D -> gap_res_gelu" in text
+    assert "## The declared tests, look by look" in text and "E -> E_gated -> D -> gap_res_gelu" in text
 
 
 def test_a_recorded_tuning_choice_fixes_the_declaration_and_the_runs_it_was_chosen_on(tmp_path, capsys):
