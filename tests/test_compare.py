@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 from dataclasses import asdict
 
 import numpy as np
@@ -692,3 +693,21 @@ def test_seeds_of_one_arm_run_on_different_numerics_are_warned_of(tmp_path):
                                    "machines with seeds")
     assert "baseline" in proc.stdout and " 3 " in proc.stdout
     assert run_compare(tmp_path / "s1", tmp_path / "s2").stderr == ""  # equal numerics: nothing to say
+
+
+def test_a_copied_run_is_refused_not_counted_as_a_second_seed(seeds, tmp_path, capsys):
+    # `cp -r RUN RUN_copy`: the copy's config (seed included) and records are the run's, so n would be 2, ± 0
+    copy = tmp_path / "baseline-0_copy"
+    shutil.copytree(seeds[0], copy)
+    with pytest.raises(SystemExit) as e:
+        compare.main([seeds[0], str(copy), seeds[3]])
+    assert str(e.value) == (f"error: {seeds[0]} and {copy} have the same settings and seed (seed=0, data_seed=1337), "
+                            f"so they are one run given twice (a copy?), not two seeds; pass one of them")
+    assert capsys.readouterr().out == ""
+    # the same settings at another seed are a second seed; a setting that cannot change the numbers does not count
+    again = make_run(tmp_path / "baseline-again", "baseline", {0: 10.9, 1000: 3.4, 2000: 2.95}, seed=0,
+                     compile=False, wandb_name="other")
+    with pytest.raises(SystemExit, match="baseline-again have the same settings and seed"):
+        compare.main([seeds[0], again])
+    compare.main([seeds[0], seeds[1], seeds[3]])
+    assert rows(capsys.readouterr().out)["baseline"]["n"] == "2"
