@@ -9,6 +9,9 @@ import math
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -711,3 +714,16 @@ def test_a_copied_run_is_refused_not_counted_as_a_second_seed(seeds, tmp_path, c
         compare.main([seeds[0], again])
     compare.main([seeds[0], seeds[1], seeds[3]])
     assert rows(capsys.readouterr().out)["baseline"]["n"] == "2"
+
+
+@pytest.mark.slow
+def test_a_table_piped_into_head_ends_by_sigpipe_not_as_bad_input(seeds):
+    # `python compare.py ... | head -1`: the reader goes after its line; status 1 is kept for bad input
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails, as once head has read its line
+    try:
+        proc = subprocess.run([sys.executable, "compare.py", *seeds], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, "")
