@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -727,3 +728,41 @@ def test_a_table_piped_into_head_ends_by_sigpipe_not_as_bad_input(seeds):
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, "")
+
+
+def help_examples(match):
+    """compare.py's --help examples (its docstring's `python compare.py` lines, a line ending in a backslash
+    joined to the next, the comment cut off) that contain `match`."""
+    text = re.sub(r"\\\n\s*", "", compare.__doc__)
+    return [line.split("  #")[0].strip() for line in text.splitlines()
+            if line.strip().startswith("python compare.py") and match in line]
+
+
+@pytest.mark.slow
+def test_the_help_s_width_ladder_example_names_its_baseline_and_prints_the_readme_s_tables(tmp_path):
+    # a glob over results/width_ladder/*_w* took baseline_temp2 as the baseline (the first arm in sort order),
+    # labelled the plain baseline "baseline attn_scale=0.0" and had no width 128 (long_horizon's runs)
+    (example,) = help_examples("--width_ladder")
+    assert "--baseline=baseline" in example
+    proc = subprocess.run(["bash", "-c", example.replace("python", shlex.quote(sys.executable), 1)
+                           + " --format=markdown"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    readme = open(os.path.join(REPO, "results", "width_ladder", "README.md")).read().splitlines()
+    start = readme.index("## The gap, width by width")
+    tables, previous = [], ""
+    for line in readme[start:]:
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        elif line.startswith("## ") and tables:
+            break
+        previous = line
+    gaps, slopes = tables[:2]  # the README's gap per width, 64 to 384 (128 included), and its slopes
+    assert [cells[:2] for cells in (row.split(" | ") for row in gaps[2:])] == [
+        [f"| {arm}", str(w)] for arm in ("res_gelu", "res_gelu_no_half") for w in (64, 128, 256, 384)]
+    printed = proc.stdout.splitlines()
+    for table in (gaps, slopes):
+        start = printed.index(table[0])
+        assert printed[start:start + len(table)] == table
+    assert "with the baseline baseline at the same width" in proc.stdout and "attn_scale" not in proc.stdout
