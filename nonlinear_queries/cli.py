@@ -25,4 +25,4 @@ def run_main(main, *args):
         os.dup2(devnull, sys.stdout.fileno())
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGPIPE)
-        sys.exit(128 + signal.SIGPIPE)  # not reached: the signal ends the process first
+        sys.exit(128 + signal.SIGPIPE)  # the same status where a caller blocked SIGPIPE, so that it stays pending
