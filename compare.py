@@ -38,7 +38,8 @@ and its slope against log2(width), and with --effect_difference PLUS MINUS CONTR
 three arms' gaps per seed (what dropping res_gelu's 1/2 gains minus what doubling the baseline's softmax
 scale gains) per width and pooled; with --plot, their figures instead of Figure 1 (with --pooled_plot, the
 pooled tests' estimates and D instead of the per-width figure). Exit status: 0 ok; 1 bad
-input; 2 bad command line.
+input (a run given twice, as a copy, among them); 2 bad command line; a reader that goes early
+(`| head -1`) ends it by SIGPIPE, as it does Unix tools.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)
