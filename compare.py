@@ -3,14 +3,16 @@ Compare runs written by train.py: the paper's Table 1, and with --plot its Figur
 
     python compare.py out-baseline out-res-gelu                    # baseline = the first run's group
     python compare.py sweeps/seeds --baseline=baseline             # a sweep directory: one run per subdirectory
-    python compare.py out-* --step=59000 --format=markdown         # the paper's step, a table for RESULTS.md
+    python compare.py out-* --step=59000 --baseline=baseline --format=markdown   # the paper's step, for RESULTS.md
     python compare.py sweeps/lr --group_over=seed,data_seed --format=csv > lr.csv
     python compare.py out-baseline out-res-gelu --plot=figure1.png
     python compare.py out-mini/* --best_over=learning_rate         # each arm at its own best learning rate
     python compare.py out-baseline out-res-gelu --metric=hellaswag/acc_norm   # a downstream score beside val loss
     python compare.py results/ablations/{baseline,res_gelu} --best_over=learning_rate --select_on=seed=0 --holm --paired
     python compare.py results/width_transfer/* --width_transfer --plot=transfer.png   # the best rate per width
-    python compare.py results/width_ladder/*_w* --width_ladder --seeds=1,2,3,4,5       # the gap per width, its slope
+    python compare.py results/width_ladder/{baseline,res_gelu,res_gelu_no_half}_w* \
+        results/long_horizon/{baseline,res_gelu,res_gelu_no_half} --width_ladder --seeds=1,2,3,4,5 \
+        --baseline=baseline    # the gap per width (128: long_horizon's runs) and its slope: results/width_ladder
 
 Runs whose settings are equal except for --group_over (default: seed) and for settings that
 cannot change the numbers (paths, logging, compile, ...) form a group, one row of the table:
@@ -36,7 +38,8 @@ and its slope against log2(width), and with --effect_difference PLUS MINUS CONTR
 three arms' gaps per seed (what dropping res_gelu's 1/2 gains minus what doubling the baseline's softmax
 scale gains) per width and pooled; with --plot, their figures instead of Figure 1 (with --pooled_plot, the
 pooled tests' estimates and D instead of the per-width figure). Exit status: 0 ok; 1 bad
-input; 2 bad command line.
+input (a run given twice, as a copy, among them); 2 bad command line; a reader that goes early
+(`| head -1`) ends it by SIGPIPE, as it does Unix tools.
 """
 
 import nonlinear_queries.interrupt  # noqa: F401  (first: Ctrl-C at any moment ends with one line)

@@ -74,6 +74,7 @@ from nonlinear_queries.experiments.protocol import (
     points_had,
     train_args,
     wandb_args,
+    wandb_name,
 )
 from nonlinear_queries.experiments.sweeps import Point, point_name, write_record
 from nonlinear_queries.record.atomic import atomic_write, write_json
@@ -360,7 +361,7 @@ class StageQueue:
                 if points:
                     values = points.pop(0)
                     point = Point(point_name(values), list(values.items()), point_dir(study, arm, horizon, values),
-                                  horizon.max_iters)
+                                  horizon.max_iters, wandb_name(study, arm, horizon, values))
                     self.where[point.out_dir] = (horizon, arm)
                     yield point
 

@@ -18,10 +18,12 @@ and --key=value overrides, as for train.py (`python train.py --help` lists them)
 `--points FILE` gives points that are not a product, each by name: a TOML file whose tables
 [NAME] hold a point's settings and whose top-level `key = value` settings go to every run (an
 `out_dir` there is the default SWEEP_DIR). Point NAME trains in SWEEP_DIR/NAME with the run
-name NAME (wandb_run_name, recorded in its config.json); each is crossed with the --grid axes,
-if any (NAME,seed=1, ...). In wandb each arm is one group (SWEEP_DIR, or SWEEP_DIR/NAME for a
-named point) unless the config sets wandb_group, and each run is tagged with its point's seed
-(seed=3; docs/sweeps.md). The official res_gelu grid (docs/official.md) is one such file:
+name NAME (wandb_run_name, its label in compare.py's tables, recorded in its config.json); each
+is crossed with the --grid axes, if any (NAME,seed=1, ...). In wandb each arm is one group
+(SWEEP_DIR/NAME for a named point, SWEEP_DIR/KEY=VALUE,... for a grid's values but seed and
+data_seed) unless the config sets wandb_group, and each run is named by its directory under
+SWEEP_DIR (NAME,seed=1) and tagged with its point's seed (seed=3; docs/sweeps.md). The
+official res_gelu grid (docs/official.md) is one such file:
 
     python sweep.py config/res_gelu.py --points config/official/res_gelu_grid.toml
 

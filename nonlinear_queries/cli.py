@@ -1,18 +1,21 @@
 """
 What the programs at the root share at the shell: a program whose table is piped into one that
-stops reading (`python study.py ... --dry_run | head`) ends quietly, as Unix tools do, instead
-of with a BrokenPipeError traceback.
+stops reading (`python compare.py ... | head -1`) ends quietly, killed by SIGPIPE as Unix tools
+are (`yes | head`), instead of with a BrokenPipeError traceback or exit status 1, which the programs
+keep for bad input.
 """
 
 import os
+import signal
 import sys
 
 
 def run_main(main, *args):
     """main(*args), then stdout flushed; returns main's exit status. Where the reader of stdout has gone
-    (BrokenPipeError), stdout is pointed at /dev/null, so that Python's own flush at exit cannot fail again,
-    and the program exits with status 1, as Python itself does on EPIPE (the recipe of Python's `signal`
-    documentation, "Note on SIGPIPE")."""
+    (BrokenPipeError), stdout is pointed at /dev/null, so that nothing left to flush can fail again, and the
+    process ends by SIGPIPE's default action, as a C program that writes to a closed pipe does: the shell sees
+    status 128 + 13 (Python ignores SIGPIPE to raise BrokenPipeError instead; its `signal` documentation, "Note
+    on SIGPIPE")."""
     try:
         code = main(*args)
         sys.stdout.flush()
@@ -20,4 +23,6 @@ def run_main(main, *args):
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(1)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+        sys.exit(128 + signal.SIGPIPE)  # the same status where a caller blocked SIGPIPE, so that it stays pending

@@ -8,6 +8,11 @@ import json
 import math
 import os
 import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -692,3 +697,72 @@ def test_seeds_of_one_arm_run_on_different_numerics_are_warned_of(tmp_path):
                                    "machines with seeds")
     assert "baseline" in proc.stdout and " 3 " in proc.stdout
     assert run_compare(tmp_path / "s1", tmp_path / "s2").stderr == ""  # equal numerics: nothing to say
+
+
+def test_a_copied_run_is_refused_not_counted_as_a_second_seed(seeds, tmp_path, capsys):
+    # `cp -r RUN RUN_copy`: the copy's config (seed included) and records are the run's, so n would be 2, ± 0
+    copy = tmp_path / "baseline-0_copy"
+    shutil.copytree(seeds[0], copy)
+    with pytest.raises(SystemExit) as e:
+        compare.main([seeds[0], str(copy), seeds[3]])
+    assert str(e.value) == (f"error: {seeds[0]} and {copy} have the same settings and seed (seed=0, data_seed=1337), "
+                            f"so they are one run given twice (a copy?), not two seeds; pass one of them")
+    assert capsys.readouterr().out == ""
+    # the same settings at another seed are a second seed; a setting that cannot change the numbers does not count
+    again = make_run(tmp_path / "baseline-again", "baseline", {0: 10.9, 1000: 3.4, 2000: 2.95}, seed=0,
+                     compile=False, wandb_name="other")
+    with pytest.raises(SystemExit, match="baseline-again have the same settings and seed"):
+        compare.main([seeds[0], again])
+    compare.main([seeds[0], seeds[1], seeds[3]])
+    assert rows(capsys.readouterr().out)["baseline"]["n"] == "2"
+
+
+@pytest.mark.slow
+def test_a_table_piped_into_head_ends_by_sigpipe_not_as_bad_input(seeds):
+    # `python compare.py ... | head -1`: the reader goes after its line; status 1 is kept for bad input
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails, as once head has read its line
+    try:
+        proc = subprocess.run([sys.executable, "compare.py", *seeds], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, "")
+
+
+def help_examples(match):
+    """compare.py's --help examples (its docstring's `python compare.py` lines, a line ending in a backslash
+    joined to the next, the comment cut off) that contain `match`."""
+    text = re.sub(r"\\\n\s*", "", compare.__doc__)
+    return [line.split("  #")[0].strip() for line in text.splitlines()
+            if line.strip().startswith("python compare.py") and match in line]
+
+
+@pytest.mark.slow
+def test_the_help_s_width_ladder_example_names_its_baseline_and_prints_the_readme_s_tables(tmp_path):
+    # a glob over results/width_ladder/*_w* took baseline_temp2 as the baseline (the first arm in sort order),
+    # labelled the plain baseline "baseline attn_scale=0.0" and had no width 128 (long_horizon's runs)
+    (example,) = help_examples("--width_ladder")
+    assert "--baseline=baseline" in example
+    proc = subprocess.run(["bash", "-c", example.replace("python", shlex.quote(sys.executable), 1)
+                           + " --format=markdown"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    readme = open(os.path.join(REPO, "results", "width_ladder", "README.md")).read().splitlines()
+    start = readme.index("## The gap, width by width")
+    tables, previous = [], ""
+    for line in readme[start:]:
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            tables[-1].append(line)
+        elif line.startswith("## ") and tables:
+            break
+        previous = line
+    gaps, slopes = tables[:2]  # the README's gap per width, 64 to 384 (128 included), and its slopes
+    assert [cells[:2] for cells in (row.split(" | ") for row in gaps[2:])] == [
+        [f"| {arm}", str(w)] for arm in ("res_gelu", "res_gelu_no_half") for w in (64, 128, 256, 384)]
+    printed = proc.stdout.splitlines()
+    for table in (gaps, slopes):
+        start = printed.index(table[0])
+        assert printed[start:start + len(table)] == table
+    assert "with the baseline baseline at the same width" in proc.stdout and "attn_scale" not in proc.stdout

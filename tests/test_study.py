@@ -95,24 +95,35 @@ def test_the_protocol_widens_at_an_edge_then_reports_the_inside_best_on_held_out
     assert stage.todo == [] and stage.held_out == {1: 2.01, 2: 2.02}
 
 
-def test_each_arm_is_one_wandb_group_its_stage_the_job_type_and_its_seed_a_tag(tmp_path):
-    # grouped by wandb_group in wandb, an arm is one line with its spread over seeds; job type and tag tell them apart
+def test_each_arm_is_one_wandb_group_its_stage_the_job_type_its_seed_a_tag_and_each_run_its_own_name(tmp_path):
+    # grouped by wandb_group in wandb, an arm is one line with its spread over seeds; job type and tag tell them
+    # apart, and each run's name is its directory under the study's, unique across arms (not the point's alone)
     s = write_study(tmp_path)
-    arm, horizon = s.arms[0], s.horizons[0]
-    for values, stage in (({"learning_rate": "1e-3", "seed": 0}, "tuning"),
-                          (protocol.held_out_point(s, "2e-3", 2), "held-out")):
-        point = sweeps.Point(sweeps.point_name(values), list(values.items()), study.point_dir(s, arm, horizon, values),
-                             10)
-        shared = [*protocol.train_args(s, arm, horizon), *protocol.wandb_args(s, arm, horizon, [values])]
-        args = point.train_args(shared, resume=False)[1:]
-        assert parse_config(TrainConfig, args)[0].wandb_init() == {
-            "project": "nonlinear-queries", "group": "toy/a", "name": point.name, "job_type": stage,
-            "tags": [f"seed={values['seed']}"]}
+    horizon = s.horizons[0]
+    names = []
+    for arm in s.arms:
+        for values, stage in (({"learning_rate": "2e-3", "seed": 0}, "tuning"),
+                              (protocol.held_out_point(s, "2e-3", 2), "held-out")):
+            shared = [*protocol.train_args(s, arm, horizon), *protocol.wandb_args(s, arm, horizon, [values])]
+            # as study.py's pooled scheduler starts it, and as the sweep.py of its stage (on SLURM) does
+            pooled = sweeps.Point(sweeps.point_name(values), list(values.items()),
+                                  study.point_dir(s, arm, horizon, values), 10,
+                                  protocol.wandb_name(s, arm, horizon, values))
+            (swept,), train_args, _ = sweeps.plan(sweeps.Sweep(train_args=shared, grid=study.sweep_grid(s, [values]),
+                                                               sweep_dir=study.arm_dir(s, arm, horizon)))
+            for point, args in ((pooled, shared), (swept, train_args)):
+                assert parse_config(TrainConfig, point.train_args(args, resume=False)[1:])[0].wandb_init() == {
+                    "project": "nonlinear-queries", "group": f"toy/{arm.name}", "name": f"{arm.name}/{point.name}",
+                    "job_type": stage, "tags": [f"seed={values['seed']}"]}
+            names.append(f"{arm.name}/{pooled.name}")
+    assert len(set(names)) == len(names) == 4
+    arm = s.arms[0]
     s.pilot_seeds = [7]  # a [pilot] stage's seeds
-    assert protocol.wandb_args(s, arm, horizon, [protocol.held_out_point(s, "2e-3", 7)])[1] == "--wandb_job_type=pilot"
-    # an arm's own overrides win
-    arm.overrides["wandb_group"] = "mine"
+    assert "--wandb_job_type=pilot" in protocol.wandb_args(s, arm, horizon, [protocol.held_out_point(s, "2e-3", 7)])
+    # an arm's own overrides win; its wandb_name comes before each run's directory
+    arm.overrides.update(wandb_group="mine", wandb_name="own")
     assert protocol.wandb_args(s, arm, horizon, [values]) == ["--wandb_job_type=held-out"]
+    assert protocol.wandb_name(s, arm, horizon, values) == f"own/{sweeps.point_name(values)}"
 
 
 def test_widening_stops_at_max_widen_and_an_arm_may_have_its_own_grid(tmp_path):
@@ -194,7 +205,8 @@ def test_the_plan_piped_into_a_reader_that_has_gone_ends_quietly():
                               stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
     finally:
         os.close(write)
-    assert (proc.returncode, proc.stderr) == (1, "")  # Python's status on EPIPE, and no traceback
+    # ended by SIGPIPE as `yes | head` is (status 1 is bad input's), and no traceback
+    assert (proc.returncode, proc.stderr) == (-signal.SIGPIPE, "")
 
 
 class FakeSweep:

@@ -160,28 +160,42 @@ def test_a_point_given_twice_is_one_point_and_two_points_in_one_directory_are_re
     assert "two points would train in one directory, 'data_dir=a-b'" in capsys.readouterr().err
 
 
-def test_a_local_sweep_makes_each_arm_one_wandb_group_and_tags_each_point_s_seed(tmp_path):
+def test_a_local_sweep_makes_each_arm_one_wandb_group_names_each_run_by_its_directory_and_tags_its_seed(tmp_path):
     config = os.path.join(REPO, "config", "mini", "baseline.py")
 
     def wandb_of(**options):
         points, train_args, _ = sweeps.plan(sweeps.Sweep(**options))
-        return [parse_config(TrainConfig, p.train_args(train_args, False)[1:])[0].wandb_init() for p in points]
+        configs = [parse_config(TrainConfig, p.train_args(train_args, False)[1:])[0] for p in points]
+        return [{**c.wandb_init(), "label": c.wandb_run_name} for c in configs]
 
-    grid = ["learning_rate=1e-3,2e-3", "seed=1,2"]
+    # a grid: every combination of the axes but the seeds is an arm, one group; a run's name is its directory's
+    grid = ["learning_rate=1e-3,2e-3", "seed,data_seed=1,2"]
     runs = wandb_of(train_args=[config], grid=grid, sweep_dir=str(tmp_path / "lr"))
     assert [(r["group"], r["name"], r["tags"]) for r in runs] == [
-        (str(tmp_path / "lr"), f"learning_rate={lr},seed={seed}", [f"seed={seed}"])
-        for lr in ("1e-3", "2e-3") for seed in (1, 2)]
-    # named points are arms: each its own group under the sweep's, its runs named by the label (wandb_run_name)
+        (str(tmp_path / "lr" / f"learning_rate={lr}"), f"learning_rate={lr},seed={seed},data_seed={seed}",
+         [f"seed={seed}"]) for lr in ("1e-3", "2e-3") for seed in (1, 2)]
+    runs = wandb_of(train_args=[config], grid=["seed=1,2"], sweep_dir=str(tmp_path / "seeds"))
+    assert [(r["group"], r["name"]) for r in runs] == [(str(tmp_path / "seeds"), f"seed={s}") for s in (1, 2)]
+    # named points are arms: each its own group under the sweep's; its runs are labelled by the point in
+    # compare.py's tables (wandb_run_name) and named by their directories in wandb, unique
     points = tmp_path / "arms.toml"
     points.write_text('[baseline]\n[res_gelu]\nquery_mode = "res_gelu"\n')
     runs = wandb_of(train_args=[config], grid=["seed=1,2"], points=str(points), sweep_dir=str(tmp_path / "arms"))
-    assert [(r["group"], r["name"]) for r in runs] == [
-        (str(tmp_path / "arms" / arm), arm) for arm in ("baseline", "baseline", "res_gelu", "res_gelu")]
-    # a group the sweep's config or command names is kept, and so are its own tags
-    runs = wandb_of(train_args=[config, "--wandb_group=mine", "--wandb_tags=a"], grid=["seed=1"],
-                    sweep_dir=str(tmp_path / "own"))
-    assert [(r["group"], r["tags"]) for r in runs] == [("mine", ["a"])]
+    assert [(r["group"], r["name"], r["label"]) for r in runs] == [
+        (str(tmp_path / "arms" / arm), f"{arm},seed={seed}", arm)
+        for arm in ("baseline", "res_gelu") for seed in (1, 2)]
+    runs = wandb_of(train_args=[config], grid=["learning_rate=1e-3,2e-3", "seed=1"], points=str(points),
+                    sweep_dir=str(tmp_path / "a"))
+    assert [r["group"] for r in runs] == [str(tmp_path / "a" / f"{arm},learning_rate={lr}")
+                                          for arm in ("baseline", "res_gelu") for lr in ("1e-3", "2e-3")]
+    # a group the sweep's config or command names is kept, and so are its own tags; its own wandb_name comes first
+    runs = wandb_of(train_args=[config, "--wandb_group=mine", "--wandb_tags=a", "--wandb_name=mine"],
+                    grid=["seed=1,2"], sweep_dir=str(tmp_path / "own"))
+    assert [(r["group"], r["name"], r["tags"]) for r in runs] == [("mine", f"mine/seed={s}", ["a"]) for s in (1, 2)]
+    # a run of train.py alone: wandb_run_name, else out_dir's last component (a config file's name is every run's)
+    assert [TrainConfig(out_dir="out/a-1", **kw).wandb_init()["name"] for kw in (
+        {}, {"wandb_run_name": "label"}, {"wandb_run_name": "label", "wandb_name": "arm/seed=1"})] == [
+        "a-1", "label", "arm/seed=1"]
 
 
 def test_bad_launcher_options_are_config_errors_before_anything_runs(tmp_path):

@@ -206,22 +206,25 @@ def test_metrics_start_with_resolved_config_and_commit(shakespeare_dir, tmp_path
 @pytest.mark.slow
 def test_wandb_offline_run_read_back_by_wandb_has_its_name_group_job_type_tags_and_history(shakespeare_dir,
                                                                                              tmp_path):
-    out = tmp_path / "out-arm-seed3"
+    out = tmp_path / "arm" / "seed=3"
+    # as a study's sweep starts a run (protocol.wandb_args, sweeps.Point.train_args): the arm its group and the
+    # label of its row in compare.py's tables (wandb_run_name), its directory under the study's its wandb name
     proc = train(shakespeare_dir, out, "--max_iters=4", "--eval_interval=2", "--wandb_log=True",
                  "--wandb_group=study/arm", "--wandb_job_type=held-out", "--wandb_tags=seed=3,x",
-                 env={"WANDB_MODE": "offline"})
+                 "--wandb_run_name=arm", "--wandb_name=arm/seed=3", env={"WANDB_MODE": "offline"})
     (run_file,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
     records = wandb_records(run_file)
     (run,) = [r["run"] for r in records if r["type"] == "run"]
-    # the name defaults to out_dir's last component, unique per run (not the config file's, shared by its runs)
+    # the name is the run's own, unique in the study (not the label, shared by the arm's seeds)
     assert (run["display_name"], run["run_group"], run["job_type"], run["tags"], run["project"]) == (
-        "out-arm-seed3", "study/arm", "held-out", ["seed=3", "x"], "nonlinear-queries")
+        "arm/seed=3", "study/arm", "held-out", ["seed=3", "x"], "nonlinear-queries")
     # what wandb got is what the header and config.json record, and what the run says where it starts
     (header,) = read_metrics(out, "config")
-    assert header["wandb"] == {"project": "nonlinear-queries", "name": "out-arm-seed3", "group": "study/arm",
+    assert header["wandb"] == {"project": "nonlinear-queries", "name": "arm/seed=3", "group": "study/arm",
                                "job_type": "held-out", "tags": ["seed=3", "x"], "id": run["run_id"]}
+    assert header["run_name"] == "arm"
     assert json.loads((out / "config.json").read_text())["wandb"] == header["wandb"]
-    assert f"wandb offline run out-arm-seed3 in group study/arm in {os.path.dirname(run_file)};" in proc.stdout
+    assert f"wandb offline run arm/seed=3 in group study/arm in {os.path.dirname(run_file)};" in proc.stdout
     rows = [r["history"]["item"] for r in records if r["type"] == "history"]
     val = [(r["_step"], r["eval/val_loss"]) for r in rows if "eval/val_loss" in r]
     expected = [(e["step"], e["val_loss"]) for e in read_metrics(out, "eval")]

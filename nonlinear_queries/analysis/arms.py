@@ -15,7 +15,8 @@ from nonlinear_queries.record.runs import RunsError, find_run_dirs, load_run
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {
     "out_dir", "overwrite", "init_from", "resume_from", "eval_only", "keep_last_n", "save_checkpoint_steps",
-    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "wandb_job_type", "wandb_tags",
+    "log_interval", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "wandb_name", "wandb_job_type",
+    "wandb_tags",
     "data_dir", "compile", "compile_mode", "compile_pointwise_cat", "compile_options", "kernels", "backend",
     "peak_flops", "device", "eval_tasks", "eval_tasks_interval", "eval_tasks_limit", "eval_tasks_include_path",
     "parallelism", "activation_checkpointing", "diagnostics", "diagnostics_batches",
@@ -80,10 +81,23 @@ def arm_key(config, skip):
     return json.dumps({k: v for k, v in config.items() if k not in skip}, sort_keys=True)
 
 
+def check_copies(runs):
+    """Raise RunsError where two runs have equal configs apart from IGNORED_KEYS, the seed included: one run
+    given twice under two directories (`cp -r RUN RUN_copy`), which an arm would count as two seeds."""
+    seen = {}
+    for run in runs:
+        other = seen.setdefault(arm_key(run.config, IGNORED_KEYS), run)
+        if other is not run:
+            raise RunsError(f"{other.out_dir} and {run.out_dir} have the same settings and seed (seed="
+                            f"{run.config.get('seed')}, data_seed={run.config.get('data_seed')}), so they are one "
+                            f"run given twice (a copy?), not two seeds; pass one of them")
+
+
 def make_arms(runs, group_over):
     """The Arms of runs whose configs are equal apart from IGNORED_KEYS and group_over, in order of first
     appearance. Each arm's label is its run_name, plus key=value for every setting in which it differs from
-    another arm of the same run_name."""
+    another arm of the same run_name. Raises RunsError for two runs of one config and seed (check_copies)."""
+    check_copies(runs)
     skip = IGNORED_KEYS | group_over
     members = {}
     for run in runs:

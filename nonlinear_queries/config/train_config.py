@@ -66,12 +66,15 @@ class TrainConfig(GPTConfig):
     # wandb
     wandb_log: bool = False  # log to wandb as well as to metrics.jsonl
     wandb_project: str = "nonlinear-queries"  # the wandb project
-    # wandb's group, '' = none; sweep.py and study.py set it to the arm (a study's arm, a sweep's named point or the
-    # sweep), so that grouping by it shows each arm as one line with its spread over seeds
+    # wandb's group, '' = none; sweep.py and study.py set it to the arm (a study's arm, a sweep's named point or
+    # grid point but for its seed), so that grouping by it shows each arm as one line with its spread over seeds
     wandb_group: str = ""
-    # the run's name in compare.py's tables (its arm's label) and in wandb; '' = the last config file's name in the
-    # tables and the out_dir's last component in wandb, unique per run
+    # the run's name in compare.py's tables (its arm's label) and, where wandb_name is '', in wandb; '' = the last
+    # config file's name in the tables and the out_dir's last component in wandb
     wandb_run_name: str = ""
+    # the run's name in wandb, '' = as wandb_run_name says; sweep.py and study.py set it to the run's directory
+    # under the sweep's (the study's) directory, which names its arm and seed, so that no two of their runs share it
+    wandb_name: str = ""
     wandb_job_type: str = ""  # wandb's job type, '' = none; study.py sets the stage: tuning, pilot or held-out
     wandb_tags: str = ""  # wandb's tags, comma-separated, '' = none; sweep.py and study.py tag a point's seed: seed=3
 
@@ -230,10 +233,10 @@ class TrainConfig(GPTConfig):
 
     def wandb_init(self):
         """wandb.init's project, group, name, job_type and tags for this run (each None where unset): the name is
-        wandb_run_name or else out_dir's last component, since a config file's name is shared by every run of it;
-        the tags are wandb_tags split at its commas."""
+        wandb_name, else wandb_run_name, else out_dir's last component, since a config file's name is shared by
+        every run of it; the tags are wandb_tags split at its commas."""
         return {"project": self.wandb_project, "group": self.wandb_group or None,
-                "name": self.wandb_run_name or os.path.basename(os.path.abspath(self.out_dir)),
+                "name": self.wandb_name or self.wandb_run_name or os.path.basename(os.path.abspath(self.out_dir)),
                 "job_type": self.wandb_job_type or None,
                 "tags": [t.strip() for t in self.wandb_tags.split(",") if t.strip()] or None}
 

@@ -507,15 +507,25 @@ def held_out_point(study, value, seed):
 
 def wandb_args(study, arm, horizon, points):
     """The train.py arguments, after train_args', that make wandb show each arm as one line with its spread over
-    seeds: the arm as the runs' wandb group (STUDY/ARM, the horizon's subdir between) and the stage of `points` (the
-    points to run, all of one stage) as their job type, tuning, pilot or held-out; each unless the arm's overrides
-    set it."""
-    settings = {"wandb_group": "/".join(filter(None, (study.name, horizon.subdir, arm.name)))}
+    seeds: the arm as the runs' wandb group (STUDY/ARM, the horizon's subdir between), the stage of `points` (the
+    points to run, all of one stage) as their job type, tuning, pilot or held-out, and the arm's directory under
+    the study's (SUBDIR/ARM) as the wandb_name that a sweep of the arm puts before each run's directory
+    (wandb_name); each unless the arm's overrides set it."""
+    settings = {"wandb_group": "/".join(filter(None, (study.name, horizon.subdir, arm.name))),
+                "wandb_name": "/".join(filter(None, (horizon.subdir, arm.name)))}
     if points:
         seed = points[0]["seed"]
         settings["wandb_job_type"] = ("tuning" if seed in study.tuning_seeds else
                                       "pilot" if seed in study.pilot_seeds else "held-out")
     return [f"--{k}={v}" for k, v in settings.items() if k not in arm.overrides]
+
+
+def wandb_name(study, arm, horizon, point):
+    """The wandb name of `point`'s run of `arm` at `horizon`, as a sweep of the arm (wandb_args) names it: its
+    directory under the study's, SUBDIR/ARM/POINT (the arm's own wandb_name in place of SUBDIR/ARM where its
+    overrides set one), unique in the study."""
+    prefix = arm.overrides.get("wandb_name", "/".join(filter(None, (horizon.subdir, arm.name))))
+    return "/".join(filter(None, (str(prefix), point_name(point))))
 
 
 def point_dir(study, arm, horizon, point):

@@ -32,6 +32,7 @@ from nonlinear_queries.record.runs import RunDir, finished, history, read_json
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "train.py")
 SET_BY_SWEEP = ("out_dir", "init_from", "resume_from", "overwrite")  # where and how each point's run starts
+SEED_KEYS = ("seed", "data_seed")  # the keys whose values are an arm's seeds, not another arm
 
 
 def parse_grid(specs):
@@ -103,6 +104,13 @@ def point_name(point):
     return ",".join(f"{k}={str(v).replace('/', '-')}" for k, v in items)
 
 
+def arm_name(label, point):
+    """The arm of a sweep's point: its named point's `label` (None for a plain grid) and its grid values
+    [(key, raw value)] but for the seeds (SEED_KEYS), named as point_name names them: 'res_gelu,learning_rate=2e-3';
+    '' for a grid over the seeds alone."""
+    return ",".join(filter(None, [label, point_name([(k, v) for k, v in point if k not in SEED_KEYS])]))
+
+
 def point_progress(out_dir, max_iters):
     """What a point's run dir says (runs.py reads it): {'status': runs.RunDir.status's 'done', 'diverged at
     step k', 'resume' or 'new'; 'step': the last step trained or evaluated (0 if none); 'val_loss': the last
@@ -117,12 +125,14 @@ def point_progress(out_dir, max_iters):
 
 @dataclass
 class Point:
-    """A grid point: its name, [(key, raw value)], out_dir and max_iters."""
+    """A grid point: its name, [(key, raw value)], out_dir, max_iters and its run's wandb_name ('' = train.py's
+    default)."""
 
     name: str
     values: list
     out_dir: str
     max_iters: int
+    wandb_name: str = ""
 
     def status(self):
         return point_progress(self.out_dir, self.max_iters)["status"]
@@ -167,10 +177,12 @@ class Point:
 
     def train_args(self, train_args, resume):
         """train.py's arguments for this point: its seed as a wandb tag (seed=N, where the point sets one; first,
-        so that the sweep's own wandb_tags win), the sweep's, the point's values, its out_dir, and
-        --init_from=resume where it has a checkpoint (else --overwrite=True: a new run)."""
+        so that the sweep's own wandb_tags win), the sweep's, the point's values, its out_dir, its wandb_name (last:
+        it is unique to the point, where the sweep's own is a prefix of it), and --init_from=resume where it has a
+        checkpoint (else --overwrite=True: a new run)."""
         tags = [f"--wandb_tags=seed={v}" for k, v in self.values if k == "seed"]
         return [TRAIN, *tags, *train_args, *(f"--{k}={v}" for k, v in self.values), f"--out_dir={self.out_dir}",
+                *([f"--wandb_name={self.wandb_name}"] if self.wandb_name else []),
                 "--init_from=resume" if resume else "--overwrite=True"]
 
 
@@ -497,10 +509,11 @@ def plan(sweep):
     sweep.sweep_dir = sweep.sweep_dir or dict(shared).get("out_dir", base.out_dir)
     grid = [[(k, v) for (keys, _), v in zip(axes, combo) for k in keys]
             for combo in itertools.product(*(raws for _, raws in axes))]
-    # a named point's run is named after it; its settings, then the grid's, override the config. Each arm (a named
-    # point, else the sweep) is one wandb group, unless the sweep's config or command names one
+    # a named point's run is labelled after it in compare.py's tables; its settings, then the grid's, override the
+    # config. Each arm (a named point and the grid's values but for the seeds: SWEEP_DIR/NAME,KEY=VALUE...) is one
+    # wandb group, unless the sweep's config or command names one
     group = None if "wandb_group" in base.set_keys else os.path.normpath(sweep.sweep_dir)
-    values = [([("wandb_group", os.path.join(group, label) if label else group)] if group else [])
+    values = [([("wandb_group", "/".join(filter(None, [group, arm_name(label, g)])))] if group else [])
               + ([("wandb_run_name", label)] if label else []) + [*own, *g] for label, own in named for g in grid]
     names = [",".join(filter(None, [label, point_name(g)])) for label, _ in named for g in grid]
     unique = {}  # a point given twice (--grid seed=1,1) is one point: one directory, one run
@@ -514,7 +527,10 @@ def plan(sweep):
     configs = [parse_config(TrainConfig, [*train_args, *(f"--{k}={v}" for k, v in p)])[0] for p in values]
     if sweep.launcher == "slurm" and not sweep.dry_run:
         slurm_queue()  # sbatch there and the controller answering, before anything is submitted
-    points = [Point(name, v, os.path.join(sweep.sweep_dir, name), c.max_iters)
+    # each run's wandb name is its directory's under the sweep's, after the sweep's own wandb_name where it sets one
+    # (study.py: the arm's directory under the study's), so that no two runs of a sweep or study share one
+    prefix = base.wandb_name if "wandb_name" in base.set_keys else ""
+    points = [Point(name, v, os.path.join(sweep.sweep_dir, name), c.max_iters, "/".join(filter(None, [prefix, name])))
               for name, v, c in zip(names, values, configs)]
     return points, train_args, base
 
