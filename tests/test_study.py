@@ -112,9 +112,12 @@ def test_each_arm_is_one_wandb_group_its_stage_the_job_type_its_seed_a_tag_and_e
             (swept,), train_args, _ = sweeps.plan(sweeps.Sweep(train_args=shared, grid=study.sweep_grid(s, [values]),
                                                                sweep_dir=study.arm_dir(s, arm, horizon)))
             for point, args in ((pooled, shared), (swept, train_args)):
-                assert parse_config(TrainConfig, point.train_args(args, resume=False)[1:])[0].wandb_init() == {
+                config = parse_config(TrainConfig, point.train_args(args, resume=False)[1:])[0]
+                assert config.wandb_init() == {
                     "project": "nonlinear-queries", "group": f"toy/{arm.name}", "name": f"{arm.name}/{point.name}",
                     "job_type": stage, "tags": [f"seed={values['seed']}"]}
+                # the run's label in compare.py's tables (train.py's run_name): the arm's name, one label an arm
+                assert config.wandb_run_name == arm.name
             names.append(f"{arm.name}/{pooled.name}")
     assert len(set(names)) == len(names) == 4
     arm = s.arms[0]
@@ -122,7 +125,8 @@ def test_each_arm_is_one_wandb_group_its_stage_the_job_type_its_seed_a_tag_and_e
     assert "--wandb_job_type=pilot" in protocol.wandb_args(s, arm, horizon, [protocol.held_out_point(s, "2e-3", 7)])
     # an arm's own overrides win; its wandb_name comes before each run's directory
     arm.overrides.update(wandb_group="mine", wandb_name="own")
-    assert protocol.wandb_args(s, arm, horizon, [values]) == ["--wandb_job_type=held-out"]
+    assert protocol.wandb_args(s, arm, horizon, [values]) == [f"--wandb_run_name={arm.name}",
+                                                              "--wandb_job_type=held-out"]
     assert protocol.wandb_name(s, arm, horizon, values) == f"own/{sweeps.point_name(values)}"
 
 

@@ -510,9 +510,11 @@ def wandb_args(study, arm, horizon, points):
     seeds: the arm as the runs' wandb group (STUDY/ARM, the horizon's subdir between), the stage of `points` (the
     points to run, all of one stage) as their job type, tuning, pilot or held-out, and the arm's directory under
     the study's (SUBDIR/ARM) as the wandb_name that a sweep of the arm puts before each run's directory
-    (wandb_name); each unless the arm's overrides set it."""
+    (wandb_name), and the arm's name as the runs' wandb_run_name, the label compare.py's tables give the arm (one
+    label an arm, not its config file's name with the settings that set it apart); each unless the arm's overrides
+    set it."""
     settings = {"wandb_group": "/".join(filter(None, (study.name, horizon.subdir, arm.name))),
-                "wandb_name": "/".join(filter(None, (horizon.subdir, arm.name)))}
+                "wandb_name": "/".join(filter(None, (horizon.subdir, arm.name))), "wandb_run_name": arm.name}
     if points:
         seed = points[0]["seed"]
         settings["wandb_job_type"] = ("tuning" if seed in study.tuning_seeds else
