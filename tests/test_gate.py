@@ -20,11 +20,14 @@ from nonlinear_queries.weights.pretrained import hf_incompatibility, load_model
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 GATES = ["headwise", "elementwise"]
-# the gate beside a non-linear query, biases, and the modern recipe (RoPE, GQA, RMSNorm, QK-norm, SwiGLU)
+# the gate beside a non-linear query, biases, QK-norm with GQA, and the modern recipe (RoPE, GQA, RMSNorm,
+# QK-norm, SwiGLU)
 VARIANTS = [dict(attn_gate=g, **v) for g in GATES for v in (
-    dict(query_mode="linear"), dict(query_mode="res_gelu"), dict(query_mode="linear", bias=True),
-    dict(query_mode="res_gelu", bias=True), dict(query_mode="res_gelu", pos_encoding="rope", n_kv_head=2,
-                                                norm="rmsnorm", qk_norm=True, mlp_activation="swiglu"))]
+    dict(query_mode="linear"), dict(query_mode="res_gelu"), dict(query_mode="identity"),
+    dict(query_mode="anchored_res_gelu", bias=True), dict(query_mode="linear", bias=True),
+    dict(query_mode="res_gelu", bias=True), dict(query_mode="res_gelu", qk_norm=True, n_kv_head=2),
+    dict(query_mode="res_gelu", pos_encoding="rope", n_kv_head=2, norm="rmsnorm", qk_norm=True,
+         mlp_activation="swiglu"))]
 
 
 def reference_gated_attention(attn, x, kind):
