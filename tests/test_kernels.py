@@ -7,7 +7,9 @@ The interpreter runs where TRITON_INTERPRET=1 was in the environment when triton
 (tests/conftest.py sets it on a machine without CUDA); the ops read it at each call, so a test asks
 for their PyTorch path by removing it. On a GPU machine tests/test_cuda.py runs the kernels. Under
 the interpreter a float32 -> bfloat16 store truncates instead of rounding to nearest, so bfloat16
-results are compared with a tolerance of 2 ulps (2^-6 relative).
+results are compared with a tolerance of 2 ulps (2^-6 relative); at inputs of RMS 1e-2 and 1e2, where
+1/rms(x) and the LayerNorm's 1/std are far from 1, each element is held to 2 ulps of its own float64
+reference value (assert_within_ulps).
 """
 
 import collections
@@ -512,6 +514,90 @@ def test_model_with_kernels_computes_what_the_model_without_does(path, query_mod
     for name, want in want_grads.items():
         torch.testing.assert_close(got_grads[name], want, rtol=1e-4, atol=1e-6, msg=name)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+
+
+def assert_within_ulps(got, want, dtype, ulps=2, name=""):
+    """|got - want| <= `ulps` units in the last place of `dtype` at each element's own float64 reference value
+    (its rounding to dtype is within half of one; the interpreter's truncating store within one), with a floor of
+    2^-16 of the largest |want| for elements that float32's sums cancel to near 0 (an ulp of a near-0 value is
+    not what float32 arithmetic on the terms of a sum can hold)."""
+    want = want.detach()
+    ulp = torch.finfo(dtype).eps * torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=1e-300))))
+    tol = ulps * ulp + 2.0 ** -16 * want.abs().max()
+    err = (got.detach().double() - want).abs()
+    worst = int((err / tol).argmax())
+    assert (err <= tol).all(), (f"{name}: {int((err > tol).sum())} of {err.numel()} elements beyond {ulps} "
+                                f"ulps; worst {got.flatten()[worst].item():.6g} against {want.flatten()[worst]:.6g}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-2, 1e2])
+def test_ops_match_float64_within_ulps_at_input_scales_far_from_1(path, dtype, scale):
+    """f's ops at inputs of RMS 1e-2 and 1e2, so 1/rms(x) and LayerNorm's 1/std are 1e2 and 1e-2: an op whose
+    statistic entered with a wrong power (its gradient, say, times rstd twice) agrees with the reference at x of
+    RMS 1, where rstd is 1, and not here. Every output and gradient within 2 ulps of dtype of the float64
+    reference's own values, not a tolerance of the tensor's scale."""
+    torch.manual_seed(12)
+    C, R = 600, 300
+    # res_gelu's fused projection p = x [W_K | W_V | diag(g) W1] scales with x; u = h rstd stays O(1)
+    x, x64 = rounded(N, C, dtype=dtype, scale=scale)
+    p, p64 = rounded(N, 2 * C + R, dtype=dtype, scale=3.0 * scale)
+    b1, b164 = rounded(R, dtype=dtype)
+    *pieces, a = kernels.SplitRMSGELU.apply(p, kernels.rms_statistic(x, EPS), b1, (C, C))
+    *pieces64, h64 = p64.split([C, C, R], dim=-1)
+    u64 = h64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) + b164
+    a64 = 0.5 * u64 * (1 + torch.erf(u64 / 2 ** 0.5))
+    assert_within_ulps(a, a64, dtype, name="a")
+    grads = [torch.randn(t.shape, dtype=torch.float64).to(dtype) for t in (*pieces, a)]
+    torch.autograd.backward([*pieces, a], grads)
+    torch.autograd.backward([*pieces64, a64], [g.double() for g in grads])
+    for name, got, want in [("x", x.grad, x64.grad), ("p", p.grad, p64.grad), ("b1", b1.grad, b164.grad)]:
+        assert_within_ulps(got, want, dtype, name=name)
+    # f's closing LayerNorm over y = a W2 + b2, of any scale, and the residual
+    anchor, anchor64 = rounded(N, C, dtype=dtype, scale=scale)
+    y, y64 = rounded(N, C, dtype=dtype, scale=4.0 * scale)
+    (w, w64), (b, b64) = rounded(C, dtype=dtype), rounded(C, dtype=dtype)
+    out, mean, rstd = torch.ops.nlq.layer_norm_residual(anchor, y, w, b, EPS)
+    mean64 = y64.mean(-1, keepdim=True)
+    rstd64 = torch.rsqrt((y64 - mean64).pow(2).mean(-1, keepdim=True) + EPS)
+    out64 = anchor64 + (y64 - mean64) * rstd64 * w64 + b64
+    assert_within_ulps(out, out64, dtype, name="out")
+    assert_within_ulps(rstd, rstd64[:, 0], torch.float32, ulps=8, name="rstd")
+    dout = torch.randn(N, C, dtype=torch.float64).to(dtype)
+    out.backward(dout)
+    out64.backward(dout.double())
+    for name, got, want in [("anchor", anchor.grad, anchor64.grad), ("y", y.grad, y64.grad), ("w", w.grad, w64.grad),
+                            ("b", b.grad, b64.grad)]:
+        assert_within_ulps(got, want, dtype, name=name)
+
+
+@pytest.mark.parametrize("query_mode", ["res_gelu", "anchored_res_gelu"])
+@pytest.mark.parametrize("scale", [1e-2, 1e2])
+def test_model_with_kernels_computes_what_the_model_without_does_at_scales_far_from_1(path, query_mode, scale):
+    """test_model_with_kernels_computes_what_the_model_without_does with ln_1's gain and W2 times `scale`, so the
+    query's x (ln_1's output) and f's y (W2's) have RMS near `scale`, not 1, and 1/rms(x) and the LayerNorm's
+    1/std are far from 1: the plain model's gradients, each within 1e-4 of its own largest entry."""
+    cfg = GPTConfig(**TINY, query_mode=query_mode, bias=query_mode == "anchored_res_gelu")
+    torch.manual_seed(13)
+    plain = GPT(cfg)
+    with torch.no_grad():
+        for block in plain.transformer.h:
+            block.ln_1.weight.mul_(scale)
+            block.attn.query.w2.weight.mul_(scale)
+            block.attn.query.ln.weight.normal_()  # anchored_res_gelu's starts at zero: f is seen
+    fast = GPT(cfg)
+    fast.load_state_dict(plain.state_dict())
+    assert kernels.use_kernels(fast) == cfg.n_layer
+    idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
+    x = plain.transformer.h[0].ln_1(plain.transformer.wte(idx) + plain.transformer.wpe(torch.arange(11)))
+    assert x.pow(2).mean().sqrt().item() == pytest.approx(scale, rel=0.5)
+    want_logits, want_grads, want_loss = one_step(plain, idx, targets)
+    got_logits, got_grads, got_loss = one_step(fast, idx, targets)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    for name, want in want_grads.items():
+        torch.testing.assert_close(got_grads[name], want, rtol=1e-4, atol=1e-4 * want.abs().max().item(), msg=name)
+    # SGD's step at lr 0.1 on gradients of W2's scale 1e2 is far from small: float32's differences grow in it
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-3, atol=0)
 
 
 class CountOps(TorchDispatchMode):
