@@ -723,6 +723,36 @@ def test_compile_computes_rms_x_in_the_kernel_that_makes_x_and_its_gradient_in_x
     assert "torch.ops.nlq.rms_gelu.default(" in codes[0] and "split_rms_gelu_backward.default(" in codes[1]
 
 
+def test_compiled_model_with_kernels_allocates_the_logits_once():
+    # the training step as train.py compiles it (bf16 autocast, inductor, the loss alone): the forward's one buffer
+    # of the logits' size is the LM head's matmul, which the cross-entropy op overwrites with their gradient, and the
+    # backward allocates none, scaling that saved buffer in place (issue 85: the allocating backward kept the logits
+    # alive beside their gradient, 9.4 GiB at 96 x 1024 x 50,304)
+    torch.manual_seed(14)
+    V, rows = 1000, 3 * 16
+    model = GPT(GPTConfig(**{**TINY, "vocab_size": V, "n_layer": 1}, query_mode="res_gelu"))
+    kernels.use_kernels(model)
+    compiled = torch.compile(model, backend="inductor")
+    idx, targets = torch.randint(0, V, (2, 3, 16)).unbind(0)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = compiled(idx, targets, return_logits=False)[1]
+        loss.backward()
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        _, codes = run_and_get_code(step)
+    calls = {("tangents_1" in code): code.split("def call(self, args):")[1].split("def get_args")[0] for code in codes}
+    made = re.findall(rf"(\w+) = empty_strided_cpu\(\({rows}, {V}\)", calls[False])
+    assert len(made) == 1 and f"torch.ops.nlq.cross_entropy_rows.default({made[0]}, " in calls[False], calls[False]
+    assert f"empty_strided_cpu(({rows}, {V})" not in calls[True]
+    saved = re.findall(rf"assert_size_stride\((\w+), \({rows}, {V}\)", calls[True])
+    assert len(saved) == 1 and f" = {saved[0]}; del {saved[0]}  # reuse" in calls[True], calls[True]
+    for call in calls.values():
+        assert not re.search(r"aten\.(copy_|clone)|\.clone\(", call)
+
+
 def test_use_kernels_leaves_other_activations_and_unnormed_f_to_pytorch():
     for settings in (dict(query_activation="relu"), dict(query_norm=False)):
         model = GPT(GPTConfig(**TINY, query_mode="res_gelu", **settings))
