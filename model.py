@@ -513,7 +513,8 @@ class GPT(nn.Module):
     ValueError: past + T > block_size; return_logits=False without targets; under μP, a parameter no rule covers."""
 
     # the training loss's optional fast path: a function (logits (N, V), targets (N,)) -> F.cross_entropy's mean,
-    # which may overwrite the logits with their gradient; set by nonlinear_queries.trainer.kernels.use_kernels
+    # whose forward overwrites the logits with their gradient (so no buffer of their size is allocated for it);
+    # set by nonlinear_queries.trainer.kernels.use_kernels
     cross_entropy = None
 
     def __init__(self, config):
@@ -621,8 +622,9 @@ class GPT(nn.Module):
         if targets is None:
             return self.logits(x[:, [-1], :]), None
         logits = self.logits(x)
-        # with return_logits=False nothing else holds the logits, so a fast path may overwrite them with their
-        # gradient in the backward (`cross_entropy`, the package's kernel; None = torch's)
+        # with return_logits=False nothing reads the logits after the loss, so the fast path (`cross_entropy`, the
+        # package's kernel; None = torch's) overwrites them with their gradient in the forward; a caller that asks
+        # for the logits gets torch's loss, which leaves them as they are
         loss_fn = F.cross_entropy if self.cross_entropy is None or return_logits else self.cross_entropy
         loss = loss_fn(logits.view(-1, logits.size(-1)), targets.reshape(-1))  # targets may be a slice
         return (logits if return_logits else None), loss

@@ -24,28 +24,28 @@ numbers against the targets.
    word2number, which PyPI has as sources only) and install them with `pip install --no-index --no-deps
    --target DIR *.whl; export PYTHONPATH=DIR`. Then:
 
-       python bench/gpu.py --out=out-gpu/gpu_check.log
+       python bench/gpu.py --out=out-gpu/check
 
    About 18 minutes on an H100 (2026-11-25, torch 2.11): the tests about 12, train_speed
    about 3 for three variants at 10 rounds (more for five at the default 30), sample_speed
    about 3 for three variants at 3 rounds. Each step can also run alone, for instance under
    a limit of 10 minutes per command, each with its own log:
 
-       python bench/gpu.py --steps=tests --out=out-gpu/tests.log
-       python bench/gpu.py --steps=train_speed --out=out-gpu/train_speed.log
-       python bench/gpu.py --steps=sample_speed --out=out-gpu/sample_speed.log
+       python bench/gpu.py --steps=tests --out=out-gpu/tests
+       python bench/gpu.py --steps=train_speed --out=out-gpu/train_speed
+       python bench/gpu.py --steps=sample_speed --out=out-gpu/sample_speed
 
    The tests took about 12 minutes there, so under a 10-minute limit they split in two:
 
        python -m pytest -rA tests/test_cuda.py -k "not (float16 or mfu or eval_tasks or fits)"
        python -m pytest -rA tests/test_cuda.py -k "float16 or mfu or eval_tasks or fits"
 
-3. Bring the log back and record its tables in bench/RESULTS.md.
+3. Bring the output folder back and record its tables (tables.md) in bench/RESULTS.md.
 
 Checking this script on a CPU at a tiny size (under a minute; the test step then only
 collects tests/test_cuda.py, whose tests need CUDA; tests/test_gpu_script.py runs this):
 
-    python bench/gpu.py --device=cpu --out=out-gpu/cpu_check.log --n_layer=1 --n_head=2 --n_embd=32 \
+    python bench/gpu.py --device=cpu --out=out-gpu/cpu_check --n_layer=1 --n_head=2 --n_embd=32 \
         --vocab_size=512 --rounds=2 --modes=linear,identity,res_gelu \
         --train_speed_args="--block_size=16 --batch_size=2 --warmup=1 --no-compile --no_mlp475" \
         --sample_speed_args="--prompt_len=4 --new_tokens=8 --batch_sizes=1"
@@ -56,7 +56,8 @@ train_speed's rows of linear and res_gelu with and without them (--kernels of tr
 variants. From a fresh checkout, offline, nothing installed and nothing carried (its tests and the
 bench take random tokens; the Shakespeare .bin files of step 1 are for the full run's training tests):
 
-    python bench/gpu.py --kernels --out=out-gpu/kernels.log
+    python bench/gpu.py --kernels --out=$OUT       # a lent machine that brings back $OUT alone
+    python bench/gpu.py --kernels --out=out-gpu/kernels   # elsewhere
 
 On an H200 on 2026-12-04 its tests took 69 s and train_speed had compiled and timed three variants
 once in 126 s when res_gelu's first kernel failed to compile, since fixed; the whole run is not yet
@@ -85,9 +86,13 @@ row that train.py can run, kernels or not (issue 77; train_speed's targets table
 time (the median of per-round ratios of the two rows' step times). A mode the bench did not time is
 "unmeasured".
 
-Everything printed, the steps' own output included, also goes to --out, flushed line by
-line so that a run cut short keeps what it had. Exit status: 0 every step passed (a
-missed target is a result, not a failure), 1 a step failed, 2 bad arguments.
+Everything goes into the output folder --out (default $OUT where it is set, else out-gpu), so that a
+machine that keeps one folder and cuts stdout short loses nothing: gpu_check.log, everything printed,
+the steps' own output included, flushed line by line so that a run cut short keeps what it had;
+STEP.log, each step's own output (tests.log, train_speed.log, ...), written as it runs; tables.md,
+every table the bench scripts printed (train_speed's steps, its targets, each row's profile of top
+kernels; sample_speed's), rewritten after each step, and at the end the summary. Exit status: 0 every
+step passed (a missed target is a result, not a failure), 1 a step failed, 2 bad arguments.
 """
 
 import argparse
@@ -102,6 +107,7 @@ import time
 import torch
 
 from common import REPO, device_name
+from nonlinear_queries.record.atomic import atomic_write
 
 STEPS = {"tests": "tests/test_cuda.py", "kernel_tests": "tests/test_cuda.py -k kernel_ops or with_kernels",
          "train_speed": "bench/train_speed.py", "sample_speed": "bench/sample_speed.py"}
@@ -121,6 +127,10 @@ TARGETS = [
 ]
 
 
+LOG = "gpu_check.log"  # in the output folder: everything printed, appended to
+TABLES_MD = "tables.md"  # in the output folder: every table and profile of the run, then the summary
+
+
 class Log:
     """Writes to stdout and appends to a file, flushing both after every write."""
 
@@ -134,18 +144,42 @@ class Log:
             stream.flush()
 
 
-def run_step(command, env, log):
-    """Run command (a list) in the repo root, copying its output line by line to the log.
-    Returns (exit status, output, seconds)."""
+def run_step(command, env, log, step_log):
+    """Run command (a list) in the repo root, copying its output line by line to the log and to step_log (a
+    file path, written afresh). Returns (exit status, output, seconds)."""
     log.write(f"\n$ {shlex.join(display(command))}\n")
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
-    for line in proc.stdout:
-        log.write(line)
-        lines.append(line)
+    with open(step_log, "w") as own:
+        for line in proc.stdout:
+            log.write(line)
+            own.write(line)
+            own.flush()
+            lines.append(line)
     return proc.wait(), "".join(lines), time.perf_counter() - start
+
+
+def markdown_of(output):
+    """The markdown of a bench script's output: from its first '## ' heading on, the headings, the header lines
+    under them (device:, command:) and the table lines, one blank line between blocks; '' if it has none."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    kept = []
+    for line in lines[start:]:
+        if line.startswith(("#", "|", "device: ", "command: ")):
+            kept.append(line)
+        elif kept and kept[-1] and line.strip() == "":
+            kept.append("")
+    return "\n".join(kept).strip()
+
+
+def write_tables(path, sections):
+    """Write sections ([(title, markdown)]) to path as one markdown file, atomically (rewritten after each step,
+    so that a run cut short keeps the tables of the steps it finished)."""
+    with atomic_write(path) as f:
+        f.write("\n\n".join(f"# {title}\n\n{markdown}" for title, markdown in sections if markdown) + "\n")
 
 
 def display(command):
@@ -233,7 +267,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip(),
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda, cuda:1, ...; cpu to check this script")
-    p.add_argument("--out", default="out-gpu/gpu_check.log", help="log file, appended to")
+    p.add_argument("--out", default=os.environ.get("OUT") or "out-gpu",
+                   help=f"output folder (made if missing): {LOG}, everything printed, appended to; STEP.log, each "
+                   f"step's own output; {TABLES_MD}, every table and profile, then the summary. Default: $OUT if "
+                   f"set (what a lent GPU machine brings back), else out-gpu")
     p.add_argument("--steps", default="tests,train_speed,sample_speed",  # kernel_tests: a part of tests
                    help=f"comma-separated, of {', '.join(STEPS)}")
     p.add_argument("--train_speed_args", default="", help="more flags for bench/train_speed.py")
@@ -252,7 +289,11 @@ def main():
         p.error(f"--device={args.device} but torch.cuda.is_available() is False; on a machine without a GPU, "
                 f"check this script with --device=cpu")
 
-    log = Log(args.out)
+    if args.out.endswith(".log") or (os.path.exists(args.out) and not os.path.isdir(args.out)):
+        p.error(f"--out={args.out}: --out is the output folder that the log, each step's log and the tables go "
+                f"into (for instance --out=out-gpu/kernels, or --out=$OUT on a lent GPU machine)")
+    os.makedirs(args.out, exist_ok=True)
+    log = Log(os.path.join(args.out, LOG))
     log.write(f"# GPU check, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\ncommand: {own_command()}\n")
     python = sys.executable
     commands = {
@@ -266,10 +307,10 @@ def main():
         "sample_speed": [python, STEPS["sample_speed"], f"--device={args.device}", *shared,
                          *shlex.split(args.sample_speed_args)],
     }
-    results, outputs, rows = [], {}, {}
+    results, outputs, rows, sections = [], {}, {}, []
     for step in steps:
         env = {"TEST_CUDA_DEVICE": args.device} if step in ("tests", "kernel_tests") else {}
-        status, outputs[step], seconds = run_step(commands[step], env, log)
+        status, outputs[step], seconds = run_step(commands[step], env, log, os.path.join(args.out, f"{step}.log"))
         if step in ("tests", "kernel_tests"):
             result, measured = tests_result(status, outputs[step], cuda)
         else:
@@ -277,6 +318,9 @@ def main():
             result = "pass" if status == 0 and rows[step] else "fail"
             measured = f"{len(rows[step])} table rows" if status == 0 else f"exit status {status}"
         results.append((f"step: {STEPS[step]}", result, measured, f"{seconds:.1f}"))
+        if step in TABLES:
+            sections.append((f"{step}: {shlex.join(display(commands[step]))}", markdown_of(outputs[step])))
+            write_tables(os.path.join(args.out, TABLES_MD), sections)
 
     if "tests" in outputs and peak_memory(outputs["tests"]):
         results.append(("GPT-2 small res_gelu step at 12 x 1024, peak memory (eager)", "-",
@@ -289,14 +333,16 @@ def main():
         results.append(("sample_speed: same tokens with and without the KV cache",
                         "yes" if set(same) == {"yes"} else "NO", f"{same.count('yes')} of {len(same)} rows", ""))
 
-    log.write("\n".join([
-        "", "## GPU check summary",
+    summary = [
+        "## GPU check summary",
         f"device: {device_name(args.device)} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
         f"python {platform.python_version()} | commit {git_commit()}",
-        f"command: {own_command()}", f"log: {args.out}", "",
+        f"command: {own_command()}", f"output folder: {args.out} ({LOG}, STEP.log, {TABLES_MD})", "",
         "| check | result | measured | seconds |", "|---|---|---|---|",
-        *(f"| {' | '.join(row)} |" for row in results), "",
-    ]))
+        *(f"| {' | '.join(row)} |" for row in results),
+    ]
+    log.write("\n".join(["", *summary, ""]))
+    write_tables(os.path.join(args.out, TABLES_MD), [*sections, ("summary", "\n".join(summary))])
     sys.exit(1 if any(result == "fail" for _, result, _, _ in results) else 0)
 
 

@@ -14,8 +14,9 @@ rows, or a weight vector read by every program, is counted once: they stay in ca
 step at 96 x 5 is 12 layers x 5 micro-batches of f's ops and 5 of the cross-entropy's. "issue 65" gives the
 bytes of the interface before issue 77 ('-': the same; rms_gelu read x in float32 and wrote a float32 dx, q
 came out float32 and the attention cast it, the cross-entropy's backward wrote in place of the logits, which
-inductor copied first); "measured" quotes the H200 profile of res_gelu at 96 x 5 without the ops
-(bench/RESULTS.md, 2026-11-29: python bench/train_speed.py --size=gpt2 --compile --device=cuda
+inductor copied first; its forward wrote each row's log-sum-exp too); the cross-entropy's forward reads each row
+twice, the second time from cache (counted once); "measured" quotes the H200 profile of res_gelu at 96 x 5
+without the ops (bench/RESULTS.md, 2026-11-29: python bench/train_speed.py --size=gpt2 --compile --device=cuda
 --modes=linear,res_gelu --no_mlp475 --splits=96x5 --rounds=4 --profile), whose inductor kernels these
 replace, and issue 65's accounting of them; the ops themselves are untimed.
 """
@@ -47,10 +48,11 @@ def ops(N, C, R, V):
         ("nlq::layer_norm_residual_backward", layer_calls, 2 * N * C * BF16 + 2 * N * FP32,
          N * C * BF16 + 2 * blocks * C * FP32, N * C * FP32 + N * C * BF16 + 2 * N * FP32 + N * C * BF16 +
          2 * blocks * C * FP32, "f's LayerNorm backward: 16.5 ms / 55"),
-        ("nlq::cross_entropy_rows", loss_calls, N * V * BF16 + N * INT64, 2 * N * FP32, None,
-         "inductor's online softmax: 37.9 ms / 5"),
-        ("nlq::cross_entropy_rows_backward", loss_calls, N * V * BF16 + N * INT64 + 2 * N * FP32, N * V * BF16,
-         2 * (N * V * BF16 + N * V * BF16) + N * INT64 + 2 * N * FP32, "inductor's fused backward: 40.6 ms / 5"),
+        ("nlq::cross_entropy_rows (the gradient written over the logits)", loss_calls, N * V * BF16 + N * INT64,
+         N * V * BF16 + N * FP32, N * V * BF16 + N * INT64 + 2 * N * FP32, "inductor's online softmax: 37.9 ms / 5"),
+        ("the gradient scaled in place (CrossEntropy's backward, inductor's mul)", loss_calls, N * V * BF16 + FP32,
+         N * V * BF16, 2 * (N * V * BF16 + N * V * BF16) + N * INT64 + 2 * N * FP32,
+         "inductor's fused backward: 40.6 ms / 5"),
     ]
 
 

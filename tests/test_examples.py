@@ -107,7 +107,7 @@ EXCLUDED = {
     "python bench/train_speed.py --size=gpt2 --compile --device=cuda": "a GPU",
     "python bench/train_speed.py --size=gpt2 --compile --device=cuda --splits=12x40,48x10 --plain --profile":
         "a GPU",
-    "python bench/gpu.py --out=out-gpu/gpu_check.log": "a GPU",
+    "python bench/gpu.py --out=out-gpu/check": "a GPU",
 }
 
 

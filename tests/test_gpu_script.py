@@ -35,10 +35,26 @@ def markdown_rows(text, first_header):
 
 @pytest.mark.slow
 def test_summary_holds_every_step_and_the_numbers_of_the_bench_tables(tmp_path):
-    log = tmp_path / "gpu.log"
-    proc = run_script("bench/gpu.py", *TINY, f"--out={log}")
+    folder = tmp_path / "out"  # made by the script
+    proc = run_script("bench/gpu.py", *TINY, f"--out={folder}")
     out = proc.stdout
-    assert log.read_text() == out  # everything printed is in the log too
+    assert sorted(os.listdir(folder)) == ["gpu_check.log", "sample_speed.log", "tables.md", "tests.log",
+                                          "train_speed.log"]
+    assert (folder / "gpu_check.log").read_text() == out  # everything printed is in the log too
+    for step in ("tests", "train_speed", "sample_speed"):  # and each step's own output in its log
+        own = (folder / f"{step}.log").read_text()
+        assert own and own in out, step
+    # every table printed, the profile's included, is in tables.md: on a machine whose stdout is cut short, the
+    # output folder holds them all
+    tables = (folder / "tables.md").read_text()
+    printed = [line for line in out.splitlines() if line.startswith("|")]
+    assert printed and all(line in tables.splitlines() for line in printed), \
+        [line for line in printed if line not in tables.splitlines()]
+    for row in ("linear", "identity", "res_gelu"):
+        assert f"### top kernels: {row} (one step, self CPU time per operator)" in tables
+    assert tables.index("| variant |") < tables.index("| mode |") < tables.index("### top kernels: linear") < \
+        tables.index("| query_mode |") < tables.index("## GPU check summary")
+    assert "command: python bench/train_speed.py --size=gpt2 --compile --device=cpu --n_layer=1" in tables
     summary = markdown_rows(out.split("## GPU check summary")[-1], "check")
     train = markdown_rows(out, "variant")
     assert list(train) == ["linear", "identity", "res_gelu"]
@@ -65,9 +81,13 @@ def test_summary_holds_every_step_and_the_numbers_of_the_bench_tables(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_step_is_reported_and_fails_the_run(tmp_path):
-    proc = run_script("bench/gpu.py", "--device=cpu", "--steps=train_speed", "--modes=linear,bogus",
-                      f"--out={tmp_path / 'gpu.log'}", check=False)
+    # no --out: the output folder is $OUT, as a lent GPU machine gives it
+    proc = run_script("bench/gpu.py", "--device=cpu", "--steps=train_speed", "--modes=linear,bogus", check=False,
+                      env={"OUT": str(tmp_path)})
     assert proc.returncode == 1
+    assert sorted(os.listdir(tmp_path)) == ["gpu_check.log", "tables.md", "train_speed.log"]
+    assert (tmp_path / "gpu_check.log").read_text() == proc.stdout
+    assert "| step: bench/train_speed.py | fail | exit status 2 |" in (tmp_path / "tables.md").read_text()
     assert "unknown query modes bogus" in proc.stdout  # the step's own error, passed through
     summary = markdown_rows(proc.stdout, "check")
     assert summary["step: bench/train_speed.py"][:2] == ["fail", "exit status 2"]
@@ -76,6 +96,9 @@ def test_a_failing_step_is_reported_and_fails_the_run(tmp_path):
 
     bad = run_script("bench/gpu.py", "--device=cpu", "--steps=tests,benchmarks", check=False)
     assert bad.returncode == 2 and "unknown steps benchmarks" in bad.stderr
+    # --out names a folder; a log file's name, as it took before issue 85, is refused in a sentence
+    bad = run_script("bench/gpu.py", "--device=cpu", f"--out={tmp_path / 'gpu.log'}", check=False)
+    assert bad.returncode == 2 and "--out is the output folder" in bad.stderr and not (tmp_path / "gpu.log").exists()
 
 
 def test_cuda_outputs_are_read_into_the_summary():

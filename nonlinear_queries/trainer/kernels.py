@@ -414,7 +414,7 @@ layer_norm_residual.register_autograd(_layer_norm_residual_grad, setup_context=_
 
 
 @triton.jit
-def _cross_entropy_fwd(LOGITS, TARGETS, LOSS, LSE, stride_logits, ignore_index, V: tl.constexpr,
+def _cross_entropy_fwd(LOGITS, TARGETS, SCALE, LOSS, stride_logits, ignore_index, V: tl.constexpr,
                        BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = LOGITS + row * stride_logits
@@ -430,116 +430,96 @@ def _cross_entropy_fwd(LOGITS, TARGETS, LOSS, LSE, stride_logits, ignore_index, 
     lse = m + tl.log(total)
     target = tl.load(TARGETS + row)
     valid = target != ignore_index
-    z_target = tl.load(base + tl.where(valid, target, 0)).to(tl.float32)
+    z_target = tl.load(base + tl.where(valid, target, 0)).to(tl.float32)  # read before the row is overwritten
     tl.store(LOSS + row, tl.where(valid, lse - z_target, 0.0))
-    tl.store(LSE + row, lse)
-
-
-@triton.jit
-def _cross_entropy_bwd(LOGITS, TARGETS, LSE, DLOSS, DLOGITS, stride_logits, stride_dloss, stride_dlogits, ignore_index,
-                       V: tl.constexpr, BLOCK_V: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    base = LOGITS + row * stride_logits
-    out = DLOGITS + row * stride_dlogits
-    lse = tl.load(LSE + row)
-    target = tl.load(TARGETS + row)
-    # the row's loss gradient, read on the device: 1 / (valid rows x micro-steps) as autograd made it
-    dloss = tl.where(target != ignore_index, tl.load(DLOSS + row * stride_dloss), 0.0)
+    # the mean's gradient over the row's own logits, a second pass over the row (just read, so from the cache):
+    # (softmax - onehot) / (valid rows), the count read on the device; 0 on an ignored row
+    scale = tl.where(valid, tl.load(SCALE), 0.0)
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         mask = cols < V
         z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-        grad = (tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)) * dloss
-        tl.store(out + cols, grad.to(DLOGITS.dtype.element_ty), mask=mask)
+        grad = (tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)) * scale
+        tl.store(base + cols, grad.to(LOGITS.dtype.element_ty), mask=mask)
 
 
 CE_BLOCK_V = 4096  # logits per chunk of a row: 13 chunks of GPT-2's 50,304
 
 
-def cross_entropy_rows_reference(logits, targets, ignore_index):
-    """The PyTorch path of cross_entropy_rows, in float32."""
-    lse = torch.logsumexp(logits.float(), dim=-1)
+def cross_entropy_rows_reference(logits, targets, scale, ignore_index):
+    """The PyTorch path of cross_entropy_rows, in float32: (the rows' losses, the gradient it writes)."""
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
     valid = targets != ignore_index
-    z_target = logits.float().gather(1, torch.where(valid, targets, 0)[:, None])[:, 0]
-    return torch.where(valid, lse - z_target, 0.0), lse
+    target = torch.where(valid, targets, 0)
+    loss = torch.where(valid, lse - z.gather(1, target[:, None])[:, 0], 0.0)
+    grad = torch.exp(z - lse[:, None])
+    grad[torch.arange(len(targets), device=logits.device), target] -= 1
+    return loss, torch.where(valid[:, None], grad * scale, 0.0)
 
 
-@torch.library.custom_op("nlq::cross_entropy_rows", mutates_args=())
-def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor,
-                       ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's cross-entropy -log softmax(logits)[target] in nats, and its log-sum-exp, (N,) each in
-    float32 whatever the logits' dtype; 0 loss for a row whose target is ignore_index. logits: (N, V);
-    targets: (N,) int64. One kernel: one pass over each row (online log-sum-exp, Milakov & Gimelshein
-    2018) and a read of its target's logit."""
-    logits = _rows(logits)
+@torch.library.custom_op("nlq::cross_entropy_rows", mutates_args=("logits",))
+def cross_entropy_rows(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor,
+                       ignore_index: int) -> torch.Tensor:
+    """Each row's cross-entropy -log softmax(logits)[target] in nats, (N,) in float32 whatever the logits' dtype
+    (0 for a row whose target is ignore_index), and the logits overwritten with (softmax(logits) -
+    onehot(target)) * scale, 0 on an ignored row: with scale = 1 / (valid rows), the gradient of the rows' mean
+    loss, in the logits' own storage (Liger-Kernel's cross-entropy, Hsu et al. 2024, does the same), so that no
+    buffer of their size is allocated in either direction. logits: (N, V), unit stride along V; targets: (N,)
+    int64; scale: a float32 scalar tensor, read on the device. One kernel: one pass over each row (online
+    log-sum-exp, Milakov & Gimelshein 2018), a read of its target's logit, and a second pass that writes the
+    gradient. ValueError for logits that are not (N, V) with unit stride along V, which could not be written
+    in place."""
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        raise ValueError(f"cross_entropy_rows writes the gradient in place of the logits, so they must be (N, V) "
+                         f"with unit stride along V; got shape {tuple(logits.shape)}, strides {logits.stride()}: "
+                         f"pass logits.view(-1, V) of contiguous logits")
     if not use_triton(logits):
-        return cross_entropy_rows_reference(logits, targets, ignore_index)
+        loss, grad = cross_entropy_rows_reference(logits, targets, scale, ignore_index)
+        logits.copy_(grad)
+        return loss
     N, V = logits.shape
-    loss, lse = (torch.empty(N, dtype=torch.float32, device=logits.device) for _ in range(2))
-    _cross_entropy_fwd[(N,)](logits, targets, loss, lse, logits.stride(0), ignore_index, V=V,
+    loss = torch.empty(N, dtype=torch.float32, device=logits.device)
+    _cross_entropy_fwd[(N,)](logits, targets, scale, loss, logits.stride(0), ignore_index, V=V,
                              BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
-    return loss, lse
+    return loss
 
 
 @cross_entropy_rows.register_fake
-def _(logits, targets, ignore_index):
-    N = logits.numel() // logits.size(-1)
-    return logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
+def _(logits, targets, scale, ignore_index):
+    return logits.new_empty(logits.size(0), dtype=torch.float32)
 
 
-def cross_entropy_rows_backward_reference(logits, targets, lse, dloss, ignore_index):
-    """The PyTorch path of cross_entropy_rows_backward, in float32."""
-    valid = (targets != ignore_index)[:, None]
-    grad = torch.exp(logits.float() - lse[:, None])
-    grad[torch.arange(len(targets), device=logits.device), torch.where(valid[:, 0], targets, 0)] -= 1
-    return torch.where(valid, grad * dloss[:, None], 0.0).to(logits.dtype)
+class CrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy over the rows whose target is not ignore_index, its gradient written by the
+    forward into the logits (cross_entropy_rows) and scaled in place by the loss's own gradient in the backward
+    (1 / micro-steps in training: one 0-dim tensor, read on the device), so that nothing of the logits' size is
+    allocated: eager, the backward's mul_ writes into the saved gradient; compiled, the forward's op mutates
+    the LM head's output, which inductor then writes in place (no copy), and the backward's multiply reuses the
+    saved gradient's buffer (AOTAutograd donates it). The logits are the gradient after the forward, and a
+    second backward (retain_graph) would scale it twice: the training loss only (model.py's GPT.forward asks
+    for it with return_logits=False, when nothing else reads the logits)."""
 
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index):
+        count = (targets != ignore_index).sum()
+        loss = torch.ops.nlq.cross_entropy_rows(logits, targets, 1.0 / count.float(), ignore_index)
+        ctx.save_for_backward(logits)
+        return loss.sum() / count
 
-@torch.library.custom_op("nlq::cross_entropy_rows_backward", mutates_args=())
-def cross_entropy_rows_backward(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
-                                ignore_index: int) -> torch.Tensor:
-    """cross_entropy_rows' backward: the gradient of the logits (N, V), (softmax(logits) - onehot(target)) times
-    dloss (N,), the gradient of each row's loss (which may be a broadcast scalar), 0 on an ignored row; a new
-    tensor in the logits' dtype, contiguous. Functional, so that torch.compile copies nothing: an op that wrote it
-    in place of the saved logits made inductor copy them first (issue 77), a read and a write of N x V elements.
-    Nothing is read on the host."""
-    logits = _rows(logits)
-    if not use_triton(logits):
-        return cross_entropy_rows_backward_reference(logits, targets, lse, dloss, ignore_index)
-    N, V = logits.shape
-    dlogits = torch.empty(N, V, dtype=logits.dtype, device=logits.device)
-    _cross_entropy_bwd[(N,)](logits, targets, lse, dloss, dlogits, logits.stride(0), dloss.stride(0),
-                             dlogits.stride(0), ignore_index, V=V, BLOCK_V=min(CE_BLOCK_V, triton.next_power_of_2(V)))
-    return dlogits
-
-
-@cross_entropy_rows_backward.register_fake
-def _(logits, targets, lse, dloss, ignore_index):
-    return logits.new_empty(logits.numel() // logits.size(-1), logits.size(-1))
-
-
-def _cross_entropy_setup(ctx, inputs, output):
-    logits, targets, ignore_index = inputs
-    ctx.save_for_backward(logits, targets, output[1])
-    ctx.ignore_index = ignore_index
-
-
-def _cross_entropy_grad(ctx, dloss, _):
-    logits, targets, lse = ctx.saved_tensors
-    dlogits = torch.ops.nlq.cross_entropy_rows_backward(logits, targets, lse, dloss, ctx.ignore_index)
-    return dlogits.view(logits.shape), None, None
-
-
-cross_entropy_rows.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+    @staticmethod
+    def backward(ctx, dloss):
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(dloss), None, None
 
 
 def cross_entropy(logits, targets, ignore_index=-100):
     """The mean cross-entropy in nats over the rows whose target is not ignore_index, in float32, as
-    F.cross_entropy(logits, targets) computes it, through cross_entropy_rows; its backward
-    (cross_entropy_rows_backward) allocates the logits' gradient and leaves them as they were. logits: (N, V);
-    targets: (N,) int64. No host read: the count of rows is a device tensor."""
-    loss, _ = torch.ops.nlq.cross_entropy_rows(logits, targets, ignore_index)
-    return loss.sum() / (targets != ignore_index).sum()
+    F.cross_entropy(logits, targets) computes it, through CrossEntropy: the logits are overwritten with their
+    gradient (nothing may read them after this call), which the backward hands on, scaled in place. logits:
+    (N, V), unit stride along V (model.py's logits.view(-1, V)); targets: (N,) int64. No host read: the count of
+    rows is a device tensor. ValueError for logits that are not (N, V) with unit stride along V."""
+    return CrossEntropy.apply(logits, targets, ignore_index)
 
 
 def res_gelu_f(query, x, p, widths, one_buffer=True, autocast_out=False):
