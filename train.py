@@ -65,7 +65,7 @@ from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.config.train_config import TrainConfig, parse_compile_options
 from nonlinear_queries.data.batches import DataError, get_batch, open_run_data
 from nonlinear_queries.record.errors import SetupError
-from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir
+from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir, sign_out_dir
 from nonlinear_queries.record.runs import RunDir
 from nonlinear_queries.trainer.budget import check_cpu_time, check_memory
 from nonlinear_queries.trainer.diagnostics import diagnose
@@ -100,8 +100,11 @@ def open_data(cfg):
 def start_log(cfg, rt, run_dir, source, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
     """This session's part of the record, once every check has passed: a new run (`source`, a start.Start, that
     does not resume) first replaces the run in out_dir (runs.RunDir.replace, on rank 0; allowed by
-    start.hold_run_dir), then metrics.jsonl (and wandb, continuing state.wandb_id) opens with the run's header,
-    also written to out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
+    start.hold_run_dir) and a killed run's lock file names this run from now on (lock.sign_out_dir), then
+    metrics.jsonl (and wandb, continuing state.wandb_id) opens with the run's header, also written to
+    out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
+    if rt.master:
+        sign_out_dir(run_dir)
     if rt.master and not source.resumes:
         run_dir.replace()
     wandb_init = cfg.wandb_init()

@@ -80,8 +80,15 @@ def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale
     assert len(headers) == 1 and headers[0]["config"]["seed"] == 1
     steps = [r["step"] for r in read_metrics(out, "train")]
     assert steps == list(range(1, len(steps) + 1))
-    # the kill released the lock with the process: the run resumes at once
+    # the kill released the lock with the process; the same command again is refused, naming the killed run, and
+    # leaves every file as it was, the lock file (the one record of which process died) included
     assert out_dir_holder(RunDir(out)) is None
+    before = snapshot(out)
+    code, _, stderr = run_in_process("train.py", *TINY, *RUN, f"--data_dir={shakespeare_dir}", f"--out_dir={out}",
+                                     "--max_iters=1000", "--seed=1")
+    assert code == 1 and f"the run of host {socket.gethostname()}, PID {first.pid}, started " in stderr, stderr
+    assert snapshot(out) == before
+    # the run resumes at once
     saved = read_checkpoint(str(out / "ckpt.pt"))["step"]
     train(shakespeare_dir, out, *RUN, f"--max_iters={saved + 2}", "--init_from=resume", env=ONE_THREAD)
     assert [r["step"] for r in read_metrics(out, "config")] == [0, saved]
@@ -390,8 +397,12 @@ LEFT_BY_A_STOPPED_RUN = {
 }
 
 
+KILLED = "host node7, PID 4242, started 2026-12-01T09:30:00+00:00"  # what a killed run's lock file names
+
+
 def leave(out_dir, names):
-    """Files named as a stopped run leaves them in out_dir (a name ending in / a directory holding one file)."""
+    """Files named as a stopped run leaves them in out_dir (a name ending in / a directory holding one file; the
+    lock file naming its holder, KILLED)."""
     os.makedirs(out_dir)
     for name in names:
         path = os.path.join(out_dir, name)
@@ -399,17 +410,17 @@ def leave(out_dir, names):
             os.makedirs(path)
             path = os.path.join(path, "run-1.wandb" if name == "wandb/" else "meta.pt")
         with open(path, "w") as f:
-            f.write(f"{name} of the stopped run\n")
+            f.write(f"{KILLED}\n" if name == ".lock" else f"{name} of the stopped run\n")
 
 
 def snapshot(out_dir):
-    """{path: (contents, modification time)} of every file under out_dir; of the lock file, whose contents name the
-    last process that took the lock, only that it is there."""
+    """{path: (bytes, modification time in ns)} of every file under out_dir, its lock file included."""
     files = {}
     for root, _, names in os.walk(out_dir):
         for name in names:
             path = os.path.join(root, name)
-            files[path] = None if name == ".lock" else (open(path).read(), os.stat(path).st_mtime_ns)
+            with open(path, "rb") as f:
+                files[path] = f.read(), os.stat(path).st_mtime_ns
     return files
 
 
@@ -434,8 +445,8 @@ def test_a_new_run_refuses_whatever_a_stopped_run_left_and_says_how_to_go_on(tmp
     order = {"ckpt.pt": 0, "ckpt.dcp/": 0, "ckpt_000008.pt": 1, "ckpt_000004.pt": 2, "ckpt.pt.tmp": 3,
              "metrics.jsonl": 4, "config.json": 5, "wandb/": 6, ".lock": 7}
     what = ", ".join(sorted(left, key=order.get))
-    if left == [".lock"]:
-        what += ", a lock file no process holds: a run was killed or crashed here"
+    if ".lock" in left:  # the killed run named, its lock file left as it was
+        what += f", a lock file no process holds: the run of {KILLED} was killed or crashed here"
     run = "a run" if "continue it" in ways else "a run with no checkpoint to resume"
     assert stderr == f"error: {out} already holds {run} ({what}); {ways}\n"
 

@@ -317,26 +317,30 @@ class RunDir:
             return "done"
         return "resume" if self.has_checkpoint() else "new"
 
-    def leftovers(self, left_lock=False):
+    def leftovers(self, left_lock=None):
         """What a run left here, all of which a new run would replace: its checkpoints (checkpoints, the newest
         first) and what a crash left of one being written (partial_checkpoints), metrics.jsonl, config.json, wandb/
-        and, with left_lock, its .lock (one that no process holds: lock.left_lock_file). Returns their paths."""
-        files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock else [])
+        and, where left_lock is not None, its .lock (one that no process holds: lock.left_lock_holder). Returns
+        their paths."""
+        files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock is not None else [])
         return self.checkpoints() + self.partial_checkpoints() + [p for p in files if os.path.lexists(p)]
 
-    def check_start(self, source, overwrite, resume, left_lock=False):
+    def check_start(self, source, overwrite, resume, left_lock=None):
         """Refuse a new run (source: train.py's start.Start, one that does not resume: from scratch or
         fine-tuning) that would replace or append to what a run left here (leftovers: checkpoints, metrics.jsonl,
         config.json, wandb/, a .lock that no process holds), in whatever state that run stopped, unless overwrite.
-        resume: the command that continues the run here (start.resume_command). Raises errors.CheckpointError, one
-        sentence naming what is here and how to go on: the resume command where there is a checkpoint (with
-        --resume_from where only step checkpoints are left), --overwrite=True or another --out_dir."""
+        resume: the command that continues the run here (start.resume_command); left_lock: what such a .lock
+        names (lock.left_lock_holder), None where there is none. Raises errors.CheckpointError, one sentence
+        naming what is here (the killed run a .lock names) and how to go on: the resume command where there is a
+        checkpoint (with --resume_from where only step checkpoints are left), --overwrite=True or another
+        --out_dir."""
         found = self.leftovers(left_lock) if not source.resumes and not overwrite else []
         if not found:
             return
         what = ", ".join(os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in found)
-        if found == [self.lock]:
-            what += ", a lock file no process holds: a run was killed or crashed here"
+        if self.lock in found:
+            what += (f", a lock file no process holds: the run of {left_lock} was killed or crashed here" if left_lock
+                     else ", a lock file no process holds: a run was killed or crashed here")
         checkpoints = self.checkpoints()
         if checkpoints:
             command = resume if self.has_checkpoint() else f"{resume} --resume_from={shlex.quote(checkpoints[0])}"

@@ -15,7 +15,7 @@ import torch
 
 from model import GPT, GPTConfig, model_config_keys
 from nonlinear_queries.record.errors import SetupError
-from nonlinear_queries.record.lock import hold_out_dir, left_lock_file, make_out_dir
+from nonlinear_queries.record.lock import hold_out_dir, left_lock_holder, make_out_dir
 from nonlinear_queries.weights.checkpoint import latest_checkpoint
 from nonlinear_queries.weights.pretrained import load_model
 
@@ -77,10 +77,11 @@ def hold_run_dir(cfg, rt, run_dir, source, stop):
     Start): on rank 0 created and, with cfg.lock_out_dir, locked for this process's life (lock.py; one run per
     out_dir); a new run that would replace or append to what a run left there unasked (checkpoints,
     metrics.jsonl, config.json, wandb/, a .lock no process holds) is refused on every rank unless cfg.overwrite
-    (runs.RunDir.check_start). rt: runtime.setup's processes; stop: the run's stopping.StopFlag, which defers a
-    signal while the lock is taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or
+    (runs.RunDir.check_start), every file there left as it was, a killed run's lock file included (lock.py).
+    rt: runtime.setup's processes; stop: the run's stopping.StopFlag, which defers a signal while the lock is
+    taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable) or
     CheckpointError."""
-    left_lock = left_lock_file(run_dir)  # before this run's own lock file is made
+    left_lock = left_lock_holder(run_dir)  # before this run takes the lock
     if rt.master and cfg.lock_out_dir:
         with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
             hold_out_dir(run_dir)
