@@ -89,10 +89,19 @@ from nonlinear_queries.weights.pretrained import PretrainedError
 from nonlinear_queries.weights.start import build_model, hold_run_dir, resolve_start, resume_command
 
 
+def data_dir(cfg):
+    """The directory of the run's token files: cfg.data_dir, or data/<dataset> beside train.py."""
+    return cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
+
+
+def data_prepared(cfg):
+    """Whether the run's token files (train.bin and val.bin) are in data_dir(cfg)."""
+    return all(os.path.isfile(os.path.join(data_dir(cfg), f"{split}.bin")) for split in ("train", "val"))
+
+
 def open_data(cfg):
     """The run's token memmaps and fixed batch index streams (batches.RunData). Raises DataError."""
-    data_dir = cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
-    return open_run_data(data_dir, f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
+    return open_run_data(data_dir(cfg), f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
                          cfg.batch_size * cfg.gradient_accumulation_steps, cfg.eval_batch_size or cfg.batch_size,
                          cfg.block_size, cfg.eval_iters, cfg.vocab_size)
 
@@ -304,9 +313,12 @@ def train(cfg, config_files, rt, run_dir):
     checkpoints = Checkpointer(cfg, rt, run_dir, source)  # the checkpoint a resumed run continues, read
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model = build_model(cfg, rt, source, checkpoints.model_args)
-    data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
+    steps = 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step
+    if not data_prepared(cfg):  # the time floor needs no data: a GPU config on a CPU is not sent to prepare 18 GB
+        check_cpu_time(cfg, rt, raw_model, steps)
+    data = open_data(cfg)  # a block_size the data cannot serve is said before the memory and time it would need
     check_memory(cfg, rt, raw_model)
-    check_cpu_time(cfg, rt, raw_model, 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step)
+    check_cpu_time(cfg, rt, raw_model, steps)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = open_tasks(cfg, rt)
     checkpoints.check(model_settings, data_fingerprint, data.files())
