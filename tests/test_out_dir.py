@@ -5,6 +5,7 @@ sharded (FSDP)."""
 import contextlib
 import errno
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -459,3 +460,66 @@ def test_overwrite_replaces_everything_a_stopped_run_left(shakespeare_dir, tmp_p
     assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "ckpt_000002.pt", "config.json", "metrics.jsonl"]
     assert [r["step"] for r in read_metrics(out, "config")] == [0]
     assert read_checkpoint(os.path.join(out, "ckpt.pt"))["step"] == 2
+
+
+# What runs leave, made from a real run of 4 steps (checkpoints at steps 2 and 4): (what to remove, what to add).
+STARTS = {
+    "a run with its checkpoint": ([], []),
+    "step checkpoints alone": (["ckpt.pt"], []),
+    "a record, no checkpoint": (["ckpt.pt", "ckpt_000002.pt", "ckpt_000004.pt"], []),
+    "a record, a checkpoint half written and a killed run's lock": (
+        ["ckpt.pt", "ckpt_000002.pt", "ckpt_000004.pt"], ["ckpt.pt.tmp", ".lock"]),
+    "nothing": (None, []),
+}
+
+
+@pytest.fixture(scope="module")
+def four_steps_run(shakespeare_dir, tmp_path_factory):
+    """A run of 4 steps, checkpointed at steps 2 and 4, to copy."""
+    out = tmp_path_factory.mktemp("four_steps") / "run"
+    assert train_in_process(shakespeare_dir, out, "--max_iters=4", "--eval_interval=2") == 0
+    return out
+
+
+def hints(stderr, args):
+    """The command lines a refusal's message suggests, as train.py arguments: each `python train.py ...` in
+    backticks, and the refused command `args` with each flag it says to pass (`pass --overwrite=True`)."""
+    commands = [shlex.split(c)[2:] for c in re.findall(r"`([^`]+)`", stderr)]
+    return commands + [[*args, flag] for flag in re.findall(r"pass (--\w+=\S+) ", stderr)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["scratch", "resume"])
+@pytest.mark.parametrize("left", STARTS)
+def test_every_way_on_that_a_refusal_suggests_is_accepted(four_steps_run, shakespeare_dir, tmp_path, left, start):
+    # issue 82: --init_from=resume into a record without a checkpoint said to start with --init_from=scratch, which
+    # was refused in turn. Each command a refusal suggests is followed once, from the same out_dir, and must train.
+    out = tmp_path / "run"
+    remove, add = STARTS[left]
+
+    def restore():
+        shutil.rmtree(out, ignore_errors=True)
+        if remove is not None:
+            shutil.copytree(four_steps_run, out)
+            for name in remove:
+                os.remove(out / name)
+            shutil.rmtree(tmp_path / "left", ignore_errors=True)
+            leave(tmp_path / "left", add)
+            for name in add:
+                shutil.copy(tmp_path / "left" / name, out / name)
+
+    restore()
+    args = [*TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2",
+            f"--init_from={start}"]
+    code, _, stderr = run_in_process("train.py", *args)
+    if (left, start) in [("nothing", "scratch"), ("a run with its checkpoint", "resume")]:  # nothing to refuse
+        assert code == 0, stderr
+        return
+    assert code == 1, stderr
+    ways = hints(stderr, args)
+    assert len(ways) == {"a run with its checkpoint": 2, "step checkpoints alone": 2}.get(left, 1), stderr
+    for way in ways:
+        restore()
+        code, _, followed = run_in_process("train.py", *way)
+        assert code == 0, f"{stderr}\nfollowed: {shlex.join(way)}\n{followed}"
+        assert read_metrics(out, "train")[-1]["step"] == 6
