@@ -30,8 +30,9 @@ Faults (stopping.py): SIGTERM or SIGINT is acknowledged at once; the step in fli
 evaluation batch in flight (the evaluation is given up), is finished, every rank stops after the
 same step, at most one step after the signal, writes a checkpoint and exits 0; a second one
 exits at once (130, 143), and one after the run has ended changes nothing. During setup a signal
-undoes what setup made and exits 130 or 143, and so does one before a new run's first step; a
-compilation that a signal to the process group cut short (inductor's compilers killed) is the stop,
+undoes what setup made and exits 130 or 143, and so does one before a new run's first step, at once,
+during its first evaluation or a compilation too (stopping.end_compilation: inductor's compilers killed,
+its compile workers shut down); a compilation that a signal to the process group cut short is the stop,
 the step or evaluation being compiled given up, not an error.
 A non-finite loss or gradient norm, or a loss above divergence_threshold for
 divergence_patience consecutive steps, stops the run before that step's update with a
@@ -71,7 +72,7 @@ from nonlinear_queries.trainer.budget import check_cpu_time, check_memory
 from nonlinear_queries.trainer.diagnostics import diagnose
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.trainer.runtime import all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
-from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop
+from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop, end_compilation
 from nonlinear_queries.trainer.training import (
     DivergenceGuard,
     StepClock,
@@ -328,64 +329,74 @@ def train(cfg, config_files, rt, run_dir):
     clock = StepClock(cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size,
                       raw_model.flops_per_token(), cfg.peak_flops or peak_flops(rt.device), rt.world_size)
 
-    stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
-    out = start_log(cfg, rt, run_dir, source, state, run_name, config_files, raw_model, data_fingerprint,
-                    clock.tokens_per_iter)
-    say_start(out, source, checkpoints, raw_model)
-    eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
-    run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
-                "data": data_fingerprint}  # in every checkpoint
-    t_start, stopping = time.time(), False
-    guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
-                            check_grad_norm=not parts.scaler.is_enabled(), device=rt.device)
-    while True:
-        # evaluate, then checkpoint what was evaluated
-        state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
-        if state.evaluated:
+    # from here a signal ends the run at once until its first step (nothing to save), then stops it at the next
+    # step boundary with a checkpoint (stopping.StopFlag)
+    stop.start(resumes=source.resumes)
+    try:
+        with stop.deferred():  # the record opens whole: a new run's stop removes it, a resumed run's keeps it
+            out = start_log(cfg, rt, run_dir, source, state, run_name, config_files, raw_model, data_fingerprint,
+                            clock.tokens_per_iter)
+        say_start(out, source, checkpoints, raw_model)
+        eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
+        run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
+                    "data": data_fingerprint}  # in every checkpoint
+        t_start, stopping = time.time(), False
+        guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
+                                check_grad_norm=not parts.scaler.is_enabled(), device=rt.device)
+        while True:
+            # evaluate, then checkpoint what was evaluated
+            state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
+            if state.evaluated:
+                try:
+                    with stop.evaluating(state.step):
+                        losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt,
+                                          stop)
+                except Exception as e:
+                    if not compile_cut_by_stop(cfg, stop, e):
+                        raise
+                    losses = None
+                if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
+                    state.evaluated, stopping = False, True
+            if state.evaluated:
+                log_evaluation(cfg, rt, out, raw_model, data, state.step, losses)
+            if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
+                run_tasks(out, downstream, raw_model, state.step, stop)
+            if checkpoints.save(state, stopping, raw_model, parts.optimizers, parts.scaler, run_info):
+                out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
+            if stopping:
+                return stopped(rt, run_dir, out, stop, state, checkpoints)
+            if state.step >= cfg.max_iters or cfg.eval_only:
+                break
+
+            clock.start()
             try:
-                losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
-            except Exception as e:
+                lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
+            except Exception as e:  # no update of the step was applied: the run stops at state.step
                 if not compile_cut_by_stop(cfg, stop, e):
                     raise
-                losses = None
-            if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
-                state.evaluated, stopping = False, True
-        if state.evaluated:
-            log_evaluation(cfg, rt, out, raw_model, data, state.step, losses)
-        if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
-            run_tasks(out, downstream, raw_model, state.step, stop)
-        if checkpoints.save(state, stopping, raw_model, parts.optimizers, parts.scaler, run_info):
-            out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
-        if stopping:
-            return stopped(rt, run_dir, out, stop, state, checkpoints)
-        if state.step >= cfg.max_iters or cfg.eval_only:
-            break
+                stopping = True
+                continue
+            state.step += 1
+            stop.stepped()  # a signal from now on stops the run with a checkpoint
+            # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
+            # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
+            # every rank takes the same decisions.
+            tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
+            stop_agreed = stop.agreed(reduced[1], rt.distributed)
+            if stop_agreed or should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
+                train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
+                    cfg, reduced, grad_norm, guard, stop_agreed)
+                if diverged:
+                    return report_divergence(cfg, out, checkpoints, diverged, stop)
+            clock.stop()
 
-        clock.start()
-        try:
-            lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
-        except Exception as e:  # no update of the step was applied: the run stops at state.step
-            if not compile_cut_by_stop(cfg, stop, e):
-                raise
-            stopping = True
-            continue
-        state.step += 1
-        # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
-        # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
-        # every rank takes the same decisions.
-        tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
-        stop_agreed = stop.agreed(reduced[1], rt.distributed)
-        if stop_agreed or should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
-            train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
-                cfg, reduced, grad_norm, guard, stop_agreed)
-            if diverged:
-                return report_divergence(cfg, out, checkpoints, diverged, stop)
-        clock.stop()
-
-        if state.step % cfg.log_interval == 0 or stopping:
-            if clock.laps == 0 and cfg.compile:  # the session's first log: the compile time
-                log_compile_time(cfg, out, state.step, clock)
-            log_train(out, state.step, train_loss, lr, norm, clock.lap())
+            if state.step % cfg.log_interval == 0 or stopping:
+                if clock.laps == 0 and cfg.compile:  # the session's first log: the compile time
+                    log_compile_time(cfg, out, state.step, clock)
+                log_train(out, state.step, train_loss, lr, norm, clock.lap())
+    except Interrupted:  # a signal before the first step, during an evaluation or a compilation too
+        end_compilation()
+        return stopped(rt, run_dir, out, stop, state, checkpoints)
 
     out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
     out.finish(stop.end(0))
