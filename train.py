@@ -396,7 +396,9 @@ def train(cfg, config_files, rt, run_dir):
                 log_train(out, state.step, train_loss, lr, norm, clock.lap())
     except Interrupted:  # a signal before the first step, during an evaluation or a compilation too
         end_compilation()
-        return stopped(rt, run_dir, out, stop, state, checkpoints)
+        status = stopped(rt, run_dir, out, stop, state, checkpoints)
+        teardown(rt, clean=False)  # another rank may wait in a collective that this one gave up: no barrier
+        return status
 
     out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
     out.finish(stop.end(0))
