@@ -30,8 +30,9 @@ Faults (stopping.py): SIGTERM or SIGINT is acknowledged at once; the step in fli
 evaluation batch in flight (the evaluation is given up), is finished, every rank stops after the
 same step, at most one step after the signal, writes a checkpoint and exits 0; a second one
 exits at once (130, 143), and one after the run has ended changes nothing. During setup a signal
-undoes what setup made and exits 130 or 143, and so does one before a new run's first step; a
-compilation that a signal to the process group cut short (inductor's compilers killed) is the stop,
+undoes what setup made and exits 130 or 143, and so does one before a new run's first step, at once,
+during its first evaluation or a compilation too (stopping.end_compilation: inductor's compilers killed,
+its compile workers shut down); a compilation that a signal to the process group cut short is the stop,
 the step or evaluation being compiled given up, not an error.
 A non-finite loss or gradient norm, or a loss above divergence_threshold for
 divergence_patience consecutive steps, stops the run before that step's update with a
@@ -65,13 +66,13 @@ from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.config.train_config import TrainConfig, parse_compile_options
 from nonlinear_queries.data.batches import DataError, get_batch, open_run_data
 from nonlinear_queries.record.errors import SetupError
-from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir
+from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir, sign_out_dir
 from nonlinear_queries.record.runs import RunDir
 from nonlinear_queries.trainer.budget import check_cpu_time, check_memory
 from nonlinear_queries.trainer.diagnostics import diagnose
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.trainer.runtime import all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
-from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop
+from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop, end_compilation
 from nonlinear_queries.trainer.training import (
     DivergenceGuard,
     StepClock,
@@ -89,10 +90,19 @@ from nonlinear_queries.weights.pretrained import PretrainedError
 from nonlinear_queries.weights.start import build_model, hold_run_dir, resolve_start, resume_command
 
 
+def data_dir(cfg):
+    """The directory of the run's token files: cfg.data_dir, or data/<dataset> beside train.py."""
+    return cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
+
+
+def data_prepared(cfg):
+    """Whether the run's token files (train.bin and val.bin) are in data_dir(cfg)."""
+    return all(os.path.isfile(os.path.join(data_dir(cfg), f"{split}.bin")) for split in ("train", "val"))
+
+
 def open_data(cfg):
     """The run's token memmaps and fixed batch index streams (batches.RunData). Raises DataError."""
-    data_dir = cfg.data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", cfg.dataset)
-    return open_run_data(data_dir, f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
+    return open_run_data(data_dir(cfg), f"python data/{cfg.dataset}/prepare.py", cfg.data_seed, cfg.max_iters,
                          cfg.batch_size * cfg.gradient_accumulation_steps, cfg.eval_batch_size or cfg.batch_size,
                          cfg.block_size, cfg.eval_iters, cfg.vocab_size)
 
@@ -100,8 +110,11 @@ def open_data(cfg):
 def start_log(cfg, rt, run_dir, source, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
     """This session's part of the record, once every check has passed: a new run (`source`, a start.Start, that
     does not resume) first replaces the run in out_dir (runs.RunDir.replace, on rank 0; allowed by
-    start.hold_run_dir), then metrics.jsonl (and wandb, continuing state.wandb_id) opens with the run's header,
-    also written to out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
+    start.hold_run_dir) and a killed run's lock file names this run from now on (lock.sign_out_dir), then
+    metrics.jsonl (and wandb, continuing state.wandb_id) opens with the run's header, also written to
+    out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
+    if rt.master:
+        sign_out_dir(run_dir)
     if rt.master and not source.resumes:
         run_dir.replace()
     wandb_init = cfg.wandb_init()
@@ -301,9 +314,12 @@ def train(cfg, config_files, rt, run_dir):
     checkpoints = Checkpointer(cfg, rt, run_dir, source)  # the checkpoint a resumed run continues, read
     model_settings = cfg.model_settings()  # what the config itself asks of the model, checked on resume
     cfg, raw_model = build_model(cfg, rt, source, checkpoints.model_args)
-    data = open_data(cfg)  # a block_size the data cannot serve is said before the memory it would need
+    steps = 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step
+    if not data_prepared(cfg):  # the time floor needs no data: a GPU config on a CPU is not sent to prepare 18 GB
+        check_cpu_time(cfg, rt, raw_model, steps)
+    data = open_data(cfg)  # a block_size the data cannot serve is said before the memory and time it would need
     check_memory(cfg, rt, raw_model)
-    check_cpu_time(cfg, rt, raw_model, 0 if cfg.eval_only else cfg.max_iters - checkpoints.resumed_step)
+    check_cpu_time(cfg, rt, raw_model, steps)
     data_fingerprint = data.fingerprint()  # recorded in every checkpoint and compared on resume
     downstream = open_tasks(cfg, rt)
     checkpoints.check(model_settings, data_fingerprint, data.files())
@@ -313,64 +329,76 @@ def train(cfg, config_files, rt, run_dir):
     clock = StepClock(cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size,
                       raw_model.flops_per_token(), cfg.peak_flops or peak_flops(rt.device), rt.world_size)
 
-    stop.start()  # from here a signal stops the run at the next step boundary, with a checkpoint
-    out = start_log(cfg, rt, run_dir, source, state, run_name, config_files, raw_model, data_fingerprint,
-                    clock.tokens_per_iter)
-    say_start(out, source, checkpoints, raw_model)
-    eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
-    run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
-                "data": data_fingerprint}  # in every checkpoint
-    t_start, stopping = time.time(), False
-    guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
-                            check_grad_norm=not parts.scaler.is_enabled(), device=rt.device)
-    while True:
-        # evaluate, then checkpoint what was evaluated
-        state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
-        if state.evaluated:
+    # from here a signal ends the run at once until its first step (nothing to save), then stops it at the next
+    # step boundary with a checkpoint (stopping.StopFlag)
+    stop.start(resumes=source.resumes)
+    try:
+        with stop.deferred():  # the record opens whole: a new run's stop removes it, a resumed run's keeps it
+            out = start_log(cfg, rt, run_dir, source, state, run_name, config_files, raw_model, data_fingerprint,
+                            clock.tokens_per_iter)
+        say_start(out, source, checkpoints, raw_model)
+        eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
+        run_info = {"model_args": {k: getattr(cfg, k) for k in model_config_keys()}, "config": asdict(cfg),
+                    "data": data_fingerprint}  # in every checkpoint
+        t_start, stopping = time.time(), False
+        guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
+                                check_grad_norm=not parts.scaler.is_enabled(), device=rt.device)
+        while True:
+            # evaluate, then checkpoint what was evaluated
+            state.evaluated = should_eval(state.step, cfg, start_step, resumed_after_eval, stopping)
+            if state.evaluated:
+                try:
+                    with stop.evaluating(state.step):
+                        losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt,
+                                          stop)
+                except Exception as e:
+                    if not compile_cut_by_stop(cfg, stop, e):
+                        raise
+                    losses = None
+                if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
+                    state.evaluated, stopping = False, True
+            if state.evaluated:
+                log_evaluation(cfg, rt, out, raw_model, data, state.step, losses)
+            if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
+                run_tasks(out, downstream, raw_model, state.step, stop)
+            if checkpoints.save(state, stopping, raw_model, parts.optimizers, parts.scaler, run_info):
+                out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
+            if stopping:
+                return stopped(rt, run_dir, out, stop, state, checkpoints)
+            if state.step >= cfg.max_iters or cfg.eval_only:
+                break
+
+            clock.start()
             try:
-                losses = evaluate(parts.model, eval_splits, cfg.block_size, rt.device, rt.autocast, rt, stop)
-            except Exception as e:
+                lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
+            except Exception as e:  # no update of the step was applied: the run stops at state.step
                 if not compile_cut_by_stop(cfg, stop, e):
                     raise
-                losses = None
-            if losses is None:  # a signal gave the evaluation up: it runs again when the run resumes at this step
-                state.evaluated, stopping = False, True
-        if state.evaluated:
-            log_evaluation(cfg, rt, out, raw_model, data, state.step, losses)
-        if downstream and downstream.due(state.step, start_step, resumed_after_eval, stopping):
-            run_tasks(out, downstream, raw_model, state.step, stop)
-        if checkpoints.save(state, stopping, raw_model, parts.optimizers, parts.scaler, run_info):
-            out.print(f"saved checkpoint to {checkpoints.path} (step {state.step})")
-        if stopping:
-            return stopped(rt, run_dir, out, stop, state, checkpoints)
-        if state.step >= cfg.max_iters or cfg.eval_only:
-            break
+                stopping = True
+                continue
+            state.step += 1
+            stop.stepped()  # a signal from now on stops the run with a checkpoint
+            # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
+            # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
+            # every rank takes the same decisions.
+            tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
+            stop_agreed = stop.agreed(reduced[1], rt.distributed)
+            if stop_agreed or should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
+                train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
+                    cfg, reduced, grad_norm, guard, stop_agreed)
+                if diverged:
+                    return report_divergence(cfg, out, checkpoints, diverged, stop)
+            clock.stop()
 
-        clock.start()
-        try:
-            lr, reduced, grad_norm = train_one_step(cfg, rt, data, parts, guard, stop, state.step, micro_steps)
-        except Exception as e:  # no update of the step was applied: the run stops at state.step
-            if not compile_cut_by_stop(cfg, stop, e):
-                raise
-            stopping = True
-            continue
-        state.step += 1
-        # The host reads the device's numbers at log steps, before anything but another step, and where the ranks
-        # agree to stop (stopping.py: one step after the signal at most). Every rank reads at the same steps, so
-        # every rank takes the same decisions.
-        tasks_due = bool(downstream and downstream.due(state.step, start_step, resumed_after_eval, False))
-        stop_agreed = stop.agreed(reduced[1], rt.distributed)
-        if stop_agreed or should_read_back(state.step, cfg, start_step, resumed_after_eval, tasks_due):
-            train_loss, norm, stopping, (diverged, state.steps_above_threshold) = read_back(
-                cfg, reduced, grad_norm, guard, stop_agreed)
-            if diverged:
-                return report_divergence(cfg, out, checkpoints, diverged, stop)
-        clock.stop()
-
-        if state.step % cfg.log_interval == 0 or stopping:
-            if clock.laps == 0 and cfg.compile:  # the session's first log: the compile time
-                log_compile_time(cfg, out, state.step, clock)
-            log_train(out, state.step, train_loss, lr, norm, clock.lap())
+            if state.step % cfg.log_interval == 0 or stopping:
+                if clock.laps == 0 and cfg.compile:  # the session's first log: the compile time
+                    log_compile_time(cfg, out, state.step, clock)
+                log_train(out, state.step, train_loss, lr, norm, clock.lap())
+    except Interrupted:  # a signal before the first step, during an evaluation or a compilation too
+        end_compilation()
+        status = stopped(rt, run_dir, out, stop, state, checkpoints)
+        teardown(rt, clean=False)  # another rank may wait in a collective that this one gave up: no barrier
+        return status
 
     out.print(f"done: step {state.step}, {time.time() - t_start:.0f} s of training and evaluation")
     out.finish(stop.end(0))

@@ -86,7 +86,12 @@ def test_a_slow_cpu_step_is_said_and_a_run_of_more_than_a_week_refused_unless_as
     assert capsys.readouterr().err == ""
 
 
-def test_the_papers_config_on_a_cpu_is_refused_before_it_compiles_or_writes(shakespeare_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("data", ["Shakespeare", "no data"])
+def test_the_papers_config_on_a_cpu_is_refused_before_it_compiles_or_writes(shakespeare_dir, tmp_path, monkeypatch,
+                                                                             data):
+    # issue 82: without OpenWebText the refusal was to prepare its 18 GB; the estimate needs no data, so it comes first
+    data_args = (["--dataset=shakespeare", f"--data_dir={shakespeare_dir}"] if data == "Shakespeare"
+                 else [f"--data_dir={tmp_path / 'openwebtext'}"])
     monkeypatch.setattr(budget, "cpu_matmul_flops", lambda: 1e11)
     monkeypatch.setattr(budget, "device_memory", lambda device: None)  # whatever this machine's memory
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -96,15 +101,15 @@ def test_the_papers_config_on_a_cpu_is_refused_before_it_compiles_or_writes(shak
 
     monkeypatch.setattr(runtime, "parallelize", compiled)
     out = tmp_path / "run"
-    code, stdout, stderr = run_in_process("train.py", "config/res_gelu.py", "--dataset=shakespeare",
-                                          f"--data_dir={shakespeare_dir}", f"--out_dir={out}", "--device=cpu")
+    code, stdout, stderr = run_in_process("train.py", "config/res_gelu.py", *data_args, f"--out_dir={out}",
+                                          "--device=cpu")
     # 854,880,768 FLOPs a token x 491,520 tokens a step: 4.2e14 FLOPs, 70 min at 100 GFLOP/s; 60,000 steps
     assert (code, stdout) == (1, "")
     assert stderr == ("error: on this CPU the 60,000 steps of this run take at least 8.0 years (1.2 h a step: 4.2e+14 "
                       "FLOPs at the rate its float32 matmuls reach on 2 threads), more than a week; this config is "
                       "meant for a GPU: for a CPU run, use config/quickstart.py (minutes), or pass --allow_slow=True "
                       "to start it anyway\n")
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "openwebtext").exists()
 
 
 def test_allow_slow_starts_a_run_that_would_be_refused(shakespeare_dir, tmp_path, monkeypatch):

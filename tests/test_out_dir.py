@@ -5,6 +5,7 @@ sharded (FSDP)."""
 import contextlib
 import errno
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -80,8 +81,15 @@ def test_a_second_run_on_a_live_out_dir_refuses_and_a_killed_run_leaves_no_stale
     assert len(headers) == 1 and headers[0]["config"]["seed"] == 1
     steps = [r["step"] for r in read_metrics(out, "train")]
     assert steps == list(range(1, len(steps) + 1))
-    # the kill released the lock with the process: the run resumes at once
+    # the kill released the lock with the process; the same command again is refused, naming the killed run, and
+    # leaves every file as it was, the lock file (the one record of which process died) included
     assert out_dir_holder(RunDir(out)) is None
+    before = snapshot(out)
+    code, _, stderr = run_in_process("train.py", *TINY, *RUN, f"--data_dir={shakespeare_dir}", f"--out_dir={out}",
+                                     "--max_iters=1000", "--seed=1")
+    assert code == 1 and f"the run of host {socket.gethostname()}, PID {first.pid}, started " in stderr, stderr
+    assert snapshot(out) == before
+    # the run resumes at once
     saved = read_checkpoint(str(out / "ckpt.pt"))["step"]
     train(shakespeare_dir, out, *RUN, f"--max_iters={saved + 2}", "--init_from=resume", env=ONE_THREAD)
     assert [r["step"] for r in read_metrics(out, "config")] == [0, saved]
@@ -390,8 +398,12 @@ LEFT_BY_A_STOPPED_RUN = {
 }
 
 
+KILLED = "host node7, PID 4242, started 2026-12-01T09:30:00+00:00"  # what a killed run's lock file names
+
+
 def leave(out_dir, names):
-    """Files named as a stopped run leaves them in out_dir (a name ending in / a directory holding one file)."""
+    """Files named as a stopped run leaves them in out_dir (a name ending in / a directory holding one file; the
+    lock file naming its holder, KILLED)."""
     os.makedirs(out_dir)
     for name in names:
         path = os.path.join(out_dir, name)
@@ -399,17 +411,17 @@ def leave(out_dir, names):
             os.makedirs(path)
             path = os.path.join(path, "run-1.wandb" if name == "wandb/" else "meta.pt")
         with open(path, "w") as f:
-            f.write(f"{name} of the stopped run\n")
+            f.write(f"{KILLED}\n" if name == ".lock" else f"{name} of the stopped run\n")
 
 
 def snapshot(out_dir):
-    """{path: (contents, modification time)} of every file under out_dir; of the lock file, whose contents name the
-    last process that took the lock, only that it is there."""
+    """{path: (bytes, modification time in ns)} of every file under out_dir, its lock file included."""
     files = {}
     for root, _, names in os.walk(out_dir):
         for name in names:
             path = os.path.join(root, name)
-            files[path] = None if name == ".lock" else (open(path).read(), os.stat(path).st_mtime_ns)
+            with open(path, "rb") as f:
+                files[path] = f.read(), os.stat(path).st_mtime_ns
     return files
 
 
@@ -434,8 +446,8 @@ def test_a_new_run_refuses_whatever_a_stopped_run_left_and_says_how_to_go_on(tmp
     order = {"ckpt.pt": 0, "ckpt.dcp/": 0, "ckpt_000008.pt": 1, "ckpt_000004.pt": 2, "ckpt.pt.tmp": 3,
              "metrics.jsonl": 4, "config.json": 5, "wandb/": 6, ".lock": 7}
     what = ", ".join(sorted(left, key=order.get))
-    if left == [".lock"]:
-        what += ", a lock file no process holds: a run was killed or crashed here"
+    if ".lock" in left:  # the killed run named, its lock file left as it was
+        what += f", a lock file no process holds: the run of {KILLED} was killed or crashed here"
     run = "a run" if "continue it" in ways else "a run with no checkpoint to resume"
     assert stderr == f"error: {out} already holds {run} ({what}); {ways}\n"
 
@@ -448,3 +460,66 @@ def test_overwrite_replaces_everything_a_stopped_run_left(shakespeare_dir, tmp_p
     assert sorted(os.listdir(out)) == [".lock", "ckpt.pt", "ckpt_000002.pt", "config.json", "metrics.jsonl"]
     assert [r["step"] for r in read_metrics(out, "config")] == [0]
     assert read_checkpoint(os.path.join(out, "ckpt.pt"))["step"] == 2
+
+
+# What runs leave, made from a real run of 4 steps (checkpoints at steps 2 and 4): (what to remove, what to add).
+STARTS = {
+    "a run with its checkpoint": ([], []),
+    "step checkpoints alone": (["ckpt.pt"], []),
+    "a record, no checkpoint": (["ckpt.pt", "ckpt_000002.pt", "ckpt_000004.pt"], []),
+    "a record, a checkpoint half written and a killed run's lock": (
+        ["ckpt.pt", "ckpt_000002.pt", "ckpt_000004.pt"], ["ckpt.pt.tmp", ".lock"]),
+    "nothing": (None, []),
+}
+
+
+@pytest.fixture(scope="module")
+def four_steps_run(shakespeare_dir, tmp_path_factory):
+    """A run of 4 steps, checkpointed at steps 2 and 4, to copy."""
+    out = tmp_path_factory.mktemp("four_steps") / "run"
+    assert train_in_process(shakespeare_dir, out, "--max_iters=4", "--eval_interval=2") == 0
+    return out
+
+
+def hints(stderr, args):
+    """The command lines a refusal's message suggests, as train.py arguments: each `python train.py ...` in
+    backticks, and the refused command `args` with each flag it says to pass (`pass --overwrite=True`)."""
+    commands = [shlex.split(c)[2:] for c in re.findall(r"`([^`]+)`", stderr)]
+    return commands + [[*args, flag] for flag in re.findall(r"pass (--\w+=\S+) ", stderr)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["scratch", "resume"])
+@pytest.mark.parametrize("left", STARTS)
+def test_every_way_on_that_a_refusal_suggests_is_accepted(four_steps_run, shakespeare_dir, tmp_path, left, start):
+    # issue 82: --init_from=resume into a record without a checkpoint said to start with --init_from=scratch, which
+    # was refused in turn. Each command a refusal suggests is followed once, from the same out_dir, and must train.
+    out = tmp_path / "run"
+    remove, add = STARTS[left]
+
+    def restore():
+        shutil.rmtree(out, ignore_errors=True)
+        if remove is not None:
+            shutil.copytree(four_steps_run, out)
+            for name in remove:
+                os.remove(out / name)
+            shutil.rmtree(tmp_path / "left", ignore_errors=True)
+            leave(tmp_path / "left", add)
+            for name in add:
+                shutil.copy(tmp_path / "left" / name, out / name)
+
+    restore()
+    args = [*TINY, f"--data_dir={shakespeare_dir}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=2",
+            f"--init_from={start}"]
+    code, _, stderr = run_in_process("train.py", *args)
+    if (left, start) in [("nothing", "scratch"), ("a run with its checkpoint", "resume")]:  # nothing to refuse
+        assert code == 0, stderr
+        return
+    assert code == 1, stderr
+    ways = hints(stderr, args)
+    assert len(ways) == {"a run with its checkpoint": 2, "step checkpoints alone": 2}.get(left, 1), stderr
+    for way in ways:
+        restore()
+        code, _, followed = run_in_process("train.py", *way)
+        assert code == 0, f"{stderr}\nfollowed: {shlex.join(way)}\n{followed}"
+        assert read_metrics(out, "train")[-1]["step"] == 6

@@ -30,6 +30,7 @@ def handlers():
 def test_the_first_signal_is_recorded_and_acknowledged_and_a_forwarded_copy_is_the_same_request(handlers, capfd):
     stop = StopFlag("train.py").install()
     stop.start()
+    stop.stepped()
     assert stop.signal is None and not stop.agreed(None, distributed=False)
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)  # within REPEAT_S: torchrun's or sweep.py's copy, not a second request
@@ -42,6 +43,7 @@ def test_a_schedulers_warning_never_stops_at_once(handlers, capfd, monkeypatch):
     monkeypatch.setattr(stopping, "REPEAT_S", 0.0)
     stop = StopFlag("train.py").install()
     stop.start()
+    stop.stepped()
     for _ in range(3):  # submitit repeats SIGUSR2 to a job's train.py
         os.kill(os.getpid(), signal.SIGUSR2)
         time.sleep(0.01)
@@ -73,6 +75,7 @@ def test_once_the_run_has_ended_a_signal_changes_nothing(handlers, capfd, monkey
     stop = StopFlag("train.py").install()
     if training:
         stop.start()
+        stop.stepped()
         os.kill(os.getpid(), signal.SIGINT)  # the stop a run ends with
     assert stop.end(0 if training else 130) == (0 if training else 130)
     capfd.readouterr()
@@ -82,6 +85,58 @@ def test_once_the_run_has_ended_a_signal_changes_nothing(handlers, capfd, monkey
     status = 0 if training else 130
     assert capfd.readouterr().err == "".join(f"train.py: {name}: the run has ended already; exiting with its status, "
                                              f"{status}\n" for name in ("SIGINT", "SIGTERM", "SIGUSR2"))
+
+
+@pytest.mark.parametrize("resumes", [False, True], ids=["new run", "resumed run"])
+def test_a_signal_before_the_first_step_ends_the_run_now_and_says_so(handlers, capfd, resumes):
+    # issue 82: a signal while torch.compile compiled the first evaluation or step promised a checkpoint at the next
+    # step boundary, then waited 20-31 s for the compilation to end, then said there was nothing to resume
+    stop = StopFlag("train.py").install()
+    stop.start(resumes=resumes)
+    with pytest.raises(Interrupted) as e:
+        with stop.evaluating(0):  # step 0's evaluation
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert e.value.status == 143 and stop.signal == "SIGTERM"
+    assert stop.ended == (0 if resumes else 143)  # a resumed run's checkpoint is there to resume
+    assert capfd.readouterr().err == "train.py: SIGTERM before the first step: nothing to save; the run ends now\n"
+
+
+def test_a_signal_during_an_evaluation_says_about_how_long_the_stop_takes(handlers, capfd, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: clock[0])
+    stop = StopFlag("train.py").install()
+    stop.start()
+    stop.stepped()
+
+    def evaluation(step, batch_s, batches):
+        with stop.evaluating(step):
+            for k in range(batches):
+                clock[0] += 30.0 if k == 0 else batch_s  # the first batch of an evaluation may compile
+                stop.agreed(None, distributed=False)
+    evaluation(4, 2.5, 4)
+    evaluation(8, 3.5, 2)  # the last whole evaluation's batches after its first: 3.5 s
+    with stop.evaluating(12):  # its first batch in flight
+        os.kill(os.getpid(), signal.SIGINT)
+    assert capfd.readouterr().err == ("train.py: SIGINT: stopping: the evaluation of step 12 is given up after the "
+                                      "batch in flight (an evaluation batch takes about 3.5 s), then a checkpoint of "
+                                      "step 12; send it again to stop now\n")
+    stop = StopFlag("train.py").install()  # no evaluation measured yet: this one's batches after its first
+    stop.start()
+    stop.stepped()
+    with stop.evaluating(4):
+        for batch_s in (40.0, 0.25, 0.35):
+            clock[0] += batch_s
+            stop.agreed(None, distributed=False)
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert "the evaluation of step 4 is given up after the batch in flight (an evaluation batch takes about 0.3 s)" \
+        in capfd.readouterr().err
+    stop = StopFlag("train.py").install()  # nothing measured: no time said
+    stop.start()
+    stop.stepped()
+    with stop.evaluating(4):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert capfd.readouterr().err == ("train.py: SIGTERM: stopping: the evaluation of step 4 is given up after the "
+                                      "batch in flight, then a checkpoint of step 4; send it again to stop now\n")
 
 
 def test_the_ranks_agree_on_the_summed_vote():
@@ -119,6 +174,7 @@ def test_a_second_request_exits_at_once_with_128_plus_its_number(tmp_path):
         "from nonlinear_queries.trainer.stopping import StopFlag",
         "stop = StopFlag('train.py').install()",
         "stop.start()",
+        "stop.stepped()",
         f"with atomic.atomic_write({str(tmp_path / 'f.json')!r}) as f:",
         "    f.write('{')",
         "    os.kill(os.getpid(), signal.SIGINT)",

@@ -4,7 +4,9 @@ One run per out_dir: a run holds an exclusive lock on out_dir/.lock for its whol
 The lock is the operating system's (flock(2)), held through an open file, so it dies with
 the process: a run that is killed, crashes or is requeued by a scheduler never leaves a
 stale lock behind. The lock file names its holder (host, PID, start time) for the error a
-second run gets. Under torchrun only rank 0 takes it. A run that ends cleanly (finished, or
+second run gets. A lock file that a killed run left keeps naming that run until the run that takes it over
+is accepted (sign_out_dir): a run refused meanwhile leaves it as it was, the one record of which process
+died there. Under torchrun only rank 0 takes it. A run that ends cleanly (finished, or
 stopped by a signal with its checkpoint) removes the file (release_out_dir), so a .lock in
 out_dir means a run is in it now, or one was killed or crashed there (no process holds its
 lock: out_dir_holder says None). flock works across the machines of
@@ -75,12 +77,14 @@ UNSUPPORTED = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
 
 
 _HELD = {}  # out_dir -> its open lock file, for the life of the process
+_UNSIGNED = {}  # out_dir -> the holder not yet written into its lock file, which names a killed run (sign_out_dir)
 _CREATED = {}  # out_dir -> (the paths hold_out_dir created: the lock file, out_dir itself; what out_dir held then)
 
 
 def hold_out_dir(run_dir):
     """Take the exclusive lock of the run directory `run_dir` (a runs.RunDir; created if missing) for the rest of
-    this process's life and write the holder into its lock file. Raises OutDirBusy, naming the holder, if
+    this process's life and write the holder into its lock file, or, where the file names a run that was killed
+    (left_lock_holder), once this run is accepted (sign_out_dir). Raises OutDirBusy, naming the holder, if
     another process holds it, NoFileLocks if the file system has no file locks (UNSUPPORTED), OutDirUnwritable
     if out_dir is a file or cannot be written in.
     Taking it again in the same process does nothing."""
@@ -91,9 +95,10 @@ def hold_out_dir(run_dir):
     make_out_dir(run_dir)
     found = _listing(run_dir)
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    me = f"host {socket.gethostname()}, PID {os.getpid()}, started {started}"
+    left = run_dir.lock not in created and _holder_written(run_dir.lock)
     try:  # out_dir_holder's probe holds the lock for microseconds: try for half a second
-        f, holder = try_lock(run_dir.lock, f"host {socket.gethostname()}, PID {os.getpid()}, started {started}",
-                             tries=20)
+        f, holder = try_lock(run_dir.lock, None if left else me, tries=20)
     except OSError as e:
         _remove_created(created)
         if e.errno not in UNSUPPORTED:
@@ -109,17 +114,41 @@ def hold_out_dir(run_dir):
                          f"or choose another --out_dir")
     _HELD[out_dir] = f
     _CREATED[out_dir] = created, found
+    if left:
+        _UNSIGNED[out_dir] = me
 
 
-def left_lock_file(run_dir):
-    """Whether the run directory `run_dir` (a runs.RunDir) holds a lock file that no process holds, this one
-    included: the mark of a run that was killed or crashed there (a run that ends cleanly removes it:
-    release_out_dir). Call it before taking the lock (hold_out_dir takes an old lock file over). False where
-    out_dir or its lock file cannot be read: taking the lock then says why (OutDirUnwritable)."""
+def sign_out_dir(run_dir):
+    """Write this process as the holder into the lock file of the run directory `run_dir` (a runs.RunDir) where
+    hold_out_dir left it naming a killed run: call it once the run is accepted, as it starts to write in
+    out_dir. Does nothing where the holder is written already, or this process holds no lock on out_dir."""
+    me = _UNSIGNED.pop(run_dir.path, None)
+    if me is not None and run_dir.path in _HELD:
+        _write_holder(_HELD[run_dir.path], me)
+
+
+def left_lock_holder(run_dir):
+    """Where the run directory `run_dir` (a runs.RunDir) holds a lock file that no process holds, this one
+    included, the mark of a run that was killed or crashed there (a run that ends cleanly removes it:
+    release_out_dir): the holder it names ('host H, PID P, started T'; '' where that run had not written it
+    yet). None where there is none, and where out_dir or its lock file cannot be read: taking the lock then
+    says why (OutDirUnwritable). Call it before taking the lock."""
     try:
-        return run_dir.path not in _HELD and os.path.lexists(run_dir.lock) and out_dir_holder(run_dir) is None
+        if run_dir.path in _HELD or not os.path.lexists(run_dir.lock) or out_dir_holder(run_dir) is not None:
+            return None
+        return _holder_written(run_dir.lock)
     except OSError:
-        return False
+        return None
+
+
+def _holder_written(path):
+    """What the lock file `path` names as its holder ('' where it is empty, missing or cannot be read: taking the
+    lock says why)."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def release_new_out_dir(run_dir):
@@ -133,6 +162,7 @@ def release_new_out_dir(run_dir):
         return False
     f = _HELD.pop(out_dir)
     created, _ = _CREATED.pop(out_dir)
+    _UNSIGNED.pop(out_dir, None)
     if run_dir.lock in created:
         os.remove(run_dir.lock)
     f.close()
@@ -152,6 +182,7 @@ def release_out_dir(run_dir):
     where this process holds no lock on out_dir."""
     f = _HELD.pop(run_dir.path, None)
     _CREATED.pop(run_dir.path, None)
+    _UNSIGNED.pop(run_dir.path, None)
     if f is None:
         return
     with contextlib.suppress(FileNotFoundError):
@@ -198,9 +229,9 @@ def lock_holder(path):
 
 def try_lock(path, holder, tries=4):
     """Take the exclusive lock of the file `path` (created, with its directory, if missing) without waiting
-    longer than a probe (lock_holder) holds it (`tries` attempts 25 ms apart), and write `holder` into it.
-    Returns (the open file, None): the lock is held until the file is closed or this process ends; or (None,
-    what the process holding it wrote).
+    longer than a probe (lock_holder) holds it (`tries` attempts 25 ms apart), and write `holder` into it
+    (holder None: the file is left as it is). Returns (the open file, None): the lock is held until the file is
+    closed or this process ends; or (None, what the process holding it wrote).
     Raises OSError where the file system has no flock(2)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     f = open(path, "a+")
@@ -224,11 +255,17 @@ def try_lock(path, holder, tries=4):
         other = f.read().strip() or "another process (it has not written its name yet)"
         f.close()
         return None, other
+    if holder is not None:
+        _write_holder(f, holder)
+    return f, None
+
+
+def _write_holder(f, holder):
+    """Write `holder` alone into the open lock file f (opened 'a+')."""
     f.seek(0)
     f.truncate()
     f.write(f"{holder}\n")
     f.flush()
-    return f, None
 
 
 def _same_file(f, path):

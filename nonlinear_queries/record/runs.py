@@ -317,33 +317,68 @@ class RunDir:
             return "done"
         return "resume" if self.has_checkpoint() else "new"
 
-    def leftovers(self, left_lock=False):
+    def leftovers(self, left_lock=None):
         """What a run left here, all of which a new run would replace: its checkpoints (checkpoints, the newest
         first) and what a crash left of one being written (partial_checkpoints), metrics.jsonl, config.json, wandb/
-        and, with left_lock, its .lock (one that no process holds: lock.left_lock_file). Returns their paths."""
-        files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock else [])
+        and, where left_lock is not None, its .lock (one that no process holds: lock.left_lock_holder). Returns
+        their paths."""
+        files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock is not None else [])
         return self.checkpoints() + self.partial_checkpoints() + [p for p in files if os.path.lexists(p)]
 
-    def check_start(self, source, overwrite, resume, left_lock=False):
-        """Refuse a new run (source: train.py's start.Start, one that does not resume: from scratch or
-        fine-tuning) that would replace or append to what a run left here (leftovers: checkpoints, metrics.jsonl,
-        config.json, wandb/, a .lock that no process holds), in whatever state that run stopped, unless overwrite.
-        resume: the command that continues the run here (start.resume_command). Raises errors.CheckpointError, one
-        sentence naming what is here and how to go on: the resume command where there is a checkpoint (with
-        --resume_from where only step checkpoints are left), --overwrite=True or another --out_dir."""
-        found = self.leftovers(left_lock) if not source.resumes and not overwrite else []
+    def check_start(self, source, overwrite, command, left_lock=None):
+        """Refuse a run that cannot start here as asked, every file here left as it was: one that resumes a
+        checkpoint that is not there (source.path), and a new run (source: train.py's start.Start, one that does not
+        resume: from scratch or fine-tuning) that would replace or append to what a run left here (leftovers:
+        checkpoints, metrics.jsonl, config.json, wandb/, a .lock that no process holds), in whatever state that run
+        stopped, unless overwrite. command: the command line of this run with its --init_from, --resume_from and
+        --overwrite replaced by the arguments it is given (start.run_command); left_lock: what such a .lock names
+        (lock.left_lock_holder), None where there is none. Raises errors.CheckpointError, one sentence naming what
+        is here (the killed run a .lock names) and how to go on, each way a command that this check accepts: the
+        command that resumes the run where there is a checkpoint (with --resume_from where only step checkpoints
+        are left), --overwrite=True (or another --out_dir) for a new run in its place, a new run where there is
+        none."""
+        if source.resumes:
+            if not os.path.exists(source.path):
+                self._refuse_missing_checkpoint(source.path, command, left_lock)
+            return
+        found = self.leftovers(left_lock) if not overwrite else []
         if not found:
             return
-        what = ", ".join(os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in found)
-        if found == [self.lock]:
-            what += ", a lock file no process holds: a run was killed or crashed here"
+        what = self._describe(found, left_lock)
         checkpoints = self.checkpoints()
+        resume = command("--init_from=resume")
         if checkpoints:
             command = resume if self.has_checkpoint() else f"{resume} --resume_from={shlex.quote(checkpoints[0])}"
             raise CheckpointError(f"{self.path} already holds a run ({what}); continue it with `{command}`, pass "
                                   f"--overwrite=True to replace it, or choose another --out_dir")
         raise CheckpointError(f"{self.path} already holds a run with no checkpoint to resume ({what}); pass "
                               f"--overwrite=True to replace it, or choose another --out_dir")
+
+    def _describe(self, found, left_lock):
+        """The names of `found` (leftovers' paths) for a refusal, a .lock among them with the run it names."""
+        what = ", ".join(os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in found)
+        if self.lock in found:
+            what += (f", a lock file no process holds: the run of {left_lock} was killed or crashed here" if left_lock
+                     else ", a lock file no process holds: a run was killed or crashed here")
+        return what
+
+    def _refuse_missing_checkpoint(self, path, command, left_lock):
+        """Raise the CheckpointError of a resume from `path`, a checkpoint that is not there, with the ways on that
+        check_start accepts: the newest checkpoint here, else a new run (in place of what a run left here, with
+        --overwrite=True)."""
+        checkpoints = [p for p in self.checkpoints() if os.path.exists(p)]
+        found = self.leftovers(left_lock)
+        new = command("--init_from=scratch")
+        if checkpoints:
+            ways = (f"continue from the newest checkpoint here with "
+                    f"`{command('--init_from=resume', f'--resume_from={checkpoints[0]}')}`, or start a new run in "
+                    f"place of this one ({self._describe(found, left_lock)}) with `{new} --overwrite=True`")
+        elif found:
+            ways = (f"{self.path} holds a run with no checkpoint to resume ({self._describe(found, left_lock)}); "
+                    f"start a new run in its place with `{new} --overwrite=True`, or choose another --out_dir")
+        else:
+            ways = f"{self.path} holds no run; start a new one with `{new}`"
+        raise CheckpointError(f"cannot resume {path}: there is no such checkpoint; {ways}")
 
     def replace(self):
         """Remove what the run held here left (leftovers but the lock: its checkpoints, metrics.jsonl, config.json,

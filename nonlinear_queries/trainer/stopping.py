@@ -1,23 +1,29 @@
 """
-How train.py stops on a signal: at once during setup, at the next step boundary once it trains,
-and at once again on a second request.
+How train.py stops on a signal: at once during setup and before the run's first step, at the next step
+boundary once it has trained a step, and at once again on a second request.
 
     stop = StopFlag("train.py").install()   # setup: a signal raises Interrupted
     ...                                       # nothing in out_dir but what setup made
-    stop.start()                              # training: a signal asks for a stop
+    stop.start()                              # the loop, before its first step: a signal raises Interrupted too
+    stop.stepped()                            # after the first step: a signal asks for a stop
+    with stop.evaluating(step): ...           # an evaluation: the acknowledgement says how long the stop takes
     if stop.agreed(votes):                    # every rank, after a step or an evaluation batch
         ...checkpoint and exit 0
 
 SIGINT (Ctrl-C) and SIGTERM (preemption, a scheduler's time limit, torchrun's shutdown) and
 SIGUSR1/SIGUSR2 (a scheduler's warning before either, sbatch --signal) each ask for a stop; the
-first is acknowledged on stderr at once. During training the step in flight, or the evaluation
-batch in flight, is finished, the run is checkpointed at that step and exits 0, its
-resumption exact. A second SIGINT or SIGTERM exits at once with 128 + its number (130, 143),
-removing the temporary file of any write in flight (atomic.discard_in_flight), so the files
-in out_dir are the ones that were whole before it. A copy of one signal that arrives within
-REPEAT_S of it (a terminal's Ctrl-C reaches both torchrun or sweep.py and its children, which
-forward it again) is the same request, not a second one; SIGUSR1 and SIGUSR2 are warnings and
-never stop a run at once (submitit repeats SIGUSR2 to a job's train.py). Once the run has ended (end():
+first is acknowledged on stderr at once, saying what will happen. Before the session's first step
+there is nothing to save (a new run's step 0 is its seed's; a resumed run's checkpoint is on disk),
+so the run ends at once, whatever it is doing: its first evaluation, or torch.compile compiling
+(inductor's compile workers are shut down as the process exits). Once a step has been trained the step
+in flight, or the evaluation batch in flight (the acknowledgement says about how long one takes), is
+finished, the run is checkpointed at that step and exits 0, its resumption exact. A second SIGINT or
+SIGTERM exits at once with 128 + its number (130, 143), removing the temporary file of any write in
+flight (atomic.discard_in_flight), so the files in out_dir are the ones that were whole before it.
+A copy of one signal that arrives within REPEAT_S of it (a terminal's Ctrl-C reaches both torchrun
+or sweep.py and its children, which forward it again) is the same request, not a second one; SIGUSR1
+and SIGUSR2 are warnings and never stop a trained run at once (submitit repeats SIGUSR2 to a job's
+train.py). Once the run has ended (end():
 finished, or stopped with its checkpoint written and its resume command said, or diverged, or stopped before
 its first step with its files removed), a signal changes nothing: it is acknowledged and the exit goes on with
 the run's status.
@@ -30,6 +36,7 @@ step's loss (train.py), or over an evaluation batch's vote, and every rank acts 
 import contextlib
 import os
 import signal
+import sys
 import time
 
 from nonlinear_queries.record import atomic
@@ -39,8 +46,9 @@ REPEAT_S = 1.0  # a signal again within this many seconds of the first is a forw
 
 
 class Interrupted(BaseException):
-    """A signal during setup, before the run has anything to checkpoint: train.py removes what setup
-    made (lock.release_new_out_dir) and exits with `status` (128 + the signal's number). A BaseException,
+    """A signal during setup or before the run's first step, while the run has nothing to checkpoint: train.py
+    removes what setup made (lock.release_new_out_dir; a new run's record too) and exits with `status` (128 + the
+    signal's number; 0 for a resumed run, whose checkpoint is there to resume). A BaseException,
     as KeyboardInterrupt is, so that no `except Exception` on the way swallows it."""
 
     def __init__(self, signum):
@@ -50,7 +58,7 @@ class Interrupted(BaseException):
 
 class StopFlag:
     """A run's stop requests. `signal` is the name of the first signal that asked for a stop (None
-    until one does). install() handles STOP_SIGNALS; until start() a signal raises Interrupted in the
+    until one does). install() handles STOP_SIGNALS; until stepped() a signal raises Interrupted in the
     main thread (and the run has ended: end()), after it the handler records the request and the loop
     acts on it through agreed().
     Messages go to stderr from the first process of each machine (LOCAL_RANK 0) alone."""
@@ -58,7 +66,11 @@ class StopFlag:
     def __init__(self, program="train.py"):
         self.program = program
         self.signal = None
-        self.training = False
+        self.training = False  # start() called: the loop runs
+        self.trained = False  # stepped() called: the session has trained a step, a stop saves a checkpoint
+        self._resumes = False  # the run continues a checkpoint (start's resumes)
+        self._evaluation = None  # the step being evaluated, with the host's time of its last batch (evaluating)
+        self._batch_s = None  # seconds of an evaluation batch (evaluating)
         self._first_hard = None  # time.monotonic() of the first SIGINT or SIGTERM
         self._loud = os.environ.get("LOCAL_RANK", "0") == "0"
         self._host_vote, self._event = None, None  # the lagged CUDA read (agreed)
@@ -85,9 +97,29 @@ class StopFlag:
             if self._pending is not None:
                 raise Interrupted(self._pending)
 
-    def start(self):
-        """From now on a signal asks the loop to stop at the next step boundary."""
-        self.training = True
+    def start(self, resumes=False):
+        """The loop starts: until stepped() a signal ends the run at once (Interrupted), as there is nothing to
+        save; with resumes (the run continues a checkpoint) its exit status is then 0, else 128 + its number."""
+        self.training, self._resumes = True, resumes
+
+    def stepped(self):
+        """The session has trained a step: from now on a signal asks the loop to stop at the next step boundary,
+        with a checkpoint."""
+        self.trained = True
+
+    @contextlib.contextmanager
+    def evaluating(self, step):
+        """The `with` block evaluates `step`: a signal's acknowledgement says that the evaluation is given up after
+        the batch in flight and about how long that takes, the seconds of an evaluation batch as the host measures
+        them between agreed() calls (the batches after the first of the last evaluation, whose first may compile;
+        else the batches after the first of this one)."""
+        self._evaluation = [step, None, 0, 0.0]  # step; time of the last batch; batches after the first, their s
+        try:
+            yield
+        finally:
+            if self._evaluation[2]:
+                self._batch_s = self._evaluation[3] / self._evaluation[2]
+            self._evaluation = None
 
     def end(self, status):
         """The run has ended with the exit status `status`, its files as they stay: from now on a signal is
@@ -107,9 +139,14 @@ class StopFlag:
         if self.ended is not None:
             self._say(f"{name}: the run has ended already; exiting with its status, {self.ended}")
             return
-        if not self.training:
-            self._say(f"{name} during setup; stopping (nothing to checkpoint yet)")
-            self.end(128 + signum)  # what follows is undoing the setup: a signal now must not cut that short
+        if not self.trained:
+            if self.training:
+                self._say(f"{name} before the first step: nothing to save; the run ends now")
+            else:
+                self._say(f"{name} during setup; stopping (nothing to checkpoint yet)")
+            # what follows is undoing the setup: a signal now must not cut that short
+            self.end(0 if self.training and self._resumes else 128 + signum)
+            self.signal = name
             if self._deferred:
                 self._pending = signum
                 return
@@ -124,7 +161,15 @@ class StopFlag:
         if self.signal is None:
             self.signal = name
             again = "send SIGINT or SIGTERM again" if not hard else "send it again"
-            self._say(f"{name}: stopping: a checkpoint at the next step boundary; {again} to stop now")
+            if self._evaluation is None:
+                self._say(f"{name}: stopping: a checkpoint at the next step boundary; {again} to stop now")
+                return
+            step, batch_s = self._evaluation[0], self._batch_s
+            if batch_s is None and self._evaluation[2]:
+                batch_s = self._evaluation[3] / self._evaluation[2]
+            takes = f" (an evaluation batch takes about {_seconds(batch_s)})" if batch_s is not None else ""
+            self._say(f"{name}: stopping: the evaluation of step {step} is given up after the batch in flight{takes}, "
+                      f"then a checkpoint of step {step}; {again} to stop now")
 
     def vote(self, like):
         """This process's stop request as a 0-d tensor of `like`'s dtype and device (1.0 asked, 0.0 not), made
@@ -138,6 +183,12 @@ class StopFlag:
         call is read, through a pinned copy and an event queued behind it, so the host waits for the step or
         batch before the one just queued, never for it, and the device always has work queued. Every rank
         makes the same calls, so every rank reads the same sums at the same calls and stops at the same one."""
+        if self._evaluation is not None:  # after an evaluation batch: its time
+            now = time.monotonic()
+            if self._evaluation[1] is not None:
+                self._evaluation[2] += 1
+                self._evaluation[3] += now - self._evaluation[1]
+            self._evaluation[1] = now
         if not distributed:
             return self.signal is not None
         if votes.device.type != "cuda":
@@ -156,6 +207,11 @@ class StopFlag:
         return seen
 
 
+def _seconds(s):
+    """`s` seconds as the acknowledgement says them: '0.04 s', '2.5 s', '40 s'."""
+    return f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
+
+
 def compile_cut_by_stop(cfg, stop, error):
     """Whether `error`, raised by a training step or an evaluation, is torch.compile's compilation cut short by a
     stop request: a signal to the whole process group (a terminal's Ctrl-C, a scheduler's signal to a job) also
@@ -170,3 +226,43 @@ def compile_cut_by_stop(cfg, stop, error):
     from torch._inductor.exc import CppCompileError
 
     return isinstance(error, (TorchDynamoException, CppCompileError))
+
+
+def end_compilation():
+    """Give up what torch.compile's inductor is compiling, for a run that ends while it compiles (a signal before
+    the first step): the compile jobs queued in its thread pool are cancelled and the C++ compilers it runs in its
+    cache directory killed with the processes they started (cc1plus, as, which hold the pipes its threads read), so
+    that the exit does not wait for them (Python joins a ThreadPoolExecutor's threads at exit, each running its queue
+    to the end: 10 s and more of C++ builds on two cores), and its compile worker processes are ended
+    (async_compile.shutdown_compile_workers, which inductor also runs at exit, terminates them). Does nothing where
+    inductor has not been loaded."""
+    if "torch._inductor.async_compile" not in sys.modules:
+        return
+    async_compile = sys.modules["torch._inductor.async_compile"]
+    if async_compile.AsyncCompile.pool.cache_info().currsize:  # the thread pool, made on its first job
+        async_compile.AsyncCompile.pool().shutdown(wait=False, cancel_futures=True)
+    cache = sys.modules["torch._inductor.runtime.cache_dir_utils"].cache_dir()
+    processes = _processes()
+    compilers = [pid for pid, (parent, command) in processes.items() if parent == os.getpid() and cache in command]
+    while compilers:
+        pid = compilers.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        compilers += [child for child, (parent, _) in processes.items() if parent == pid]
+    async_compile.shutdown_compile_workers()
+
+
+def _processes():
+    """{pid: (parent pid, command line)} of the processes running now, from /proc (Linux; {} elsewhere)."""
+    found = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found[int(entry)] = parent, f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+    return found

@@ -439,14 +439,11 @@ class Checkpointer:
         None for a new run, from scratch or fine-tuning; whether it may replace the run in out_dir is
         runs.RunDir's). cfg: the TrainConfig; rt: runtime.setup's processes; run_dir: the run's runs.RunDir,
         where it writes its checkpoints; source: where the run starts (start.Start: its `resumes`, and the
-        checkpoint `path` it resumes). Raises CheckpointError for a checkpoint to resume that is missing or
-        cannot be read."""
+        checkpoint `path` it resumes, which runs.RunDir.check_start has found there). Raises CheckpointError for
+        a checkpoint to resume that cannot be read."""
         self.cfg, self.run_dir, self.step, self.path = cfg, run_dir, None, None
         if source.resumes:
             self.path = source.path
-            if not os.path.exists(self.path):
-                raise CheckpointError(f"--init_from=resume but {self.path} does not exist; start with "
-                                      f"--init_from=scratch")
         self.ckpt = read_checkpoint(self.path, map_location=rt.device) if self.path else None
 
     @property
