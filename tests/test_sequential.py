@@ -630,7 +630,7 @@ def test_a_holm_family_passes_a_rejected_tests_level_to_the_others_at_the_same_l
     0.025 and 0.05, so F is rejected at the same look once E's level passes to it; the study stops there, every
     test rejected. F's values alone, without E's rejection, would not be rejected at look 1."""
     s = seq_study(tmp_path, HOLM_TOML)
-    assert looks.holm(s) and looks.initial_level(s, s.tests[1]) == 0.025
+    assert looks.holm_family(s) and looks.initial_level(s, s.tests[1]) == 0.025
     b_half, b_full = (looks.boundaries(s, s.tests[1], x)[1][0] for x in (0.025, 0.05))
     assert b_full < b_half
     target = (b_half + b_full) / 2  # F's t at look 1

@@ -76,14 +76,14 @@ def _looks_for_power(effect, sd, level, spending, futility, n_looks, wanted, max
     return tuple(schedule(low)), reached(low)
 
 
-def holm(study):
+def holm_family(study):
     """Whether the study's family is a group-sequential Holm procedure ([family] rule = "holm")."""
     return bool(study.family) and study.family_rule == "holm"
 
 
 def initial_level(study, test):
     """The level `test` is first tested at: the family's level over its m tests under Holm, else its own."""
-    return sequential.holm_levels(test.level, len(study.tests))[0] if holm(study) else test.level
+    return sequential.holm_levels(test.level, len(study.tests))[0] if holm_family(study) else test.level
 
 
 def primary(study):
@@ -222,7 +222,7 @@ def evaluate_look(study, test, k, losses, level=None):
     t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
     z, tb, ft = boundaries(study, test, level)
     last = k == len(z) - 1
-    gated = bool(study.family) and test.name != study.family[0] and not holm(study)
+    gated = bool(study.family) and test.name != study.family[0] and not holm_family(study)
     futility = ft[k] if ft and not last and not gated else None
     decision = ("reject" if abs(t) >= tb[k] else "futility" if futility is not None and abs(t) < futility
                 else "not rejected" if last or gated else "continue")
@@ -258,7 +258,7 @@ def state(study):
         return LookState([], PILOT, None)
     looks = planned_looks(study)[0]
     order = [next(t for t in study.tests if t.name == n) for n in study.family] or list(study.tests)
-    if holm(study):
+    if holm_family(study):
         return _holm_state(study, order, looks)
     evaluated, open_tests = [], order[:1] if study.family else order
     for k in range(len(looks)):
@@ -334,8 +334,8 @@ def record(study):
         **({"family_rule": "holm", "boundaries_by_level": {
             f"{level:.6g}": {"z": boundaries(study, study.tests[0], level)[0],
                              "t": boundaries(study, study.tests[0], level)[1]}
-            for level in sequential.holm_levels(study.tests[0].level, len(study.tests))}} if holm(study) and looks
-           else {}),
+            for level in sequential.holm_levels(study.tests[0].level, len(study.tests))}}
+           if holm_family(study) and looks else {}),
         "current_look": None if s.current is None else "pilot" if s.current == PILOT else s.current + 1,
         "stopped_at_look": None if s.stopped_at is None else s.stopped_at + 1,
         "evaluated": [{"test": e.test, "look": e.look, "seeds": e.seeds, "estimate": e.mean, "se": e.se, "t": e.t,
@@ -377,7 +377,7 @@ def describe_looks(study):
     if plan.n_looks:
         lines.append(f"  {plan.n_looks} looks, " + (f"at {', '.join(map(str, looks))} seeds an arm, {how}" if looks
                                                     else f"not set yet: {how}"))
-    if holm(study):
+    if holm_family(study):
         levels = sequential.holm_levels(primary(study).level, len(study.tests))
         lines.append(f"  one family, group-sequential Holm at level {primary(study).level:g} over "
                      f"{', '.join(study.family)}: every open test at every look at level / (m - r), r of the "
@@ -393,7 +393,7 @@ def describe_looks(study):
         z, tb, ft = boundaries(study, test, initial_level(study, test))
         lines.append(f"  {_contrast_text(test)}, level {initial_level(study, test):.4g}" + (
             f" (raised to {', '.join(f'{x:.4g}' for x in sequential.holm_levels(test.level, len(study.tests))[1:])}"
-            f" as others are rejected)" if holm(study) else "") + ":")
+            f" as others are rejected)" if holm_family(study) else "") + ":")
         for k, n in enumerate(looks):
             seeds = plan.held_out[:n]
             done = _runs_done(study, test, seeds)
@@ -406,8 +406,8 @@ def describe_looks(study):
                        f"; {done}/{total} runs exist" + ("" if s.current != k else
                                                          " (no loss of this look is read until all exist)")
                        if s.stopped_at is None or k < s.stopped_at else "; not run (stopped earlier)")
-            raised = "".join(f"; at {x:.4g}: |t| >= {boundaries(study, test, x)[1][k]:.2f}"
-                             for x in sequential.holm_levels(test.level, len(study.tests))[1:]) if holm(study) else ""
+            raised = "".join(f"; at {x:.4g}: |t| >= {boundaries(study, test, x)[1][k]:.2f}" for x in
+                             sequential.holm_levels(test.level, len(study.tests))[1:]) if holm_family(study) else ""
             lines.append(f"    look {k + 1}: {n} seeds an arm ({_seed_ranges(seeds)}), reject if |z| >= {z[k]:.3f}: "
                          f"|t| >= {tb[k]:.2f} on {n - 1} df (nominal p <= {2 * sps.norm.sf(z[k]):.2g}){raised}"
                          f"{futility}{outcome}{where}")
@@ -509,7 +509,7 @@ def describe_power(study, cost):
                   f"{cost(planned + pilot)[0]}, with widening and one rerun per arm {cost(planned + pilot)[1]}"]
         if looks:
             z, tb, ft = boundaries(study, test, initial_level(study, test))
-            gated = bool(study.family) and test.name != study.family[0] and not holm(study)
+            gated = bool(study.family) and test.name != study.family[0] and not holm_family(study)
             mdes = power.look_detectable_effects(sd, looks, z, plan.power)
             lines.append("    each look alone detects (MDE at its nominal level): " + ", ".join(
                 f"look {k + 1} ({n} seeds) {m:.2f} points" for k, (n, m) in enumerate(zip(looks, mdes))))
@@ -520,13 +520,13 @@ def describe_power(study, cost):
             if not gated:  # a later test of a family is tested once, where the gate rejects: no procedure of its own
                 for effect in (0.0, target.effect):
                     oc = sequential.operating_characteristics(looks, tb, effect, sd, futility_t=ft or None)
-                    alone = f"alone at level {initial_level(study, test):.4g}, " if holm(study) else ""
+                    alone = f"alone at level {initial_level(study, test):.4g}, " if holm_family(study) else ""
                     lines.append(f"    simulated ({alone}{oc.studies:,} studies, seed 0) at E = {effect:g}: rejects "
                                  f"{oc.rejected:.3f}, stops at the looks {', '.join(f'{x:.3f}' for x in oc.stopped_at)}"
                                  f", expected seeds an arm {oc.expected_seeds:.1f}")
             lines.append("    cost by look: " + "; ".join(f"look {k + 1} {cost(n + pilot)[0]}"
                                                           for k, n in enumerate(looks)))
-    if holm(study) and looks:
+    if holm_family(study) and looks:
         lines += describe_family(study)
     return lines
 
@@ -615,7 +615,7 @@ def tables_section(study):
     where = (f"the study stopped at look {s.stopped_at + 1}" if s.stopped_at is not None else
              "the pilot stage's runs do not all exist yet" if s.current == PILOT else
              f"look {s.current + 1}'s runs do not all exist yet")
-    if holm(study):
+    if holm_family(study):
         where += (f"; one family, group-sequential Holm over {', '.join(study.family)}: each open test at level "
                   f"{primary(study).level:g} / (m - r) at every look, r the tests rejected so far (the boundary "
                   f"column is the one at the level it was tested at)")
