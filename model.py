@@ -65,12 +65,13 @@ class GPTConfig:
         if self.query_activation not in QUERY_ACTIVATIONS:
             raise ValueError(f"unknown query_activation {self.query_activation!r}; "
                              f"valid: {', '.join(QUERY_ACTIVATIONS)}")
-        if self.query_activation != "gelu" and self.query_mode != "res_gelu":
-            raise ValueError(f"query_activation={self.query_activation!r} applies to query_mode='res_gelu' only, "
-                             f"not {self.query_mode!r}")
-        if not self.query_norm and self.query_mode not in ("res_gelu", "res_linear"):
-            raise ValueError(f"query_norm=False applies to query_mode 'res_gelu' or 'res_linear' only, "
-                             f"not {self.query_mode!r}")
+        defaults = {f.name: f.default for f in fields(self)}
+        for option in QUERY_OPTIONS:  # each one at its default, or declared by the mode's module (its `options`)
+            value = getattr(self, option)
+            if value != defaults[option] and option not in QUERY_MODULES[self.query_mode].options:
+                takers = [mode for mode, module in QUERY_MODULES.items() if option in module.options]
+                raise ValueError(f"{option}={value!r} applies to {query_modes_phrase(takers)} only, "
+                                 f"not {self.query_mode!r}")
         if self.query_rank < 0:
             raise ValueError(f"query_rank must be >= 0 (0 means n_embd // 2), got {self.query_rank}")
         if self.attn_scale < 0:
@@ -137,6 +138,20 @@ class GPTConfig:
 # attn_gate's kinds (CausalSelfAttention)
 ATTN_GATES = ("none", "headwise", "elementwise")
 
+# GPTConfig's fields that some query modules read and others do not: a module names those it takes in its
+# `options`, and GPTConfig refuses any of them away from its default for a query_mode whose module does not.
+# The rest hold for every mode: query_rank is read by whichever module has a bottleneck (a mode without one
+# ignores it, as before), qk_norm and attn_gate act on the attention around any query (no declaration)
+QUERY_OPTIONS = ("query_activation", "query_norm")
+
+
+def query_modes_phrase(modes):
+    """"query_mode='a'" for one mode, "query_mode 'a', 'b' or 'c'" for more: the modes an option applies to."""
+    if len(modes) == 1:
+        return f"query_mode={modes[0]!r}"
+    names = [repr(mode) for mode in modes]
+    return f"query_mode {', '.join(names[:-1])} or {names[-1]}"
+
 
 def model_config_keys():
     """Names of the GPTConfig fields (the model-defining subset of a training config)."""
@@ -151,9 +166,12 @@ class QueryModule(nn.Module):
     """forward(x) -> q: x, the block's ln_1 output, and q both (B, T, C); softmax scale scale_mult / sqrt(head_dim).
     Optional: fused_weight() -> rows (n, C) stacked under W_K, W_V, and from_fused(x, h) -> q from
     h = x @ fused_weight().T (B, T, n), adding the module's biases (None: unfused); decompose(x) -> (anchor, f),
-    each (B, T, C), f None if nothing is learned, for the diagnostics (None: no anchor)."""
+    each (B, T, C), f None if nothing is learned, for the diagnostics (None: no anchor). `options`: the names of
+    QUERY_OPTIONS the module reads, which GPTConfig lets away from their defaults for its mode alone; a subclass
+    inherits its parent's (a res_gelu subclass takes query_activation and query_norm) unless it sets its own."""
 
     scale_mult = 1.0
+    options = ()
 
     def fused_weight(self):
         return None
@@ -232,6 +250,7 @@ class ResGELUQuery(QueryModule):
     diag(g) W1 (docs/design.md)."""
 
     scale_mult = 0.5
+    options = ("query_activation", "query_norm")
 
     def __init__(self, config):
         super().__init__()
@@ -283,6 +302,8 @@ class ResGELUQuery(QueryModule):
 class ResLinearQuery(ResGELUQuery):
     """res_gelu without the activation: f(x) = LN(RMSNorm(x) W1 W2), 2Cr + 2C parameters."""
 
+    options = ("query_norm",)  # its f has no activation to choose
+
     def __init__(self, config):
         super().__init__(config)
         self.act = nn.Identity()
@@ -294,6 +315,8 @@ class AnchoredResGELUQuery(ResGELUQuery):
     (docs/design.md). d^2 + 2Cr + 2C parameters; fused rows [W_Q | diag(g) W1]."""
 
     scale_mult = 1.0
+    # neither ablation: query_norm=False would leave no LN weight to start at 0, and f's activation is res_gelu's
+    options = ()
 
     def __init__(self, config):
         super().__init__(config)

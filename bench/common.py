@@ -32,7 +32,8 @@ def parser(description, model=True):
     return p
 
 
-# the query modes of the paper and the official code; ablations such as res_linear via --modes
+# the query modes of the paper and the official code; any other of QUERY_MODULES (res_linear, anchored_res_gelu,
+# a mode added there) via --modes
 DEFAULT_MODES = "linear,identity,res_gelu,residual"
 
 

@@ -128,25 +128,44 @@ def test_identity_query_cos_is_one_and_res_gelu_without_f_has_f_ratio_zero():
     assert all(c < 0.99 for c in d["query_cos"]) and all(r > 0.1 for r in d["query_f_ratio"])
 
 
+def check_diagnostics_of_a_query_mode(mode, **extra):
+    """diagnose() on a model of query_mode `mode`: one value a layer of every activation diagnostic, the norms of
+    W_K and of each matrix of the query module (its 2-D parameters, by the child that holds them), query_cos where
+    its decompose() gives an anchor and query_f_ratio where it gives f too (None otherwise), no random number drawn.
+    The per-mode check of this file, run for every registered mode and for a mode added in a test."""
+    model = model_with(query_mode=mode, dropout=0.5, **extra)
+    query = model.transformer.h[0].attn.query
+    matrices = {"w_k"} | {name.split(".")[0] for name, p in query.named_parameters() if p.dim() == 2}
+    parts = query.decompose(torch.zeros(1, 1, SMALL["n_embd"]))
+    rng = torch.get_rng_state()
+    d = diagnose(model, TOKENS, INDEX, SMALL["block_size"], "cpu")
+    # no random number drawn (dropout is off in the pass), and the model is back in training mode
+    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    norms = {m + s for m in matrices for s in ("_fro", "_spec")}
+    assert list(d) == [*ACTIVATIONS, *(n for n in d if n in norms)] and set(d) == set(ACTIVATIONS) | norms
+    assert all(len(v) == 2 for v in d.values()), mode
+    assert (d["query_cos"] == [None, None]) == (parts is None), mode
+    assert (d["query_f_ratio"] == [None, None]) == (parts is None or parts[1] is None), mode
+    assert all(math.isfinite(x) for n, v in d.items() for x in v if x is not None)
+    assert all(d[m + "_spec"][i] <= d[m + "_fro"][i] * (1 + 1e-6) for m in matrices for i in range(2))
+
+
 @pytest.mark.parametrize("extra", [{}, ROPE_GQA], ids=["learned", "rope_gqa"])
-def test_every_query_mode_gives_one_value_per_layer(extra):
-    weights = {"linear": {"w_k", "w_q"}, "identity": {"w_k"}, "residual": {"w_k", "w_q"},
-               "res_gelu": {"w_k", "w1", "w2"}, "res_linear": {"w_k", "w1", "w2"},
-               "anchored_res_gelu": {"w_k", "w_q", "w1", "w2"}}
-    assert set(weights) == set(QUERY_MODULES)
-    for mode, matrices in weights.items():
-        model = model_with(query_mode=mode, dropout=0.5, **extra)
-        rng = torch.get_rng_state()
-        d = diagnose(model, TOKENS, INDEX, SMALL["block_size"], "cpu")
-        # no random number drawn (dropout is off in the pass), and the model is back in training mode
-        assert torch.equal(torch.get_rng_state(), rng) and model.training
-        norms = {m + s for m in matrices for s in ("_fro", "_spec")}
-        assert list(d) == [*ACTIVATIONS, *(n for n in d if n in norms)] and set(d) == set(ACTIVATIONS) | norms
-        assert all(len(v) == 2 for v in d.values()), mode
-        assert (d["query_cos"] == [None, None]) == (mode == "linear"), mode
-        assert (d["query_f_ratio"] == [None, None]) == (mode in ("linear", "identity")), mode
-        assert all(math.isfinite(x) for n, v in d.items() for x in v if x is not None)
-        assert all(d[m + "_spec"][i] <= d[m + "_fro"][i] * (1 + 1e-6) for m in matrices for i in range(2))
+@pytest.mark.parametrize("mode", sorted(QUERY_MODULES))
+def test_every_query_mode_gives_one_value_per_layer(mode, extra):
+    check_diagnostics_of_a_query_mode(mode, **extra)
+
+
+def test_the_matrices_and_anchors_of_the_papers_query_modes():
+    # what the per-mode check above derives from each module, written out for the paper's modes: W_K and the
+    # query's matrices, an anchor (query_cos) for every mode but linear, f (query_f_ratio) beside it but identity
+    d = {mode: diagnose(model_with(query_mode=mode), TOKENS, INDEX, SMALL["block_size"], "cpu")
+         for mode in ("linear", "identity", "residual", "res_gelu", "anchored_res_gelu")}
+    assert {mode: {n[: -len("_fro")] for n in v if n.endswith("_fro")} for mode, v in d.items()} == {
+        "linear": {"w_k", "w_q"}, "identity": {"w_k"}, "residual": {"w_k", "w_q"}, "res_gelu": {"w_k", "w1", "w2"},
+        "anchored_res_gelu": {"w_k", "w_q", "w1", "w2"}}
+    assert [mode for mode, v in d.items() if v["query_cos"] == [None, None]] == ["linear"]
+    assert [mode for mode, v in d.items() if v["query_f_ratio"] == [None, None]] == ["linear", "identity"]
 
 
 def test_a_diag_record_goes_to_wandb_per_layer():

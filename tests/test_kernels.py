@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import REPO, losses_by_step, train_in_process, val_losses_by_step
-from model import GPT, QUERY_MODULES, GPTConfig
+from model import GPT, QUERY_MODULES, GPTConfig, ResGELUQuery
 from nonlinear_queries.trainer import kernels
 
 EPS = 1e-5
@@ -755,11 +755,27 @@ def test_compiled_model_with_kernels_allocates_the_logits_once():
         assert not re.search(r"aten\.(copy_|clone)|\.clone\(", call)
 
 
-def test_use_kernels_leaves_other_activations_and_unnormed_f_to_pytorch():
+def test_use_kernels_leaves_other_activations_unnormed_f_and_subclasses_to_pytorch(monkeypatch):
     for settings in (dict(query_activation="relu"), dict(query_norm=False)):
         model = GPT(GPTConfig(**TINY, query_mode="res_gelu", **settings))
         assert kernels.use_kernels(model) == 0
         assert all(block.attn.query.kernels is None for block in model.transformer.h)
+
+    # a res_gelu subclass, registered as the docs say, may change f: the ops, which compute res_gelu's own, pass it
+    # by, and it computes its own f (here doubled) where the ops would have computed res_gelu's
+    class DoubledF(ResGELUQuery):
+        def f(self, x):
+            return 2 * super().f(x)
+
+    monkeypatch.setitem(QUERY_MODULES, "res_gelu_doubled", DoubledF)
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(**TINY, query_mode="res_gelu_doubled"))
+    fast = GPT(GPTConfig(**TINY, query_mode="res_gelu_doubled"))
+    fast.load_state_dict(plain.state_dict())
+    assert kernels.use_kernels(fast) == 0
+    assert all(block.attn.query.kernels is None for block in fast.transformer.h)
+    idx = torch.randint(0, 64, (2, 11))
+    torch.testing.assert_close(fast(idx, idx)[0], plain(idx, idx)[0], rtol=0, atol=0)
 
 
 @pytest.mark.slow

@@ -7,7 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from helpers import randomize, reference_attention
-from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
+from model import (
+    GPT,
+    QUERY_MODULES,
+    QUERY_OPTIONS,
+    GPTConfig,
+    QueryModule,
+    ResGELUQuery,
+    model_config_keys,
+    query_modes_phrase,
+)
 from nonlinear_queries.trainer.optimizers import configure_optimizers
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
@@ -153,8 +162,8 @@ def test_qk_norm_attention_equals_direct_transcription(query_mode):
     "variant, message",
     [
         (dict(query_activation="swish"), "unknown query_activation 'swish'"),
-        (dict(query_mode="linear", query_activation="relu"), "applies to query_mode='res_gelu' only"),
-        (dict(query_mode="res_linear", query_activation="relu2"), "applies to query_mode='res_gelu' only"),
+        (dict(query_mode="linear", query_activation="relu"), "applies to query_mode[= ]'res_gelu'.* only, not 'linear"),
+        (dict(query_mode="res_linear", query_activation="relu2"), "applies to query_mode[= ]'res_gelu'.* only"),
         (dict(query_mode="identity", query_norm=False), "query_norm=False applies to"),
     ],
     ids=str,
@@ -162,6 +171,49 @@ def test_qk_norm_attention_equals_direct_transcription(query_mode):
 def test_ablation_options_reject_modes_they_do_not_apply_to(variant, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**variant)
+
+
+def test_ablation_options_error_names_the_option_the_mode_and_the_modes_that_take_it():
+    assert query_modes_phrase(["res_gelu"]) == "query_mode='res_gelu'"
+    assert query_modes_phrase(["res_gelu", "res_linear"]) == "query_mode 'res_gelu' or 'res_linear'"
+    assert query_modes_phrase(["a", "b", "c"]) == "query_mode 'a', 'b' or 'c'"
+    # the modes that declare each option, model.py's first, in the registry's order (a mode added later joins them)
+    takers = {o: [m for m, module in QUERY_MODULES.items() if o in module.options] for o in QUERY_OPTIONS}
+    assert takers["query_activation"][:1] == ["res_gelu"] and takers["query_norm"][:2] == ["res_gelu", "res_linear"]
+    assert not {"linear", "identity", "residual", "anchored_res_gelu"} & {m for t in takers.values() for m in t}
+    with pytest.raises(ValueError) as e:
+        GPTConfig(query_mode="linear", query_activation="relu")
+    assert str(e.value) == (f"query_activation='relu' applies to {query_modes_phrase(takers['query_activation'])} "
+                            f"only, not 'linear'")
+    with pytest.raises(ValueError) as e:
+        GPTConfig(query_mode="anchored_res_gelu", query_norm=False)
+    assert str(e.value) == (f"query_norm=False applies to {query_modes_phrase(takers['query_norm'])} only, not "
+                            f"'anchored_res_gelu'")
+    # every declared option is one GPTConfig checks, and every option it checks is some module's
+    assert set(QUERY_OPTIONS) <= set(model_config_keys())
+    assert {o for module in QUERY_MODULES.values() for o in module.options} == set(QUERY_OPTIONS)
+
+
+def test_a_res_gelu_subclass_registered_under_a_new_name_takes_res_gelus_options(monkeypatch):
+    class Renamed(ResGELUQuery):  # the documented way: a class and one registry line
+        pass
+
+    monkeypatch.setitem(QUERY_MODULES, "res_gelu_renamed", Renamed)
+    options = dict(query_activation="relu2", query_norm=False)
+    models = {}
+    for mode in ("res_gelu_renamed", "res_gelu"):
+        torch.manual_seed(0)
+        models[mode] = GPT(GPTConfig(**SMALL, query_mode=mode, **options))
+    renamed, res_gelu = models.values()
+    assert renamed.transformer.h[0].attn.query.act is res_gelu.transformer.h[0].attn.query.act
+    assert renamed.state_dict().keys() == res_gelu.state_dict().keys()
+    idx = torch.randint(0, 97, (2, 16))
+    torch.testing.assert_close(renamed(idx, idx)[0], res_gelu(idx, idx)[0], rtol=0, atol=0)
+    # the modes an option applies to are read from the declarations, the new one among them, last
+    with pytest.raises(ValueError) as e:
+        GPTConfig(query_mode="identity", query_norm=False)
+    assert str(e.value).startswith("query_norm=False applies to query_mode 'res_gelu', 'res_linear'")
+    assert str(e.value).endswith(" or 'res_gelu_renamed' only, not 'identity'")
 
 
 def test_identity_equals_linear_with_identity_weight():
@@ -211,9 +263,11 @@ def test_mlp_ratio_sets_hidden_width():
 
 
 def test_unknown_query_mode_lists_valid_ones():
-    valid = "anchored_res_gelu, identity, linear, res_gelu, res_linear, residual"
-    with pytest.raises(ValueError, match=f"valid query modes: {valid}"):
+    with pytest.raises(ValueError) as e:
         GPTConfig(query_mode="nonlinear")
+    # the registry's modes in order, model.py's six among them (and any a user adds)
+    assert str(e.value) == f"unknown query_mode 'nonlinear'; valid query modes: {', '.join(sorted(QUERY_MODULES))}"
+    assert {"anchored_res_gelu", "identity", "linear", "res_gelu", "res_linear", "residual"} <= set(QUERY_MODULES)
 
 
 def test_weight_decay_only_on_matrices():

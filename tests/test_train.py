@@ -27,7 +27,7 @@ from helpers import (
     train_in_process,
     wandb_records,
 )
-from model import GPT, GPTConfig
+from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.batches import index_file, row_offsets
@@ -257,8 +257,8 @@ def test_full_size_res_gelu_config_trains(shakespeare_dir, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--query_mode=nonlinear"], "valid query modes: anchored_res_gelu, identity, linear, res_gelu, res_linear, "
-                                     "residual"),
+        # every registered mode, the six of model.py among them (any added one too: the list is the registry's)
+        (["--query_mode=nonlinear"], f"valid query modes: {', '.join(sorted(QUERY_MODULES))}"),
         (["--learning_rte=1e-3"], "unknown config key 'learning_rte'; did you mean 'learning_rate'"),
         (["--max_iters=ten"], "max_iters must be int, got str 'ten'"),
         (["--compile=1"], "compile must be bool, got int 1"),

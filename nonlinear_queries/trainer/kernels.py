@@ -41,6 +41,7 @@ import included), and otherwise to the PyTorch reference (rms_gelu_reference,
 layer_norm_residual_reference), which computes the same math in float32.
 """
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -555,19 +556,25 @@ def res_gelu_f(query, x, p, widths, one_buffer=True, autocast_out=False):
 
 def use_kernels(model, one_buffer=True):
     """Put the ops into `model` (a GPT): its training loss through cross_entropy (GPT.cross_entropy), and
-    f through res_gelu_f in every query module that computes res_gelu's f with GELU and its norms
-    (res_gelu, anchored_res_gelu; not res_linear, an ablation's activation or query_norm=False, which
-    stay plain PyTorch); one_buffer=False: res_gelu_f's (autograd's split and its cat). q comes out in
-    autocast's dtype (res_gelu_f's autocast_out) where the attention takes it as it comes: no QK-norm and no
-    RoPE, whose float32 math on q would otherwise see it rounded. Returns the number of query modules changed."""
-    from model import ResGELUQuery
+    f through res_gelu_f in every query module the ops cover; one_buffer=False: res_gelu_f's (autograd's
+    split and its cat). q comes out in autocast's dtype (res_gelu_f's autocast_out) where the attention takes
+    it as it comes: no QK-norm and no RoPE, whose float32 math on q would otherwise see it rounded. Returns
+    the number of query modules changed.
+    What the ops cover, and the one way the rest falls back: the classes ResGELUQuery and AnchoredResGELUQuery
+    themselves (res_gelu, anchored_res_gelu), with every option their module declares (QueryModule.options:
+    query_activation, query_norm) at GPTConfig's default, GELU and f's norms; any other query module (a
+    subclass of those two included, whose f may differ) or option value keeps its own PyTorch forward, with
+    no warning, and is left out of the count."""
+    from model import QUERY_OPTIONS, AnchoredResGELUQuery, GPTConfig, ResGELUQuery
 
     model.cross_entropy = cross_entropy
     autocast_out = not model.config.qk_norm and model.config.pos_encoding == "learned"
     f = functools.partial(res_gelu_f, one_buffer=one_buffer, autocast_out=autocast_out)
+    defaults = {field.name: field.default for field in dataclasses.fields(GPTConfig) if field.name in QUERY_OPTIONS}
     changed = 0
     for module in model.modules():
-        if isinstance(module, ResGELUQuery) and module.act is F.gelu and module.norm:
+        if type(module) in (ResGELUQuery, AnchoredResGELUQuery) and all(
+                getattr(model.config, option) == defaults[option] for option in module.options):
             module.kernels = f
             changed += 1
     return changed

@@ -55,7 +55,9 @@ def load_checkpoint_file(path, map_location="cpu", mmap=False):
 def upgrade_model_args(model_args):
     """model_args of a checkpoint, with what an older version of this repo left implicit made
     explicit: before `attn_scale` existed, identity and residual used 1/sqrt(head_dim), where
-    today's default is their official 1/2 of it (model.py), so such a run keeps its scale."""
+    today's default is their official 1/2 of it (model.py), so such a run keeps its scale. The other
+    modes are out of its scope: linear's scale never changed, res_gelu and res_linear had their 1/2
+    from the start, and anchored_res_gelu and any mode added since came with attn_scale."""
     args = dict(model_args)
     if "attn_scale" not in args and args.get("query_mode") in ("identity", "residual") and not args.get("qk_norm"):
         args["attn_scale"] = 1 / math.sqrt(args["n_embd"] // args["n_head"])

@@ -56,6 +56,8 @@ HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "ge
 HF_ACTIVATION_OF = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
 # GPT2Config's defaults, for keys a config.json leaves out
 HF_GPT2_DEFAULTS = {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12}
+# the official code's four query modes -> this repo's; the others (res_linear, anchored_res_gelu and any mode added
+# to QUERY_MODULES) have no official checkpoint to convert, and an official mode missing here is refused by name
 OFFICIAL_QUERY_MODES = {"original": "linear", "identity": "identity", "residual": "residual",
                         "residual_gelu": "res_gelu"}
 # The official GPTConfig's defaults, for keys a checkpoint's model_args leaves out. Its default
@@ -384,7 +386,7 @@ def from_official(ckpt, path):
             key = key.replace(official, ours)
         if ".attn.c_attn." in key:
             block, param = key.split(".attn.c_attn.")
-            if mode in ("linear", "residual"):  # rows q | k | v; the other modes store k | v
+            if mode in ("linear", "residual"):  # rows q | k | v; the official identity and residual_gelu store k | v
                 state_dict[f"{block}.attn.query.w_q.{param}"] = tensor[:n_embd]
                 tensor = tensor[n_embd:]
             key = f"{block}.attn.c_kv.{param}"
