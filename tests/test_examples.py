@@ -68,7 +68,7 @@ EXCLUDED = {
     # reading runs that take hours or days to make
     "python compare.py out-baseline out-res-gelu": PAPER_RUNS,
     "python compare.py sweeps/seeds --baseline=baseline": "needs a sweep of seeds in sweeps/seeds: GPU days",
-    "python compare.py out-* --step=59000 --format=markdown": PAPER_RUNS,
+    "python compare.py out-* --step=59000 --baseline=baseline --format=markdown": PAPER_RUNS,
     "python compare.py sweeps/lr --group_over=seed,data_seed --format=csv > lr.csv": "needs a learning-rate sweep "
                                                                                      "in sweeps/lr: GPU days",
     "python compare.py out-baseline out-res-gelu --plot=figure1.png": PAPER_RUNS,

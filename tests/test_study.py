@@ -492,7 +492,9 @@ def test_a_tiny_study_runs_to_its_tables_and_a_second_run_trains_nothing(tmp_pat
             assert (config["seed"], config["data_seed"], config["max_iters"]) == (seed, seed, 4)
     tables = (tmp_path / "results" / "TABLES.md").read_text()
     assert "--select_on=seed=0 --holm --paired --group_over=seed,data_seed" in tables
-    assert "| quickstart query_mode=linear learning_rate=" in tables and "wrote " not in tables
+    # one label an arm, its name (issue 82): not its config file's name with the settings that set it apart
+    assert "| linear " in tables and "| res_gelu " in tables and "quickstart query_mode" not in tables
+    assert "wrote " not in tables
     assert (tmp_path / "results" / "figure_4.png").is_file()
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("metrics.jsonl")}
     assert len(before) == 8
