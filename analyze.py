@@ -50,6 +50,7 @@ from nonlinear_queries.analysis.arms import layer_mean, make_arms, pooled, read_
 from nonlinear_queries.analysis.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.analysis.stats import Row, print_table, step_list
 from nonlinear_queries.cli import run_main
+from nonlinear_queries.errors import ConfigError, PretrainedError, SetupError
 from nonlinear_queries.record.runs import RunsError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -157,9 +158,9 @@ def analyze_checkpoint(args):
     # imported here: torch takes seconds, and the runs' table needs none of it
     from nonlinear_queries.config.train_config import TrainConfig
     from nonlinear_queries.data.batches import open_tokens, row_offsets
-    from nonlinear_queries.trainer.diagnostics import diagnose
-    from nonlinear_queries.trainer.runtime import SetupError, setup
-    from nonlinear_queries.weights.pretrained import PretrainedError, load_model
+    from nonlinear_queries.evaluation.diagnostics import diagnose
+    from nonlinear_queries.runtime.processes import setup
+    from nonlinear_queries.weights.pretrained import load_model
 
     try:
         rt = setup(args.device, args.dtype, join_process_group=False)
@@ -203,7 +204,7 @@ def analyze_checkpoint(args):
 def coord_check(args):
     """Run μP's coordinate check on args.coord_check's model, print the slopes and, with --plot, draw the figure."""
     # imported here: torch takes seconds, and the runs' table needs none of it
-    from nonlinear_queries.config.configurator import ConfigError, parse_config
+    from nonlinear_queries.config.configurator import parse_config
     from nonlinear_queries.config.train_config import TrainConfig
     from nonlinear_queries.data.batches import open_tokens
     from nonlinear_queries.evaluation import coord_check as cc

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 from nonlinear_queries.config.configurator import config_from_argv
+from nonlinear_queries.errors import EvalError, PretrainedError, SetupError
 from nonlinear_queries.record.atomic import atomic_write
 
 
@@ -57,15 +58,12 @@ def main():
     # imported after the command line is checked: lm-eval takes a second or two to import
     from nonlinear_queries.evaluation.downstream import (
         GPTLM,
-        EvalError,
         prepare_hub,
         run_tasks,
         task_manager,
         task_names,
         task_scores,
     )
-    from nonlinear_queries.trainer.runtime import SetupError
-    from nonlinear_queries.weights.pretrained import PretrainedError
 
     try:
         names = task_names(cfg.tasks)

@@ -21,7 +21,8 @@ import sys
 from dataclasses import dataclass
 
 from nonlinear_queries.config.configurator import config_from_argv
-from nonlinear_queries.weights.pretrained import PretrainedError, check_export_dir, export, load_model
+from nonlinear_queries.errors import PretrainedError
+from nonlinear_queries.weights.pretrained import check_export_dir, export, load_model
 
 
 @dataclass

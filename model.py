@@ -263,7 +263,7 @@ class ResGELUQuery(QueryModule):
 
     # an optional fast path: a function (module, x, p, widths) -> (q, pieces), the same math as
     # from_projection's; None computes it here in plain PyTorch. model.py imports nothing of the package, so
-    # the package sets it (nonlinear_queries.trainer.kernels.use_kernels, TrainConfig's `kernels`: Triton ops)
+    # the package sets it (nonlinear_queries.ops.kernels.use_kernels, TrainConfig's `kernels`: Triton ops)
     kernels = None
 
     def f(self, x):
@@ -537,7 +537,7 @@ class GPT(nn.Module):
 
     # the training loss's optional fast path: a function (logits (N, V), targets (N,)) -> F.cross_entropy's mean,
     # whose forward overwrites the logits with their gradient (so no buffer of their size is allocated for it);
-    # set by nonlinear_queries.trainer.kernels.use_kernels
+    # set by nonlinear_queries.ops.kernels.use_kernels
     cross_entropy = None
 
     def __init__(self, config):

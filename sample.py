@@ -24,9 +24,10 @@ import torch
 
 from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.data.tokenizer import run_tokenizer
+from nonlinear_queries.errors import PretrainedError, SetupError
 from nonlinear_queries.record.runs import RunDir
-from nonlinear_queries.trainer.runtime import SetupError, setup
-from nonlinear_queries.weights.pretrained import PretrainedError, load_model, sharded_hint
+from nonlinear_queries.runtime.processes import setup
+from nonlinear_queries.weights.pretrained import load_model, sharded_hint
 
 
 @dataclass

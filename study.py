@@ -59,7 +59,7 @@ from dataclasses import asdict
 from nonlinear_queries.analysis import comparison
 from nonlinear_queries.analysis.width import run_flops
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.config.configurator import ConfigError
+from nonlinear_queries.errors import ConfigError
 from nonlinear_queries.experiments import declaration, looks, sweeps
 from nonlinear_queries.experiments.protocol import (
     StudyError,

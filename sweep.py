@@ -66,7 +66,7 @@ import os
 import sys
 
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.config.configurator import ConfigError
+from nonlinear_queries.errors import ConfigError
 from nonlinear_queries.experiments.slurm import slurm_queue
 from nonlinear_queries.experiments.sweeps import Point, Sweep, point_progress, run_sweep, sweep_parser
 from nonlinear_queries.record.runs import RunDir, finished, read_json

@@ -16,7 +16,7 @@ wandb_log (runs.py), and writes a checkpoint atomically after each evaluation
 (checkpoint.py). With eval_tasks it also runs lm-evaluation-harness tasks on rank 0
 every eval_tasks_interval steps (downstream.py).
 
-Processes (runtime.py): under torchrun (PyTorch DDP) step i still trains on row i of the
+Processes (runtime/processes.py): under torchrun (PyTorch DDP) step i still trains on row i of the
 train index, batch_size x gradient_accumulation_steps sequences; rank r of W takes the
 r-th contiguous W-th of the row as gradient_accumulation_steps / W micro-batches.
 Gradients are averaged over the ranks once per step, the logged loss is the mean over
@@ -62,16 +62,17 @@ from dataclasses import asdict, dataclass
 import torch
 
 from model import GPT, model_config_keys
+from nonlinear_queries.cli import resume_command
 from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.config.train_config import TrainConfig, parse_compile_options
-from nonlinear_queries.data.batches import DataError, get_batch, open_run_data
-from nonlinear_queries.record.errors import SetupError
-from nonlinear_queries.record.lock import release_new_out_dir, release_out_dir, sign_out_dir
+from nonlinear_queries.data.batches import get_batch, open_run_data
+from nonlinear_queries.errors import CheckpointError, DataError, PretrainedError, SetupError
+from nonlinear_queries.evaluation.diagnostics import diagnose
+from nonlinear_queries.record.lock import hold_run_dir, release_new_out_dir, release_out_dir, sign_out_dir
 from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.runtime.processes import all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
 from nonlinear_queries.trainer.budget import check_cpu_time, check_memory
-from nonlinear_queries.trainer.diagnostics import diagnose
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.trainer.runtime import all_reduce_sum, numerics, parallelize, peak_flops, setup, teardown
 from nonlinear_queries.trainer.stopping import Interrupted, StopFlag, compile_cut_by_stop, end_compilation
 from nonlinear_queries.trainer.training import (
     DivergenceGuard,
@@ -85,9 +86,8 @@ from nonlinear_queries.trainer.training import (
     should_read_back,
     train_step,
 )
-from nonlinear_queries.weights.checkpoint import Checkpointer, CheckpointError
-from nonlinear_queries.weights.pretrained import PretrainedError
-from nonlinear_queries.weights.start import build_model, hold_run_dir, resolve_start, resume_command
+from nonlinear_queries.weights.checkpoint import Checkpointer
+from nonlinear_queries.weights.start import build_model, resolve_start
 
 
 def data_dir(cfg):
@@ -110,7 +110,7 @@ def open_data(cfg):
 def start_log(cfg, rt, run_dir, source, state, run_name, config_files, model, data_fingerprint, tokens_per_iter):
     """This session's part of the record, once every check has passed: a new run (`source`, a start.Start, that
     does not resume) first replaces the run in out_dir (runs.RunDir.replace, on rank 0; allowed by
-    start.hold_run_dir) and a killed run's lock file names this run from now on (lock.sign_out_dir), then
+    lock.hold_run_dir) and a killed run's lock file names this run from now on (lock.sign_out_dir), then
     metrics.jsonl (and wandb, continuing state.wandb_id) opens with the run's header, also written to
     out_dir/config.json; prints the resolved config. Returns the runs.RunLog."""
     if rt.master:
@@ -157,7 +157,7 @@ def build_parts(cfg, rt, raw_model):
     the model; kernels.py), the processes' model (under torchrun DDP around the compiled model, or FSDP shards of
     it in place), and the optimizers built on what the processes hold (under FSDP, the shards)."""
     if cfg.kernels:
-        from nonlinear_queries.trainer.kernels import use_kernels
+        from nonlinear_queries.ops.kernels import use_kernels
 
         use_kernels(raw_model)
     model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,

@@ -17,7 +17,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `python bench/NAME.py` puts bench/ on the path, not the root
     sys.path.insert(1, REPO)
 
-from nonlinear_queries.trainer.runtime import DTYPES, SetupError, setup  # noqa: E402  (the root is on the path now)
+# the root is on the path now
+from nonlinear_queries.errors import SetupError  # noqa: E402
+from nonlinear_queries.runtime.processes import DTYPES, setup  # noqa: E402
 
 
 def parser(description, model=True):
@@ -49,7 +51,7 @@ def query_modes(p, args):
 
 
 def resolve_device(args):
-    """(device, dtype name, autocast context) from the parsed flags (runtime.setup, in this
+    """(device, dtype name, autocast context) from the parsed flags (processes.setup, in this
     process alone); exits with the message on a bad combination."""
     try:
         rt = setup(args.device, getattr(args, "dtype", "auto"), join_process_group=False)

@@ -26,7 +26,7 @@ import torch
 from common import REPO, command_line, header, interleaved, paired_ratio, parser, query_modes, resolve_device
 from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import read_config_file
-from nonlinear_queries.trainer.diagnostics import diagnose
+from nonlinear_queries.evaluation.diagnostics import diagnose
 from nonlinear_queries.trainer.training import evaluate
 
 SIZE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "batch_size", "eval_iters")

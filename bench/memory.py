@@ -22,7 +22,7 @@ What each part costs, in bytes:
   process, and a second copy of the gradients in its all-reduce buckets (W > 1). FSDP keeps
   1/W of each, plus the weights it gathers for the units at work: the root unit (embeddings,
   final norm, LM head) for the whole step and up to two blocks (one computing, one
-  prefetched), in float32 (autocast casts them as under DDP, runtime.parallelize); and while a
+  prefetched), in float32 (autocast casts them as under DDP, processes.parallelize); and while a
   unit's gradients are reduce-scattered, those gradients unsharded and their copy in the
   reduce-scatter's buffer.
 - activations: counted, not modelled: one Block of the config at its real width runs a
@@ -182,8 +182,8 @@ def tiny_config(args):
 def measure_child(args, parallelism, checkpointing):
     """In a fresh process (under torchrun for FSDP): two training steps of the tiny model as
     train.py runs them; prints one JSON line with this process's measured peak in bytes."""
+    from nonlinear_queries.runtime.processes import parallelize, setup, teardown
     from nonlinear_queries.trainer.optimizers import build_optimizers
-    from nonlinear_queries.trainer.runtime import parallelize, setup, teardown
     from nonlinear_queries.trainer.training import train_step
 
     cfg = tiny_config(args)

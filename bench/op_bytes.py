@@ -1,5 +1,5 @@
 """
-The bytes each of the kernels' ops (nonlinear_queries/trainer/kernels.py) reads and writes at GPT-2 small's
+The bytes each of the kernels' ops (nonlinear_queries/ops/kernels.py) reads and writes at GPT-2 small's
 shapes, and the time that takes at a GPU's memory bandwidth: the floor of a memory-bound op, beside
 the times measured of the inductor kernels each replaces (issue 77; docs/speed.md holds the table).
 

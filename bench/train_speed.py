@@ -27,7 +27,7 @@ default. --inductor=NAME=VALUE[,NAME=VALUE] (repeatable) adds linear and res_gel
 those torch._inductor.config options on top of the mode's, a row each ("res_gelu
 online_softmax=False"): a compiler setting tried beside the default in one process, the model
 unchanged. --kernels adds linear and res_gelu with the Triton ops of TrainConfig's kernels
-(nonlinear_queries/trainer/kernels.py: the cross-entropy, and res_gelu's f), "res_gelu kernels cat", the
+(nonlinear_queries/ops/kernels.py: the cross-entropy, and res_gelu's f), "res_gelu kernels cat", the
 same ops with the fused projection split by autograd (whose backward cats K's, V's and W1's
 gradients, where the ops write them into one buffer), and with --unfused also "res_gelu unfused
 kernels", W1 (its gain folded) out of the fused projection. --with_logits adds
@@ -91,8 +91,8 @@ from common import (
 from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
+from nonlinear_queries.runtime.processes import compile_kwargs, mfu, peak_flops
 from nonlinear_queries.trainer.optimizers import build_optimizers
-from nonlinear_queries.trainer.runtime import compile_kwargs, mfu, peak_flops
 from nonlinear_queries.trainer.training import DivergenceGuard, apply_updates, train_step
 
 SIZES = {  # n_layer, n_head, n_embd, block_size, batch_size, gradient_accumulation_steps
@@ -193,8 +193,8 @@ def build(args, overrides, device):
     """(model, compiled model, optimizers) of one variant under args.recipe; every variant
     starts from seed 0 and compiles (with --compile) in args.compile_mode, with static shapes, with
     inductor's cats as copies where overrides has compile_pointwise_cat=False and with the inductor options
-    of overrides' inductor_options (runtime.compile_kwargs); return_logits=True returns the logits
-    (returning_logits); kernels=True puts in the Triton ops (nonlinear_queries/trainer/kernels.py: res_gelu's f and
+    of overrides' inductor_options (processes.compile_kwargs); return_logits=True returns the logits
+    (returning_logits); kernels=True puts in the Triton ops (nonlinear_queries/ops/kernels.py: res_gelu's f and
     the cross-entropy) as TrainConfig's kernels does, one_buffer=False with autograd's split of the fused
     projection (use_kernels')."""
     overrides = dict(overrides)
@@ -211,7 +211,7 @@ def build(args, overrides, device):
     torch.manual_seed(0)
     model = GPT(config).to(device)
     if kernels:
-        from nonlinear_queries.trainer.kernels import use_kernels
+        from nonlinear_queries.ops.kernels import use_kernels
 
         use_kernels(model, one_buffer=one_buffer)
     optimizers = build_optimizers(model, cfg, "cuda" if device.startswith("cuda") else "cpu")

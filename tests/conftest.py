@@ -10,7 +10,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["WANDB_MODE"] = "offline"
 
-# the Triton kernels (nonlinear_queries/trainer/kernels.py) run on the CPU under Triton's interpreter, which
+# the Triton kernels (nonlinear_queries/ops/kernels.py) run on the CPU under Triton's interpreter, which
 # triton.jit picks when it decorates a function, its own builtins at triton's import included: so here, before
 # anything imports triton
 if not torch.cuda.is_available():

@@ -104,7 +104,7 @@ def train_in_process(data_dir, out_dir, *args):
     from nonlinear_queries.config.configurator import parse_config
     from nonlinear_queries.config.train_config import TrainConfig
     from nonlinear_queries.record.runs import RunDir
-    from nonlinear_queries.trainer.runtime import setup, teardown
+    from nonlinear_queries.runtime.processes import setup, teardown
 
     script = importlib.import_module("train")
     cfg, files = parse_config(TrainConfig, [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args])

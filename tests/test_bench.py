@@ -86,7 +86,7 @@ def test_train_speed_steps_as_train_py_between_log_steps(monkeypatch):
 
 
 def test_cat_copies_rows_compile_with_inductors_cats_as_copies_and_the_same_model(monkeypatch):
-    # --cat_copies: linear and res_gelu again, compiled with compile_pointwise_cat=False (runtime.compile_kwargs),
+    # --cat_copies: linear and res_gelu again, compiled with compile_pointwise_cat=False (processes.compile_kwargs),
     # the model itself unchanged; the key is a compile option, so the bench refuses it without --compile
     args = type("Args", (), dict(recipe="gpt2", size="cpu", n_layer=1, n_head=2, n_embd=32, block_size=8,
                                  vocab_size=64, compile=True, compile_mode="default", modes="linear,res_gelu",
@@ -107,7 +107,7 @@ def test_cat_copies_rows_compile_with_inductors_cats_as_copies_and_the_same_mode
 
 def test_inductor_rows_compile_with_their_options_and_the_same_model(monkeypatch):
     # --inductor=NAME=VALUE,...: linear and res_gelu again, a row per flag, compiled with those options on top of
-    # the mode's (runtime.compile_kwargs); names and types are checked as torch.compile checks them
+    # the mode's (processes.compile_kwargs); names and types are checked as torch.compile checks them
     text, options = train_speed.inductor_options("online_softmax=False,max_pointwise_cat_inputs=0")
     assert (text, options) == ("online_softmax=False,max_pointwise_cat_inputs=0",
                                {"online_softmax": False, "max_pointwise_cat_inputs": 0})

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from helpers import TINY, read_metrics, run_in_process
-from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
-from nonlinear_queries.trainer import budget, runtime
-from nonlinear_queries.trainer.runtime import SetupError
+from nonlinear_queries.errors import ConfigError, SetupError
+from nonlinear_queries.runtime import processes
+from nonlinear_queries.trainer import budget
 
 
 def cfg(**changes):
@@ -99,7 +100,7 @@ def test_the_papers_config_on_a_cpu_is_refused_before_it_compiles_or_writes(shak
     def compiled(*args, **kwargs):
         raise AssertionError("the model was compiled")
 
-    monkeypatch.setattr(runtime, "parallelize", compiled)
+    monkeypatch.setattr(processes, "parallelize", compiled)
     out = tmp_path / "run"
     code, stdout, stderr = run_in_process("train.py", "config/res_gelu.py", *data_args, f"--out_dir={out}",
                                           "--device=cpu")

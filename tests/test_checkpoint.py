@@ -13,15 +13,10 @@ import torch
 
 from helpers import run_in_process
 from nonlinear_queries.data.batches import index_fingerprint
+from nonlinear_queries.errors import CheckpointError, PretrainedError
 from nonlinear_queries.record.runs import RunDir
-from nonlinear_queries.weights.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    check_resumable,
-    read_checkpoint,
-    save_checkpoint,
-)
-from nonlinear_queries.weights.pretrained import PretrainedError, load_model
+from nonlinear_queries.weights.checkpoint import Checkpointer, check_resumable, read_checkpoint, save_checkpoint
+from nonlinear_queries.weights.pretrained import load_model
 from nonlinear_queries.weights.start import resolve_start
 
 NOT_LOADED = ("it is damaged, not a PyTorch file, or it holds pickled Python objects other than tensors and plain "

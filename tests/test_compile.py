@@ -22,8 +22,8 @@ from helpers import read_metrics, train_in_process
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import COMPILE_MODES, TrainConfig, parse_compile_options
+from nonlinear_queries.runtime.processes import compile_kwargs, parallelize, setup
 from nonlinear_queries.trainer.optimizers import build_optimizers
-from nonlinear_queries.trainer.runtime import compile_kwargs, parallelize, setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)

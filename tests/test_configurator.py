@@ -11,8 +11,9 @@ import time
 import pytest
 
 from helpers import REPO
-from nonlinear_queries.config.configurator import ConfigError, parse_config, read_config_file
+from nonlinear_queries.config.configurator import parse_config, read_config_file
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import ConfigError
 
 
 def write(path, text):
@@ -106,8 +107,9 @@ def test_arithmetic_too_large_for_a_setting_is_refused_at_once(tmp_path):
     # in a child process with a time limit: before the bound, `9 ** 9 ** 9` computed for hours
     paths = [write(tmp_path / str(i) / "a.py", text) for i, text in enumerate(TOO_LARGE)]
     child = ("import json, sys\n"
-             "from nonlinear_queries.config.configurator import ConfigError, parse_config\n"
+             "from nonlinear_queries.config.configurator import parse_config\n"
              "from nonlinear_queries.config.train_config import TrainConfig\n"
+             "from nonlinear_queries.errors import ConfigError\n"
              "errors = []\n"
              "for path in sys.argv[1:]:\n"
              "    try:\n"

@@ -64,8 +64,8 @@ from helpers import REPO, last_logged_step, read_metrics, run_script
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.tokenizer import INSTALL_HINT, gpt2_bpe_files
+from nonlinear_queries.runtime.processes import parallelize, peak_flops, setup, teardown
 from nonlinear_queries.trainer.optimizers import configure_optimizers, set_learning_rates
-from nonlinear_queries.trainer.runtime import parallelize, peak_flops, setup, teardown
 from nonlinear_queries.weights.checkpoint import read_checkpoint
 
 DEVICE = os.environ.get("TEST_CUDA_DEVICE", "cuda")
@@ -360,7 +360,7 @@ def test_compiled_activation_checkpointing_gives_the_same_gradients_from_less_me
 
 
 def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_of_the_cat():
-    # compile_pointwise_cat=False (runtime.compile_kwargs): the backward of res_gelu's fused projection concatenates
+    # compile_pointwise_cat=False (processes.compile_kwargs): the backward of res_gelu's fused projection concatenates
     # the gradients of K, V and W1's output (2C + r columns); inductor's default runs GELU's backward inside that
     # cat's kernel, over all of them (H200 profile, bench/RESULTS.md), the option over W1's r columns alone. The
     # cat is exact, so the step is the same. On the CPU inductor lowers every cat as copies: only a GPU has both.
@@ -402,7 +402,7 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
 
 
 # ---------------------------------------------------------------------------------------
-# the Triton ops (nonlinear_queries/trainer/kernels.py), compiled for this GPU; tests/test_kernels.py holds them to
+# the Triton ops (nonlinear_queries/ops/kernels.py), compiled for this GPU; tests/test_kernels.py holds them to
 # float64 on the CPU under Triton's interpreter, which does not compile them
 
 
@@ -412,7 +412,7 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
 def test_kernel_ops_match_float64_at_gpt2_small_widths(dtype):
     # res_gelu's f at C = 768, r = 384 over a row count that no tile size divides, and the cross-entropy over
     # GPT-2's 50,304 logits; outputs and every input gradient against float64 transcriptions of the same math
-    from nonlinear_queries.trainer import kernels
+    from nonlinear_queries.ops import kernels
 
     g = torch.Generator(device=DEVICE).manual_seed(0)
 
@@ -456,7 +456,7 @@ def test_kernel_ops_cross_entropy_at_96_x_5_rows_past_2_31_logits():
     # rows from 42,691 on start past 2^31 elements; each row's loss, and the gradient the op writes over the logits,
     # against torch's in float32, a chunk of rows at a time, each chunk's logits drawn again from the same seed (no
     # copy of the whole; a wrapped 32-bit offset reads or writes another row: an O(1) error)
-    from nonlinear_queries.trainer import kernels
+    from nonlinear_queries.ops import kernels
 
     rows, V, chunk = 96 * 1024, 50304, 4096
     assert rows * V > 2 ** 32
@@ -489,7 +489,7 @@ def test_kernel_ops_cross_entropy_at_96_x_5_rows_past_2_31_logits():
 def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query_mode):
     # TrainConfig's kernels: the compiled bf16 step (inductor around the custom ops) with the Triton ops against
     # the same step without them, loss and every gradient
-    from nonlinear_queries.trainer.kernels import use_kernels
+    from nonlinear_queries.ops.kernels import use_kernels
 
     rt = setup(DEVICE, "bfloat16", join_process_group=False)
     idx, targets = tokens(4, 128, 50257, seed=7), tokens(4, 128, 50257, seed=8)
@@ -513,7 +513,7 @@ def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query
 
 
 def test_fsdp_on_one_gpu_computes_what_autocast_computes():
-    # the one-GPU FSDP path (a process group of one on DEVICE, runtime.setup) against the plain model, both under
+    # the one-GPU FSDP path (a process group of one on DEVICE, processes.setup) against the plain model, both under
     # bf16 autocast: the residual stream between the blocks and RoPE's cos/sin stay float32 under FSDP as under
     # autocast (FSDP's MixedPrecisionPolicy would make them bfloat16), and the logits and gradients agree
     rt = setup(DEVICE, "bfloat16", parallelism="fsdp")
@@ -751,7 +751,7 @@ def test_logged_mfu_is_the_flops_done_in_the_time_the_steps_took(shakespeare_tok
             anchor = (t, int(saved[1]))
         elif logged := STEP_LINE.match(line):
             step, record = int(logged[1]), records[int(logged[1])]
-            # tokens/s and MFU from the logged step time, as runtime.mfu defines it (PaLM, appendix B)
+            # tokens/s and MFU from the logged step time, as processes.mfu defines it (PaLM, appendix B)
             assert record["tokens_per_s"] == pytest.approx(header["tokens_per_iter"] / (record["ms_per_step"] / 1e3),
                                                            rel=1e-9)
             assert record["mfu"] == pytest.approx(flops_per_token * record["tokens_per_s"] / peak, rel=1e-9)

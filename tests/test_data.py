@@ -25,13 +25,13 @@ import tiktoken.registry
 from helpers import run_script
 from nonlinear_queries.data.corpus import (
     MIN_VAL_TOKENS,
-    DataError,
     load_hub_documents,
     load_local_documents,
     prepare,
     split_documents,
 )
 from nonlinear_queries.data.tokenizer import EOT_TOKEN, encoding_from_files, get_gpt2_encoding, gpt2_bpe_files
+from nonlinear_queries.errors import DataError
 
 # where tiktoken_ext.openai_public.gpt2() fetches the files; its cache key is sha1(url)
 VOCAB_BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"

@@ -22,11 +22,12 @@ from helpers import ONE_THREAD, TINY, read_metrics, reference_attention_logits, 
 from model import GPT, QUERY_MODULES, GPTConfig
 from nonlinear_queries.analysis.arms import make_arms
 from nonlinear_queries.analysis.plots import diagnostics as plot_diagnostics
-from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import ConfigError
+from nonlinear_queries.evaluation.diagnostics import ACTIVATIONS, diagnose
 from nonlinear_queries.record.runs import RunLog, load_run
-from nonlinear_queries.trainer.diagnostics import ACTIVATIONS, diagnose
-from nonlinear_queries.trainer.runtime import parallelize, setup
+from nonlinear_queries.runtime.processes import parallelize, setup
 from nonlinear_queries.weights.checkpoint_file import load_checkpoint_file
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32)

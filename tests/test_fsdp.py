@@ -28,16 +28,12 @@ from helpers import train as train_tiny
 from helpers import val_losses_by_step as evals
 from model import GPT, GPTConfig
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import CheckpointError, SetupError
 from nonlinear_queries.record.runs import RunDir
-from nonlinear_queries.trainer import runtime
+from nonlinear_queries.runtime import processes
+from nonlinear_queries.runtime.processes import parallelize, setup
 from nonlinear_queries.trainer.optimizers import build_optimizers, muon_parameters
-from nonlinear_queries.trainer.runtime import SetupError, parallelize, setup
-from nonlinear_queries.weights.checkpoint import (
-    CheckpointError,
-    load_training_state,
-    read_checkpoint,
-    save_sharded_checkpoint,
-)
+from nonlinear_queries.weights.checkpoint import load_training_state, read_checkpoint, save_sharded_checkpoint
 from nonlinear_queries.weights.pretrained import load_model
 
 # the schedule is fixed by lr_decay_iters, so runs of any max_iters share their first steps; the global
@@ -182,7 +178,7 @@ def muon_steps_on_shards(rank, init_file, out):
     model = GPT(config)
     reference = GPT(config)
     reference.load_state_dict(model.state_dict())
-    parallelize(model, runtime.Runtime(rank, rank, 2, "cpu", "float32", "gloo"), "fsdp")
+    parallelize(model, processes.Runtime(rank, rank, 2, "cpu", "float32", "gloo"), "fsdp")
     cfg = TrainConfig(optimizer="muon", muon_learning_rate=0.05, muon_momentum=0.9, muon_weight_decay=0.2,
                       muon_adjust_lr_fn="match_rms_adamw")
     muon = build_optimizers(model, cfg, "cpu")[1]
@@ -207,7 +203,7 @@ def muon_steps_on_shards(rank, init_file, out):
     if rank == 0:
         torch.save({"counts": counts, "weights": weights, "momenta": momenta, "matrices": len(matrices),
                     "group": {k: v for k, v in muon.state_dict()["param_groups"][0].items() if k != "params"}}, out)
-    # as runtime.teardown: both ranks done before either leaves (once, under load, rank 0 aborted in gloo's
+    # as processes.teardown: both ranks done before either leaves (once, under load, rank 0 aborted in gloo's
     # teardown when rank 1 had left while it was still saving)
     dist.barrier()
     dist.destroy_process_group()
@@ -275,8 +271,8 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
 def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_one, monkeypatch, attn_gate):
     # parallelize as it runs for a CUDA bfloat16 run, its device mesh built on the CPU; the forward pass under
     # bf16 autocast (the CPU's), as train.py runs it (rt.autocast); with and without the output gate
-    cuda_mesh = runtime.init_device_mesh
-    monkeypatch.setattr(runtime, "init_device_mesh", lambda device_type, shape: cuda_mesh("cpu", shape))
+    cuda_mesh = processes.init_device_mesh
+    monkeypatch.setattr(processes, "init_device_mesh", lambda device_type, shape: cuda_mesh("cpu", shape))
     on_cuda = SimpleNamespace(device_type="cuda", dtype="bfloat16", world_size=1, backend="nccl", distributed=True)
     config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, pos_encoding="rope",
                        qk_norm=True, query_mode="res_gelu", bias=True, attn_gate=attn_gate)

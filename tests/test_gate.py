@@ -13,9 +13,10 @@ from helpers import REPO, randomize, reference_attention_logits, run_script, tra
 from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import CheckpointError
 from nonlinear_queries.experiments import protocol
 from nonlinear_queries.trainer.optimizers import configure_optimizers, muon_parameters
-from nonlinear_queries.weights.checkpoint import CheckpointError, check_resumable
+from nonlinear_queries.weights.checkpoint import check_resumable
 from nonlinear_queries.weights.pretrained import hf_incompatibility, load_model
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)

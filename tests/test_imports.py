@@ -59,7 +59,7 @@ def imported(node, name, modules):
         if node.level:  # relative: from the package the module `name` stands in
             package = name if name == "nonlinear_queries" else name.rpartition(".")[0]
             base = ".".join(p for p in (package, base) if p)
-        # `from nonlinear_queries.trainer import runtime` loads nonlinear_queries.trainer.runtime
+        # `from nonlinear_queries.trainer import runtime` loads nonlinear_queries.runtime.processes
         candidates = [base, *(f"{base}.{alias.name}" for alias in node.names)]
     return {c for c in candidates if c in modules and c != name}
 

@@ -1,4 +1,4 @@
-"""res_gelu's f as Triton kernels (nonlinear_queries/trainer/kernels.py), held on the CPU against float64
+"""res_gelu's f as Triton kernels (nonlinear_queries/ops/kernels.py), held on the CPU against float64
 transcriptions of the same math: each op's outputs and every input gradient, through the Triton
 kernels under Triton's interpreter and through the PyTorch path; then the model with the kernels
 against the model without.
@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import REPO, losses_by_step, train_in_process, val_losses_by_step
 from model import GPT, QUERY_MODULES, GPTConfig, ResGELUQuery
-from nonlinear_queries.trainer import kernels
+from nonlinear_queries.ops import kernels
 
 EPS = 1e-5
 # widths that are not powers of two and a row count that is not a multiple of a program's rows, so every tile's
@@ -293,7 +293,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
-from nonlinear_queries.trainer import kernels
+from nonlinear_queries.ops import kernels
 sys.path.insert(0, sys.argv[1])
 import planted
 
@@ -805,7 +805,7 @@ def test_kernels_under_sharding_checkpointing_and_compile(parallelism):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from nonlinear_queries.trainer.runtime import parallelize, setup
+    from nonlinear_queries.runtime.processes import parallelize, setup
 
     rt = setup("cpu", "float32", parallelism="fsdp")  # a group of one; under ddp, DDP around the model
     try:

@@ -32,13 +32,14 @@ from helpers import (
 )
 from model import GPT, GPTConfig
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import DiskFullError, OutDirBusy, OutDirUnwritable, SetupError
 from nonlinear_queries.record import lock
-from nonlinear_queries.record.lock import OutDirBusy, hold_out_dir, out_dir_holder
+from nonlinear_queries.record.lock import hold_out_dir, out_dir_holder
 from nonlinear_queries.record.runs import RunDir
+from nonlinear_queries.runtime.processes import parallelize, setup
 from nonlinear_queries.trainer.optimizers import build_optimizers
-from nonlinear_queries.trainer.runtime import SetupError, parallelize, setup
 from nonlinear_queries.weights import checkpoint
-from nonlinear_queries.weights.checkpoint import DiskFullError, read_checkpoint, save_checkpoint, tensor_bytes
+from nonlinear_queries.weights.checkpoint import read_checkpoint, save_checkpoint, tensor_bytes
 
 RUN = ["--lr_decay_iters=24", "--eval_interval=4"]
 
@@ -351,7 +352,7 @@ def test_an_out_dir_that_cannot_be_written_is_one_sentence(tmp_path, monkeypatch
                 raise OSError(code, os.strerror(code), str(path))
             return real_open(path, *args, **kwargs)
         monkeypatch.setattr(lock, "open", refuse, raising=False)
-    with pytest.raises(lock.OutDirUnwritable) as e:
+    with pytest.raises(OutDirUnwritable) as e:
         hold_out_dir(RunDir(str(out)))
     assert str(e.value) == f"cannot write in out_dir {out}: " + says.format(where=where)
     assert not out.exists()  # nothing that hold_out_dir made is left

@@ -17,8 +17,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import TINY, losses_by_step, randomize, read_metrics, run_in_process, run_script, train
 from model import GPT, GPTConfig
+from nonlinear_queries.errors import PretrainedError
 from nonlinear_queries.record.atomic import atomic_path
-from nonlinear_queries.weights.pretrained import PretrainedError, export, load_model
+from nonlinear_queries.weights.pretrained import export, load_model
 
 SMALL = dict(block_size=16, vocab_size=97, n_layer=2, n_head=4, n_embd=32)
 IDX = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))

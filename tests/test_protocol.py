@@ -13,9 +13,10 @@ import torch
 
 from helpers import ONE_THREAD, REPO, TINY, read_metrics, run_script, train
 from model import GPT, GPTConfig, model_config_keys
-from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.batches import get_batch, index_file, open_tokens
+from nonlinear_queries.errors import ConfigError
 from nonlinear_queries.record.runs import read_sweep
 
 

@@ -1,5 +1,5 @@
-"""runtime.py (device, dtype, process layout, peak FLOP/s, the stop flag) and runs.py's writing (metrics.jsonl,
-the no-op wandb, rank 0 only, the header's git state) without a training run."""
+"""runtime/processes.py (device, dtype, process layout, peak FLOP/s, the stop flag) and runs.py's writing
+(metrics.jsonl, the no-op wandb, rank 0 only, the header's git state) without a training run."""
 
 import json
 import os
@@ -9,9 +9,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+from nonlinear_queries.errors import SetupError
 from nonlinear_queries.record.runs import NullWandb, RunLog, git_state, run_header
-from nonlinear_queries.trainer import runtime
-from nonlinear_queries.trainer.runtime import SetupError, mfu, peak_flops, setup
+from nonlinear_queries.runtime import processes
+from nonlinear_queries.runtime.processes import mfu, peak_flops, setup
 
 
 def test_setup_on_the_cpu():
@@ -102,7 +103,7 @@ def test_run_log_writes_on_rank_0_only(tmp_path, capsys):
     assert wandb.calls == [(4, {"eval/val_loss": 3.5}), (5, {"diverged/reason": "the loss is nan"})]
     assert wandb.summary == {"diverged_step": 5} and wandb.finished == 3
     NullWandb().log({"x": 1}, step=0)  # the stand-in takes the same calls and does nothing
-    assert runtime.all_reduce_sum(torch.ones(2), setup("cpu")).tolist() == [1.0, 1.0]  # one process: unchanged
+    assert processes.all_reduce_sum(torch.ones(2), setup("cpu")).tolist() == [1.0, 1.0]  # one process: unchanged
 
 
 def test_git_state_leaves_out_results_and_the_runs_own_out_dir(tmp_path, monkeypatch):

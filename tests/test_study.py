@@ -18,8 +18,9 @@ from test_results import TABLES, printed_table
 
 import study
 from helpers import ONE_THREAD, REPO, read_metrics, run_script, wait_until
-from nonlinear_queries.config.configurator import ConfigError, parse_config
+from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import ConfigError
 from nonlinear_queries.experiments import looks, protocol, sweeps
 from nonlinear_queries.record import runs
 
@@ -710,7 +711,7 @@ def test_the_temperature_study_plans_exactly_its_40_declared_runs():
             c = protocol.arm_config(s, arm, horizon, protocol.held_out_point(s, stage.chosen, seed))
             planned.append((c.query_mode, c.attn_scale, c.n_embd, c.n_head, c.parametrization, c.learning_rate,
                             c.seed, c.data_seed, c.max_iters, c.lr_decay_iters, c.device,
-                            "float32" if c.dtype == "auto" and c.device == "cpu" else c.dtype))  # runtime.setup's auto
+                            "float32" if c.dtype == "auto" and c.device == "cpu" else c.dtype))  # setup's auto
     temp2, no_half = ("linear", 2 / math.sqrt(32)), ("res_gelu", 32 ** -0.5)  # as the configs compute them
     assert sorted(planned) == sorted((*arm, w, w // 32, "mup", 3e-3, seed, seed, 3000, 3000, "cpu", "float32")
                                      for arm in (temp2, no_half) for w in (128, 256) for seed in range(11, 21))

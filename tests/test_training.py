@@ -10,8 +10,8 @@ import torch
 from model import GPT, GPTConfig
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.batches import get_batch
+from nonlinear_queries.runtime.processes import Runtime
 from nonlinear_queries.trainer.optimizers import Muon, configure_optimizers
-from nonlinear_queries.trainer.runtime import Runtime
 from nonlinear_queries.trainer.training import (
     DivergenceGuard,
     apply_updates,

@@ -23,8 +23,8 @@ from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.evaluation.coord_check import coord_check
 from nonlinear_queries.record.runs import RunsError
+from nonlinear_queries.runtime.processes import parallelize, setup
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
-from nonlinear_queries.trainer.runtime import parallelize, setup
 from nonlinear_queries.trainer.training import get_lr
 from nonlinear_queries.weights.pretrained import hf_incompatibility
 

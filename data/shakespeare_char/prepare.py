@@ -19,13 +19,8 @@ import sys
 
 import numpy as np
 
-from nonlinear_queries.data.corpus import (
-    SHAKESPEARE_TEST_SIZE,
-    SPLIT_SEED,
-    DataError,
-    load_shakespeare,
-    split_documents,
-)
+from nonlinear_queries.data.corpus import SHAKESPEARE_TEST_SIZE, SPLIT_SEED, load_shakespeare, split_documents
+from nonlinear_queries.errors import DataError
 from nonlinear_queries.record.atomic import atomic_path, write_json
 
 

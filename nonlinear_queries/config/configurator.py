@@ -28,12 +28,9 @@ import textwrap
 import tokenize
 
 from nonlinear_queries.cli import run_main
+from nonlinear_queries.errors import ConfigError
 
 HELP_FLAGS = ("-h", "--help")
-
-
-class ConfigError(ValueError):
-    """A config file or override that names an unknown key or has a wrong type."""
 
 
 def _parse_literal(raw):

@@ -122,12 +122,12 @@ class TrainConfig(GPTConfig):
     # matmul and fusion choices), 'max-autotune' (both); it changes the speed and the compile time, not the model
     compile_mode: str = "default"
     # inductor's lowering of a cat: True (its default) one kernel that runs every input's math under a mask; False
-    # each input writes its own slice (runtime.compile_kwargs: tried for res_gelu's backward); exact either way
+    # each input writes its own slice (processes.compile_kwargs: tried for res_gelu's backward); exact either way
     compile_pointwise_cat: bool = True
     # inductor's options (torch._inductor.config names) as NAME=VALUE[,NAME=VALUE], e.g. 'online_softmax=False',
-    # joined to compile_mode's own and passed to torch.compile under ddp and fsdp (runtime.compile_kwargs); '' = none
+    # joined to compile_mode's own and passed to torch.compile under ddp and fsdp (processes.compile_kwargs); '' = none
     compile_options: str = ""
-    # res_gelu's f through Triton kernels registered as custom ops (nonlinear_queries/trainer/kernels.py): on CUDA,
+    # res_gelu's f through Triton kernels registered as custom ops (nonlinear_queries/ops/kernels.py): on CUDA,
     # or on the CPU under TRITON_INTERPRET=1; elsewhere the ops' PyTorch path. The same math; other query modes
     # unchanged
     kernels: bool = False
@@ -136,7 +136,7 @@ class TrainConfig(GPTConfig):
     # torch.distributed backend under torchrun: 'auto' (nccl on CUDA, gloo on CPU), 'nccl', 'gloo'
     backend: str = "auto"
     # how the processes under torchrun share the model: 'ddp' (every process holds all of it, PyTorch DDP)
-    # or 'fsdp' (each holds 1/W of the weights, gradients and optimizer states, FSDP2; runtime.py);
+    # or 'fsdp' (each holds 1/W of the weights, gradients and optimizer states, FSDP2; runtime/processes.py);
     # checkpoints follow: one file under ddp, a sharded directory under fsdp (checkpoint.py)
     parallelism: str = "ddp"
     # recompute each block's activations in the backward pass instead of keeping them: less memory,

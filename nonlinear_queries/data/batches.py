@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nonlinear_queries.data.hub import DataError
+from nonlinear_queries.errors import DataError
 from nonlinear_queries.record.atomic import atomic_path
 
 STREAMS = {"train": 0, "train_eval": 1, "val_eval": 2}

@@ -22,8 +22,9 @@ import numpy as np
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from nonlinear_queries.data.hub import DataError, check_hub_reachable, hub_endpoint, hub_offline
+from nonlinear_queries.data.hub import check_hub_reachable, hub_endpoint, hub_offline
 from nonlinear_queries.data.tokenizer import EOT_TOKEN, get_gpt2_encoding
+from nonlinear_queries.errors import DataError
 from nonlinear_queries.record.atomic import atomic_path, write_json
 
 SPLIT_SEED = 2357

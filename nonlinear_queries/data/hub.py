@@ -1,20 +1,17 @@
 """
 The Hugging Face hub seen from this repo: whether to go online at all, where the hub is,
 and a fast reachability probe, so that an unreachable hub is one clear error within
-seconds instead of datasets' or lm-eval's minutes of retries. `DataError` is the one error
-for unusable data or an unreachable source, raised by corpus, batches and downstream;
-the programs print its message and exit 1.
+seconds instead of datasets' or lm-eval's minutes of retries, a DataError (nonlinear_queries.errors,
+the one error for unusable data or an unreachable source, raised by corpus, batches and downstream too).
 """
 
 import os
 
 import httpx
 
+from nonlinear_queries.errors import DataError
+
 TRUE_VALUES = {"1", "ON", "YES", "TRUE"}  # how datasets and huggingface_hub read boolean env vars
-
-
-class DataError(Exception):
-    """Bad data input or an unreachable source; the message says what to do. CLIs exit 1 on it."""
 
 
 def hub_offline():

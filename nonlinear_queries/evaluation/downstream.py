@@ -40,9 +40,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from model import GPT
-from nonlinear_queries.data.hub import DataError, check_hub_reachable, hub_endpoint, hub_offline
+from nonlinear_queries.data.hub import check_hub_reachable, hub_endpoint, hub_offline
 from nonlinear_queries.data.tokenizer import run_tokenizer
-from nonlinear_queries.trainer.runtime import setup
+from nonlinear_queries.errors import DataError, EvalError
+from nonlinear_queries.runtime.processes import setup
 from nonlinear_queries.trainer.training import should_eval
 from nonlinear_queries.weights.pretrained import load_model
 
@@ -66,11 +67,6 @@ class TasksStopped(Exception):
     """A stop request (GPTLM's should_stop) gave the tasks up between two batches."""
 
 
-class EvalError(DataError):
-    """A task that cannot run: an unknown name, a missing local file, or data on a hub that cannot be reached.
-    A DataError, so train.py reports it like any other missing data, before the run starts."""
-
-
 @register_model(MODEL_NAME)
 class GPTLM(TemplateLM):
     """Our GPT as an lm-eval model, for the three request types of lm_eval.api.model.LM.
@@ -78,7 +74,7 @@ class GPTLM(TemplateLM):
     pretrained: a source pretrained.load_model reads (a run's out_dir, a checkpoint, gpt2, a Hugging
     Face or export.py directory), whose tokenizer is the run's own (tokenizer.run_tokenizer); or a
     GPT object, with its `tokenizer` (the model in training). batch_size: sequences per forward
-    pass. device, dtype: as runtime.setup ('auto': CUDA with bfloat16 autocast if available, else
+    pass. device, dtype: as processes.setup ('auto': CUDA with bfloat16 autocast if available, else
     the CPU in float32). max_gen_toks: generate_until's length limit when a task sets none.
     progress: whether to show progress bars.
 

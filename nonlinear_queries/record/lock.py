@@ -19,6 +19,8 @@ try_lock and lock_holder are the same lock on any file: sweep.py claims a point 
 out_dir/.sweep.lock for as long as it runs the point's train.py, so two sweeps never launch one point.
 `exclusive` waits for the lock instead: sweep.py updates SWEEP_DIR/sweep.json under it, so two sweeps
 on one sweep_dir never overwrite each other's statuses with a stale copy.
+
+hold_run_dir is train.py's run taking its out_dir: the lock, and no run replaced unasked (runs.RunDir.check_start).
 """
 
 import contextlib
@@ -29,19 +31,8 @@ import os
 import socket
 import time
 
-from nonlinear_queries.record.errors import SetupError
-
-
-class OutDirBusy(SetupError):
-    """out_dir is held by another live run."""
-
-
-class NoFileLocks(SetupError):
-    """out_dir's file system does not support flock."""
-
-
-class OutDirUnwritable(SetupError):
-    """out_dir is a file, or a directory this process cannot write in."""
+from nonlinear_queries.cli import run_command
+from nonlinear_queries.errors import NoFileLocks, OutDirBusy, OutDirUnwritable
 
 
 def unwritable(run_dir, e):
@@ -291,3 +282,22 @@ def exclusive(path):
             if e.errno not in UNSUPPORTED:
                 raise
         yield  # closing the file gives the lock back
+
+
+def hold_run_dir(cfg, rt, run_dir, source, stop):
+    """Hold the run directory `run_dir` (a runs.RunDir, cfg.out_dir's) for train.py's run that starts from `source`
+    (a start.Start): on rank 0 created and, with cfg.lock_out_dir, locked for this process's life (hold_out_dir; one
+    run per out_dir); a run that resumes a checkpoint that is not there, and a new run that would replace or append
+    to what a run left there unasked (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds)
+    unless cfg.overwrite, are refused on every rank (runs.RunDir.check_start, whose message gives the command to run
+    instead: cli.run_command), every file there left as it was, a killed run's lock file included
+    (left_lock_holder). cfg: the TrainConfig; rt: processes.setup's processes; stop: the run's stopping.StopFlag,
+    which defers a signal while the lock is taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable)
+    or CheckpointError."""
+    left_lock = left_lock_holder(run_dir)  # before this run takes the lock
+    if rt.master and cfg.lock_out_dir:
+        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
+            hold_out_dir(run_dir)
+    elif rt.master:
+        make_out_dir(run_dir)
+    run_dir.check_start(source, cfg.overwrite, lambda *flags: run_command(rt, *flags), left_lock)

@@ -32,8 +32,8 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from nonlinear_queries.errors import CheckpointError
 from nonlinear_queries.record.atomic import write_json
-from nonlinear_queries.record.errors import CheckpointError
 
 # where studies keep their runs (results/<study>/<arm>/<point>), at the top of the checkout
 RESULTS_DIR = "results"
@@ -331,7 +331,7 @@ class RunDir:
         resume: from scratch or fine-tuning) that would replace or append to what a run left here (leftovers:
         checkpoints, metrics.jsonl, config.json, wandb/, a .lock that no process holds), in whatever state that run
         stopped, unless overwrite. command: the command line of this run with its --init_from, --resume_from and
-        --overwrite replaced by the arguments it is given (start.run_command); left_lock: what such a .lock names
+        --overwrite replaced by the arguments it is given (cli.run_command); left_lock: what such a .lock names
         (lock.left_lock_holder), None where there is none. Raises errors.CheckpointError, one sentence naming what
         is here (the killed run a .lock names) and how to go on, each way a command that this check accepts: the
         command that resumes the run where there is a checkpoint (with --resume_from where only step checkpoints

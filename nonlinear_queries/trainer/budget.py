@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from nonlinear_queries.record.errors import SetupError
+from nonlinear_queries.errors import SetupError
 
 # a week: what a CPU run may take, at least, before train.py asks for allow_slow. A CPU study's run takes minutes to
 # hours; the paper's config takes decades on a CPU, a mistaken device or config, not a run anyone waits for
@@ -36,7 +36,7 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def memory_floor(n_params, cfg, dtype, world_size=1):
     """A lower bound on one process's memory for a training run, in bytes. n_params: the model's parameters
     (all of them); cfg: the TrainConfig (batch_size, eval_batch_size, block_size, vocab_size, n_layer, n_embd,
-    optimizer, parallelism, activation_checkpointing); dtype: the compute dtype's name (runtime.Runtime.dtype).
+    optimizer, parallelism, activation_checkpointing); dtype: the compute dtype's name (processes.Runtime.dtype).
     Returns (bytes, what they are: a short text for the error)."""
     state = n_params * (8 + (8 if cfg.optimizer == "adamw" else 4))
     if cfg.parallelism == "fsdp":
@@ -99,7 +99,7 @@ def describe_duration(seconds):
 
 def check_memory(cfg, rt, model):
     """Refuse, before any work, a run whose memory floor (memory_floor) is above what the device has. cfg: the
-    TrainConfig; rt: runtime.setup's processes (device, dtype, world_size); model: the GPT. Raises SetupError
+    TrainConfig; rt: processes.setup's processes (device, dtype, world_size); model: the GPT. Raises SetupError
     saying what to lower."""
     have = device_memory(rt.device)
     need, parts = memory_floor(model.get_num_params(non_embedding=False), cfg, rt.dtype, rt.world_size)
@@ -114,7 +114,7 @@ def check_cpu_time(cfg, rt, model, steps):
     """On the CPU, before the run compiles or writes anything: refuse a run whose `steps` would take more than
     SLOW_RUN_S (a week), unless cfg.allow_slow, and say when one step takes more than a minute (on stderr, on rank
     0). The time is a floor: the step's FLOPs (model.flops_per_token() x the tokens per step of the TrainConfig
-    cfg) at the rate this CPU's matmuls reach (cpu_matmul_flops), so the true time is longer. rt: runtime.setup's
+    cfg) at the rate this CPU's matmuls reach (cpu_matmul_flops), so the true time is longer. rt: processes.setup's
     processes (device_type, master). Raises SetupError saying what to run instead."""
     if rt.device_type != "cpu" or not steps:
         return

@@ -68,7 +68,7 @@ class Muon(torch.optim.Muon):
     """torch.optim.Muon, whose step also runs on the whole matrix when FSDP2 shards it.
 
     On plain tensors (one process, DDP) the step is torch.optim.Muon's own. On DTensor shards
-    (runtime.parallelize's FSDP: each process holds some rows of every matrix, its gradient and
+    (processes.parallelize's FSDP: each process holds some rows of every matrix, its gradient and
     its momentum), torch's step would run Newton-Schulz on the shards, where DTensor turns
     its norm and matmuls into blocking collectives (on 2 processes: 6 all-reduces and 7 or 8
     all-gathers a matrix and step, and rounding that differs from one process's).

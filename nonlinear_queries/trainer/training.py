@@ -22,8 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from nonlinear_queries.data.batches import get_batch
-from nonlinear_queries.record.errors import SetupError
-from nonlinear_queries.trainer.runtime import all_reduce_sum, mfu
+from nonlinear_queries.errors import SetupError
+from nonlinear_queries.runtime.processes import all_reduce_sum, mfu
 
 
 def get_lr(step, cfg):
@@ -276,7 +276,7 @@ def should_read_back(step, cfg, start_step, resumed_after_eval, tasks_due=False)
 
 def micro_steps_per_process(cfg, rt):
     """gradient_accumulation_steps / world size: each process's micro-batches of a step (cfg: the TrainConfig;
-    rt: runtime.setup's processes). Raises SetupError when the processes cannot share the step's micro-batches
+    rt: processes.setup's processes). Raises SetupError when the processes cannot share the step's micro-batches
     evenly."""
     if cfg.gradient_accumulation_steps % rt.world_size:
         raise SetupError(

@@ -59,15 +59,11 @@ from model import GPT, GPTConfig
 from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.batches import fingerprint_change
+from nonlinear_queries.errors import CheckpointError, DiskFullError
 from nonlinear_queries.record.atomic import atomic_path, fsync_path, in_flight
 from nonlinear_queries.record.runs import RunDir
 from nonlinear_queries.trainer.optimizers import build_optimizers, load_optimizer_states
-from nonlinear_queries.weights.checkpoint_file import (
-    CheckpointError,
-    load_checkpoint_file,
-    unreadable_checkpoint,
-    upgrade_model_args,
-)
+from nonlinear_queries.weights.checkpoint_file import load_checkpoint_file, unreadable_checkpoint, upgrade_model_args
 
 
 @dataclass
@@ -93,10 +89,6 @@ class TrainState:
 CHECKPOINT_KEYS = {"model", "optimizer", "model_args", "data", *(f.name for f in fields(TrainState))}
 # what meta.pt of a sharded checkpoint holds: the keys above but the weights and states, which are shards
 SHARDED_KEYS = CHECKPOINT_KEYS - {"model", "optimizer"} | {"optimizers", "param_groups"}
-
-
-class DiskFullError(CheckpointError):
-    """No room on the disk for a checkpoint; the previous checkpoint is left as it was."""
 
 
 def latest_checkpoint(run_dir, parallelism):
@@ -437,7 +429,7 @@ class Checkpointer:
     def __init__(self, cfg, rt, run_dir, source):
         """The checkpoint that a resumed run continues, read with its meta and weights on rt.device (path
         None for a new run, from scratch or fine-tuning; whether it may replace the run in out_dir is
-        runs.RunDir's). cfg: the TrainConfig; rt: runtime.setup's processes; run_dir: the run's runs.RunDir,
+        runs.RunDir's). cfg: the TrainConfig; rt: processes.setup's processes; run_dir: the run's runs.RunDir,
         where it writes its checkpoints; source: where the run starts (start.Start: its `resumes`, and the
         checkpoint `path` it resumes, which runs.RunDir.check_start has found there). Raises CheckpointError for
         a checkpoint to resume that cannot be read."""

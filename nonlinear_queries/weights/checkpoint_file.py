@@ -16,7 +16,7 @@ import pickle
 
 import torch
 
-from nonlinear_queries.record.errors import CheckpointError
+from nonlinear_queries.errors import CheckpointError
 from nonlinear_queries.record.runs import RunDir
 
 

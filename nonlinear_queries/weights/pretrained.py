@@ -43,9 +43,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from model import GPT, QUERY_MODULES, GPTConfig, model_config_keys
+from nonlinear_queries.errors import CheckpointError, PretrainedError
 from nonlinear_queries.record.atomic import atomic_path, write_json
 from nonlinear_queries.record.runs import RunDir
-from nonlinear_queries.weights.checkpoint_file import CheckpointError, load_checkpoint_file, upgrade_model_args
+from nonlinear_queries.weights.checkpoint_file import load_checkpoint_file, upgrade_model_args
 
 GPT2_SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 REPO_FORMAT = "nonlinear-queries"  # config.json's "format" in export.py's own format
@@ -74,11 +75,6 @@ OFFICIAL_NAMES = {
 }
 # overrides that may differ from the loaded model's config without changing what its weights compute
 FREE_OVERRIDES = ("dropout", "fused_qkv")
-
-
-class PretrainedError(ValueError):
-    """A source that cannot be loaded (missing, corrupt, of an unknown kind), an override it cannot take, or a
-    destination export refuses to write."""
 
 
 @dataclass

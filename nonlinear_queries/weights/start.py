@@ -1,22 +1,17 @@
 """
 How train.py's run starts: where its weights come from, settled once (resolve_start: from scratch, resuming a
-checkpoint, or fine-tuning a pretrained model; nanoGPT settles the same in one if/elif on init_from), its run
-directory held (hold_run_dir: the lock, no run replaced unasked, no resume of a checkpoint that is not there), the
-model built from the start (build_model), and the commands that go on from here (run_command, resume_command).
-After resolve_start nothing reads init_from or resume_from: train.py, runs.RunDir.check_start and
-checkpoint.Checkpointer read the Start.
+checkpoint, or fine-tuning a pretrained model; nanoGPT settles the same in one if/elif on init_from), and the
+model built from the start (build_model). The run directory is held by lock.hold_run_dir, and the commands that go
+on from here are cli.run_command's. After resolve_start nothing reads init_from or resume_from: train.py,
+runs.RunDir.check_start and checkpoint.Checkpointer read the Start.
 """
 
-import os
-import shlex
-import sys
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from model import GPT, GPTConfig, model_config_keys
-from nonlinear_queries.record.errors import SetupError
-from nonlinear_queries.record.lock import hold_out_dir, left_lock_holder, make_out_dir
+from nonlinear_queries.errors import SetupError
 from nonlinear_queries.weights.checkpoint import latest_checkpoint
 from nonlinear_queries.weights.pretrained import load_model
 
@@ -61,39 +56,6 @@ def resolve_start(cfg, run_dir):
     if cfg.init_from == "scratch":
         return Start(SCRATCH)
     return Start(FINE_TUNE, cfg.init_from)
-
-
-def run_command(rt, *flags):
-    """This process's own command line (sys.argv, under torchrun with its launcher and this machine's process
-    count, from rt, runtime.setup's processes) without its --init_from, --resume_from and --overwrite, and with
-    `flags` (such as '--init_from=scratch') instead."""
-    args = [a for a in sys.argv[1:] if not a.startswith(("--init_from=", "--resume_from=", "--overwrite="))]
-    launcher = (f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', rt.world_size)} "
-                "[your other torchrun options] " if "RANK" in os.environ else "python ")
-    return launcher + shlex.join([sys.argv[0], *args, *flags])
-
-
-def resume_command(rt):
-    """The command line that continues this run from its checkpoint: run_command with --init_from=resume."""
-    return run_command(rt, "--init_from=resume")
-
-
-def hold_run_dir(cfg, rt, run_dir, source, stop):
-    """Hold the run directory `run_dir` (a runs.RunDir, cfg.out_dir's) for the run that starts from `source` (a
-    Start): on rank 0 created and, with cfg.lock_out_dir, locked for this process's life (lock.py; one run per
-    out_dir); a run that resumes a checkpoint that is not there, and a new run that would replace or append to
-    what a run left there unasked (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds)
-    unless cfg.overwrite, are refused on every rank (runs.RunDir.check_start), every file there left as it was,
-    a killed run's lock file included (lock.py). rt: runtime.setup's processes; stop: the run's stopping.StopFlag,
-    which defers a signal while the lock is taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable)
-    or CheckpointError."""
-    left_lock = left_lock_holder(run_dir)  # before this run takes the lock
-    if rt.master and cfg.lock_out_dir:
-        with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
-            hold_out_dir(run_dir)
-    elif rt.master:
-        make_out_dir(run_dir)
-    run_dir.check_start(source, cfg.overwrite, lambda *flags: run_command(rt, *flags), left_lock)
 
 
 def build_model(cfg, rt, source, resumed_args):

@@ -67,7 +67,7 @@ def weight_norms(attn):
 
 @contextmanager
 def unsharded(module):
-    """Within the block, `module`'s own full weights under FSDP2 (runtime.parallelize shards the root and each
+    """Within the block, `module`'s own full weights under FSDP2 (processes.parallelize shards the root and each
     Block): all-gathered by every process on entry (a collective), sharded again on exit. Without FSDP,
     nothing."""
     if not isinstance(module, FSDPModule):
