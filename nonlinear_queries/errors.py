@@ -46,7 +46,8 @@ class DiskFullError(CheckpointError):
 
 class ConfigError(ValueError):
     """A config file or override that names an unknown key or has a wrong type (configurator; the message names
-    the key, file and line). The user fixes that key; `--help` lists every key with its type and default."""
+    the key, file and line), a sweep's malformed axis (sweeps) or SLURM setting (slurm). The user fixes what the
+    message names; `--help` lists every key with its type and default."""
 
 
 class DataError(Exception):
