@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+from scipy import stats as sps
 
 import study
 from helpers import ONE_THREAD, REPO, run_script
@@ -62,6 +63,23 @@ def test_the_sign_flip_p_is_the_share_of_sign_patterns_and_monte_carlo_comes_nea
     assert p == by_hand and how == "exact, 2^12 patterns"
     p_mc, how = sequential.sign_flip_p(d, exact_up_to=0, draws=20_000, seed=3)
     assert abs(p_mc - p) < 0.01 and how == "Monte Carlo, 20000 patterns, seed 3"
+
+
+def test_a_looks_test_is_the_paired_t_against_its_boundary_with_its_repeated_interval():
+    """look_test's t and p are scipy's one-sample t-test's on the per-seed contrasts; it rejects at |t| >= the
+    boundary, stops for futility below a futility bound, continues between them and is 'not rejected' there at its
+    final look; its interval is the mean +- the boundary x SE, its sign-flip p sign_flip_p's."""
+    d = np.array([0.9, 1.4, -0.3, 0.2, 0.7, -0.1, 1.1, 0.5, 0.05, -0.6, 0.8, 0.4])
+    scipy_t = sps.ttest_1samp(d, 0.0)
+    r = sequential.look_test(d, 2.5)
+    assert (r.n, r.df) == (12, 11) and r.se == pytest.approx(d.std(ddof=1) / math.sqrt(12))
+    assert r.t == pytest.approx(scipy_t.statistic) and r.p == pytest.approx(scipy_t.pvalue)
+    assert r.interval == pytest.approx((d.mean() - 2.5 * r.se, d.mean() + 2.5 * r.se))
+    assert (r.sign_flip_p, r.sign_flip) == sequential.sign_flip_p(d)
+    t = abs(r.t)
+    assert [sequential.look_test(d, bound, futility, final).decision for bound, futility, final in
+            [(t, None, False), (t + 0.1, t + 0.05, False), (t + 0.1, t - 0.05, False), (t + 0.1, None, True)]] == \
+        ["reject", "futility", "continue", "not rejected"]
 
 
 def test_the_whole_procedure_holds_its_level_and_the_design_table_agrees_with_it():
@@ -601,7 +619,9 @@ def test_holm_levels_and_the_family_simulation_hold_the_level_and_give_the_issue
     """holm_levels: 0.05/3, 0.05/2, 0.05. family_characteristics at every effect 0 keeps the family-wise error at
     0.05 (within the simulation's error) under both rules; one test alone is the same study under both; and at
     effects 0.9, 0.5, 0.5 points, sd 0.6, looks 10/20/30 (issue 83's figures) the fixed sequence's later tests lose
-    power to the gate's early stop (about 0.60 and 0.45) where Holm keeps about 0.99 each."""
+    power to the gate's early stop (about 0.60 and 0.45) where Holm keeps about 0.99 each. The covariance by hand is
+    contrast_covariance's of studies/width256_gate.toml's contrasts, and simulate_family is family_characteristics at
+    the boundaries of each Holm level."""
     assert sequential.holm_levels(0.05, 3) == pytest.approx([0.05 / 3, 0.025, 0.05])
     looks_ = [10, 20, 30]
 
@@ -611,6 +631,10 @@ def test_holm_levels_and_the_family_simulation_hold_the_level_and_give_the_issue
 
     s2 = 0.6 ** 2 / 2  # four arms' independent noises: E_tuned, E_gated, G as in studies/width256_gate.toml
     cov = s2 * np.array([[2, 0, 1], [0, 2, -1], [1, -1, 2]])
+    gate = [("baseline_temp2_w256", {"res_gelu_no_half_w256": 1}),
+            ("baseline_temp2_gate_w256", {"res_gelu_no_half_gate_w256": 1}),
+            ("baseline_temp2_w256", {"baseline_temp2_gate_w256": 1})]
+    assert sequential.contrast_covariance(gate, [0.6] * 3) == pytest.approx(cov)
     holm = [bounds(x) for x in sequential.holm_levels(0.05, 3)]
     for rule, b in [("holm", holm), ("fixed_sequence", [bounds(0.05)])]:
         null = sequential.family_characteristics(looks_, b, [0, 0, 0], cov, rule)
@@ -620,7 +644,9 @@ def test_holm_levels_and_the_family_simulation_hold_the_level_and_give_the_issue
     assert one[0] == one[1]
     fixed = sequential.family_characteristics(looks_, [bounds(0.05)], [0.9, 0.5, 0.5], cov, "fixed_sequence")
     assert fixed.rejected[1] == pytest.approx(0.60, abs=0.03) and fixed.rejected[2] == pytest.approx(0.45, abs=0.03)
-    assert min(sequential.family_characteristics(looks_, holm, [0.9, 0.5, 0.5], cov, "holm").rejected) > 0.98
+    holm_at_effects = sequential.family_characteristics(looks_, holm, [0.9, 0.5, 0.5], cov, "holm")
+    assert min(holm_at_effects.rejected) > 0.98
+    assert sequential.simulate_family(looks_, [0.9, 0.5, 0.5], cov, 0.05, "obrien_fleming", "holm") == holm_at_effects
     with pytest.raises(ValueError, match="no futility"):
         sequential.family_characteristics(looks_, holm, [0, 0, 0], cov, "holm", futility_t=[1.0, 1.0])
 

@@ -11,9 +11,12 @@ pwr.t.test(d = 0.5, power = 0.8, type = "paired") prints n = 33.36713; tests/tes
 seeds_for_power to it.
 
 At a look with a nominal two-sided level (sequential.nominal_levels), the same formulas at that level give the
-effect that look alone detects with the given power: what it can decide.
+effect that look alone detects with the given power: what it can decide. The looks of a group-sequential procedure
+that reach a power (looks_for_power) come from its simulated operating characteristics (sequential), as no closed
+form holds for the t statistics at the looks.
 """
 
+import functools
 import json
 import math
 
@@ -21,7 +24,7 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as sps
 
-from nonlinear_queries.analysis import stats
+from nonlinear_queries.analysis import sequential, stats
 from nonlinear_queries.record.runs import RunDir
 
 
@@ -64,6 +67,31 @@ def look_detectable_effects(sd, looks, z_bounds, power=0.8):
     """Per look k (looks[k] seeds, boundary z_bounds[k]): the effect that look's t-test alone, at its nominal level
     2 (1 - Phi(c_k)), detects with `power`. Returns a list of floats."""
     return [detectable_effect(sd, n, float(2 * sps.norm.sf(z)), power) for n, z in zip(looks, z_bounds)]
+
+
+@functools.lru_cache(maxsize=64)
+def looks_for_power(effect, sd, level, spending, futility, n_looks, wanted, max_seeds):
+    """(looks, simulated power): n_looks looks at max(3, ceil(k n / n_looks)) seeds an arm (k = 1 .. n_looks), n the
+    fewest (from 3 n_looks up to max_seeds) at which the group-sequential paired t procedure's simulated power
+    (sequential.operating_characteristics, seed 0) at `effect` (points, per-seed sd `sd`) reaches `wanted`, else
+    max_seeds. The boundaries are sequential.look_boundaries' at two-sided `level` with `spending` and the |z|
+    futility bounds `futility` (a tuple). Returns (a tuple of n_looks ints, a float)."""
+    def schedule(n):
+        return [max(3, math.ceil((k + 1) * n / n_looks)) for k in range(n_looks)]
+
+    def reached(n):
+        looks = schedule(n)
+        _, t_bounds, futility_t = sequential.look_boundaries(looks, level, spending, list(futility))
+        oc = sequential.operating_characteristics(looks, t_bounds, effect, sd, futility_t=futility_t or None)
+        return oc.rejected
+
+    low, high = 3 * n_looks, max_seeds
+    if reached(high) < wanted:
+        return tuple(schedule(high)), reached(high)
+    while low < high:  # the power grows with n: the fewest n that reaches it
+        mid = (low + high) // 2
+        low, high = (low, mid) if reached(mid) >= wanted else (mid + 1, high)
+    return tuple(schedule(low)), reached(low)
 
 
 class PilotError(ValueError):

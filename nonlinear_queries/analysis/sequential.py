@@ -1,6 +1,7 @@
 """
 Group-sequential tests of a declared paired contrast: alpha-spending boundaries, their carrying to t statistics,
-the exact sign-flip test beside them, and the operating characteristics of the whole procedure by simulation.
+one look's test against them, the exact sign-flip test beside it, the operating characteristics of the whole
+procedure by simulation, and the same for a family of declared tests on shared seeds.
 
 The boundaries (two-sided, symmetric, z scale). At looks with information fractions t_1 < ... < t_K = 1 (for a
 paired contrast, the seeds so far over the seeds at the last look), the standardized statistics Z_k of a
@@ -30,6 +31,12 @@ carried to its t by the same nominal two-sided p-value: t_k = F_t^{-1}(Phi(c_k);
 the whole procedure is checked by simulation (operating_characteristics: the t statistics of simulated studies at
 the planned looks, their rejection rate under the null and their power under an effect).
 
+At look k the paired t of the per-seed contrasts is tested against t_k (look_test): it rejects where |t| >= t_k;
+with a futility bound it stops without rejecting where |t| falls below it (non-binding: the rejection bounds do not
+count on it). Beside it stands the repeated confidence interval, estimate +- t_k x SE (Jennison & Turnbull 2000,
+ch. 9: it covers the contrast at every look at once with probability about 1 - level, as the boundaries carried to t
+hold the level).
+
 The sign-flip test (Fisher 1935, "The Design of Experiments", section 21; a randomisation test): under the null of
 a paired contrast symmetric about 0, each seed's difference is as likely negated, so the p-value is the share of the
 2^n sign patterns whose |mean| is at least the observed one: every pattern when 2^n is at most 2^20, else a seeded
@@ -40,6 +47,7 @@ scipy: https://docs.scipy.org/doc/scipy/reference/generated/scipy.stats.multivar
 scipy.stats.norm, scipy.optimize.brentq. No torch here: study.py's dry run imports this.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -121,6 +129,24 @@ def t_boundaries(z_bounds, dfs):
     return [float(sps.t.isf(sps.norm.sf(z), df)) for z, df in zip(z_bounds, dfs)]
 
 
+@functools.lru_cache(maxsize=64)
+def _look_z_bounds(looks, level, spending):
+    """spending_bounds at the fractions looks[k] / looks[-1] of `looks` (a tuple), kept: a study's dry run and
+    study.json ask for the same boundaries many times."""
+    return tuple(spending_bounds([n / looks[-1] for n in looks], level, spending))
+
+
+def look_boundaries(looks, level=0.05, spending="obrien_fleming", futility=()):
+    """The boundaries of a group-sequential paired t procedure at `looks` (the seeds an arm at each look,
+    increasing): (z boundaries, t boundaries, t futility bounds or []), each a list. The z boundaries are
+    spending_bounds' at the information fractions looks[k] / looks[-1] at two-sided `level`; the t boundaries and
+    the futility bounds (`futility`: |z| bounds, one per look but the last) are carried to t on looks[k] - 1 degrees
+    of freedom (t_boundaries)."""
+    z = list(_look_z_bounds(tuple(looks), level, spending))
+    dfs = [n - 1 for n in looks]
+    return z, t_boundaries(z, dfs), t_boundaries(futility, dfs)
+
+
 def nominal_levels(z_bounds):
     """The nominal two-sided p-value of each look's boundary, 2 (1 - Phi(c_k)): a look rejects when its t-test's
     p is at most this."""
@@ -151,6 +177,51 @@ def sign_flip_p(differences, exact_up_to=20, draws=100_000, seed=0):
         patterns = rng.integers(0, 2, size=(size, n)) * 2 - 1
         hits += int((np.abs(patterns @ d) >= observed).sum())
     return (1 + hits) / (1 + draws), f"Monte Carlo, {draws} patterns, seed {seed}"
+
+
+@functools.lru_cache(maxsize=256)
+def _sign_flip_kept(differences, draws):
+    """sign_flip_p of a look's per-seed contrasts (a tuple) with `draws` patterns, kept: a study's study.json is
+    rewritten every round, with every evaluated look's p."""
+    return sign_flip_p(np.array(differences), draws=draws)
+
+
+@dataclass
+class LookTest:
+    """The paired t-test of one look's per-seed contrasts against its boundary: n seeds, the contrast's mean (its
+    units: points) and SE, t on df = n - 1, its two-sided nominal p, the decision ('reject', 'futility', 'continue',
+    or 'not rejected' where no later look tests it), the repeated confidence interval (mean +- t boundary x SE), and
+    the sign-flip p beside it with how it was computed (sign_flip_p)."""
+
+    n: int
+    mean: float
+    se: float
+    t: float
+    df: int
+    p: float
+    decision: str
+    interval: tuple
+    sign_flip_p: float
+    sign_flip: str
+
+
+def look_test(differences, t_bound, futility_t=None, final=False, sign_flip_draws=100_000):
+    """The LookTest of a look's per-seed contrasts `differences` (shape (n,), n >= 2; points) against the look's
+    boundary on |t| `t_bound`: the paired (one-sample) t, mean / (sd / sqrt(n)) with the sample sd (ddof 1), +-inf
+    for a nonzero mean with sd 0. It rejects where |t| >= t_bound; else with a futility bound `futility_t` on |t| it
+    stops for futility where |t| < futility_t (module docstring); else 'not rejected' where the look is `final` (the
+    last, or the one look a test is tested at), 'continue' otherwise. The sign-flip p draws `sign_flip_draws`
+    patterns past 2^20 (sign_flip_p, seed 0)."""
+    d = np.asarray(differences, dtype=float)
+    n = len(d)
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    se = sd / math.sqrt(n)
+    t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
+    decision = ("reject" if abs(t) >= t_bound else "futility" if futility_t is not None and abs(t) < futility_t
+                else "not rejected" if final else "continue")
+    p_flip, how = _sign_flip_kept(tuple(d), sign_flip_draws)
+    return LookTest(n, mean, se, t, n - 1, float(2 * sps.t.sf(abs(t), n - 1)), decision,
+                    (mean - t_bound * se, mean + t_bound * se), p_flip, how)
 
 
 @dataclass
@@ -272,3 +343,30 @@ def family_characteristics(looks, t_bounds, means, cov, rule, futility_t=None, s
     false = rejected[:, null].any(axis=1) if null.any() else np.zeros(studies, dtype=bool)
     return FamilyCharacteristics([float(v) for v in rejected.mean(axis=0)], float(false.mean()), float(seeds.mean()),
                                  studies)
+
+
+def contrast_covariance(contrasts, sds):
+    """The covariance (points^2) of m declared tests' per-seed contrasts with the spreads `sds` (shape (m,),
+    points), `contrasts` a list of m (baseline arm, {arm: coefficient}): each contrast taken as its arms'
+    independent, equally spread noises (the baseline +sum of the coefficients, each contrast arm -its coefficient),
+    so corr(i, j) = a_i . a_j / (|a_i| |a_j|) for those arm vectors, the arms in sorted order (two tests sharing an
+    arm with the same sign correlate positively). Returns an (m, m) numpy array."""
+    arms = sorted({a for baseline, contrast in contrasts for a in (baseline, *contrast)})
+    a = np.zeros((len(contrasts), len(arms)))
+    for i, (baseline, contrast) in enumerate(contrasts):
+        a[i, arms.index(baseline)] += sum(contrast.values())
+        for arm, c in contrast.items():
+            a[i, arms.index(arm)] -= c
+    corr = (a @ a.T) / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(a, axis=1))
+    return corr * np.outer(sds, sds)
+
+
+def simulate_family(looks, means, cov, level, spending, rule, futility=(), studies=20_000, seed=0):
+    """family_characteristics of a family of m tests under `rule` at `looks` (seeds an arm), per-test true `means`
+    (points, shape (m,)) and covariance `cov` ((m, m), points^2; contrast_covariance), the boundaries
+    look_boundaries' with `spending` at `level` ('holm': one set per holm_levels level), the |z| futility bounds
+    `futility` carried to t (none: [])."""
+    levels = holm_levels(level, len(means)) if rule == "holm" else [level]
+    bounds = [look_boundaries(looks, x, spending)[1] for x in levels]
+    futility_t = t_boundaries(futility, [n - 1 for n in looks]) or None
+    return family_characteristics(looks, bounds, means, cov, rule, futility_t, studies, seed)

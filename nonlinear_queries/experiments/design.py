@@ -19,7 +19,6 @@ results/width_ladder/width256_gate/README.md's declaration chose its rule and lo
 
 import argparse
 import sys
-from dataclasses import replace
 
 import numpy as np
 
@@ -43,9 +42,7 @@ def design_rows(looks_list, effects, sd, level=0.05, studies=20_000, seed=0, arm
     effect the share of simulated studies that reject and the expected runs (seeds an arm x `arms`)."""
     rows = []
     for looks_, spending, futility in looks_list:
-        z = sequential.spending_bounds([n / looks_[-1] for n in looks_], level, spending)
-        dfs = [n - 1 for n in looks_]
-        tb, ft = sequential.t_boundaries(z, dfs), sequential.t_boundaries(futility, dfs)
+        _, tb, ft = sequential.look_boundaries(looks_, level, spending, futility)
         row = ["/".join(map(str, looks_)), looks.SPENDING_NAMES[spending] if len(looks_) > 1 else "fixed n",
                ", ".join(f"{f:g}" for f in futility) or "none", ", ".join(f"{b:.2f}" for b in tb)]
         for effect in effects:
@@ -63,27 +60,29 @@ def family_rows(study, schedules, studies=20_000):
     """(header, rows) of the family table: per rule and schedule, its t boundaries at the first level; at the [power]
     effects, the share of simulated studies that reject each test and the expected runs (seeds an arm x arms); with
     every effect 0, the share that reject any test and the expected runs; and with one effect 0 and the others as
-    planned, the share that reject that test (the largest over the tests). The spreads are each test's [power]
-    spread (looks.spread); the covariance looks.family_covariance's."""
+    planned, the share that reject that test (the largest over the tests): sequential.simulate_family, no futility
+    bound. The spreads are each test's [power] spread (looks.spread); the covariance
+    sequential.contrast_covariance's."""
     tests = [next(t for t in study.tests if t.name == n) for n in study.family]
     sds = [looks.spread(study, t)[0] for t in tests]
+    cov = sequential.contrast_covariance([(t.baseline, t.contrast) for t in tests], sds)
     effects = [study.power.targets[t.name].effect for t in tests]
     n_arms = len({a for t in tests for a in (t.baseline, *t.contrast)})
     header = ["rule", "looks (seeds an arm)", "t boundaries at the first level",
               *(f"at the effects: rejects {t.name}" for t in tests), "at the effects: expected runs",
               "every effect 0: rejects any", "every effect 0: expected runs", "one effect 0: rejects it (largest)"]
+
+    def simulated(rule, schedule, means):
+        return sequential.simulate_family(schedule, means, cov, tests[0].level, study.sequential.spending, rule,
+                                          studies=studies)
+
     rows = []
     for rule in sequential.FAMILY_RULES:
         for schedule in schedules:
-            s = replace(study, family_rule=rule, sequential=replace(study.sequential, looks=list(schedule),
-                                                                      futility=[]))
             level = sequential.holm_levels(tests[0].level, len(tests))[0] if rule == "holm" else tests[0].level
-            z = sequential.spending_bounds([n / schedule[-1] for n in schedule], level, study.sequential.spending)
-            tb = sequential.t_boundaries(z, [n - 1 for n in schedule])
-            at = looks.family_simulation(s, list(schedule), effects, sds, studies)
-            null = looks.family_simulation(s, list(schedule), [0.0] * len(tests), sds, studies)
-            partial = max(looks.family_simulation(s, list(schedule), [0.0 if j == i else e for j, e in
-                                                                       enumerate(effects)], sds, studies).rejected[i]
+            tb = sequential.look_boundaries(schedule, level, study.sequential.spending)[1]
+            at, null = simulated(rule, schedule, effects), simulated(rule, schedule, [0.0] * len(tests))
+            partial = max(simulated(rule, schedule, [0.0 if j == i else e for j, e in enumerate(effects)]).rejected[i]
                           for i in range(len(tests)))
             rows.append([rule.replace("_", " "), "/".join(map(str, schedule)), ", ".join(f"{b:.2f}" for b in tb),
                          *(f"{p:.3f}" for p in at.rejected), f"{n_arms * at.expected_seeds:.1f}",

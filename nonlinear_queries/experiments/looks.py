@@ -7,32 +7,33 @@ every arm. study.py runs one look at a time (`at_look`: the study with its seeds
 evaluated only once every run of every declared test's arms at its seeds has finished (`state`); until then no loss
 of its runs is shown or recorded (`withhold` keeps them out of study.json). At an evaluated look each test's
 statistic is the paired t of its per-seed contrast on the look's seeds (n - 1 degrees of freedom), against the
-look's boundary: the Lan-DeMets z boundary carried to t by the same nominal p-value (sequential.t_boundaries). A
-test rejects at the first look where |t| reaches its boundary; with a declared futility bound it stops without
-rejecting at an earlier look where |t| falls below it (non-binding: the rejection bounds do not count on it). The
-study stops at the look where every test has stopped, or at the last look. Beside each, the exact sign-flip p of the
-same per-seed contrasts (sequential.sign_flip_p), reported and never a substitute for the declared test, and the
-repeated confidence interval, estimate +- t_k x SE (Jennison & Turnbull 2000, ch. 9: it covers the contrast at every
-look at once with probability about 1 - level, as the boundaries carried to t hold the level).
+look's boundary: the Lan-DeMets z boundary carried to t by the same nominal p-value (sequential.look_boundaries,
+sequential.look_test). A test rejects at the first look where |t| reaches its boundary; with a declared futility
+bound it stops without rejecting at an earlier look where |t| falls below it (non-binding: the rejection bounds do
+not count on it). The study stops at the look where every test has stopped, or at the last look. Beside each, the
+exact sign-flip p of the same per-seed contrasts (sequential.sign_flip_p), reported and never a substitute for the
+declared test, and the repeated confidence interval, estimate +- t_k x SE (Jennison & Turnbull 2000, ch. 9: it
+covers the contrast at every look at once with probability about 1 - level, as the boundaries carried to t hold the
+level).
 
 A diverged run is never dropped: its val loss counts as the test's declared `diverged_val_loss` (power.contrast_values).
 
 A pilot stage ([pilot] seeds): after tuning, every arm runs the pilot's seeds first (`at_look(study, PILOT)`); they
 enter no test. Their per-seed contrasts give [power]'s spread, and with [sequential] n_looks the looks are set from
 it before any held-out seed runs (`planned_looks`: K equally spaced looks up to the fewest seeds at which the
-simulated procedure reaches the power asked at the effect, capped at the held-out seeds listed). A family ([family]
-order) is tested in a fixed sequence (gatekeeping): the first test is the gate, run look by look as above; at the
-look where it rejects, the next test is tested against its own boundary at that look (each at the full level, with
-its own spending: Glimm, Maurer & Bretz 2010, "Hierarchical testing of multiple endpoints in group-sequential
-trials", Statistics in Medicine 29), and so on until one is not rejected; the tests after it are not tested. The
-study stops at the look where the gate is decided. This controls the family-wise error at the level. A family with
-`rule = "holm"` is a group-sequential Holm procedure instead (sequential.holm_levels; Maurer & Bretz 2013): every
-open test is tested at every look against the boundaries of its current level, level / (m - r) with r of the m tests
-rejected so far, so a rejection passes its level to the others at that look (tested again there) and at every later
-look; the study stops once every test is rejected, or at the last look.
+simulated procedure reaches the power asked at the effect, capped at the held-out seeds listed:
+power.looks_for_power). A family ([family] order) is tested in a fixed sequence (gatekeeping): the first test is the
+gate, run look by look as above; at the look where it rejects, the next test is tested against its own boundary at
+that look (each at the full level, with its own spending: Glimm, Maurer & Bretz 2010, "Hierarchical testing of
+multiple endpoints in group-sequential trials", Statistics in Medicine 29), and so on until one is not rejected; the
+tests after it are not tested. The study stops at the look where the gate is decided. This controls the family-wise
+error at the level. A family with `rule = "holm"` is a group-sequential Holm procedure instead
+(sequential.holm_levels; Maurer & Bretz 2013): every open test is tested at every look against the boundaries of its
+current level, level / (m - r) with r of the m tests rejected so far, so a rejection passes its level to the others
+at that look (tested again there) and at every later look; the study stops once every test is rejected, or at the
+last look.
 """
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -45,35 +46,6 @@ from nonlinear_queries.record.runs import RunDir, RunsError, find_run_dirs, fini
 
 SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming-type", "pocock": "Pocock-type"}
 PILOT = -1  # LookState.current while the pilot stage's runs do not all exist
-
-
-@functools.lru_cache(maxsize=64)
-def _z_bounds(looks, level, spending):
-    return tuple(sequential.spending_bounds([n / looks[-1] for n in looks], level, spending))
-
-
-@functools.lru_cache(maxsize=64)
-def _looks_for_power(effect, sd, level, spending, futility, n_looks, wanted, max_seeds):
-    """(looks, simulated power): n_looks looks at ceil(k n / n_looks) seeds, n the fewest (from 3 n_looks up to
-    max_seeds) at which the procedure's simulated power at `effect` reaches `wanted`, else max_seeds."""
-    def schedule(n):
-        return [max(3, math.ceil((k + 1) * n / n_looks)) for k in range(n_looks)]
-
-    def reached(n):
-        looks = schedule(n)
-        z = _z_bounds(tuple(looks), level, spending)
-        dfs = [m - 1 for m in looks]
-        oc = sequential.operating_characteristics(looks, sequential.t_boundaries(z, dfs), effect, sd,
-                                                  futility_t=sequential.t_boundaries(list(futility), dfs) or None)
-        return oc.rejected
-
-    low, high = 3 * n_looks, max_seeds
-    if reached(high) < wanted:
-        return tuple(schedule(high)), reached(high)
-    while low < high:  # the power grows with n: the fewest n that reaches it
-        mid = (low + high) // 2
-        low, high = (low, mid) if reached(mid) >= wanted else (mid + 1, high)
-    return tuple(schedule(low)), reached(low)
 
 
 def holm_family(study):
@@ -115,7 +87,7 @@ def spread(study, test):
 
 def planned_looks(study):
     """(the looks, how they were set): [sequential] looks as declared; with n_looks, from the first test's power
-    (_looks_for_power at its spread: the pilot stage's once its runs exist); (None, why) where no spread is had."""
+    (power.looks_for_power at its spread: the pilot stage's once its runs exist); (None, why) where no spread is had."""
     plan = study.sequential
     if plan.looks:
         return list(plan.looks), "declared"
@@ -124,8 +96,8 @@ def planned_looks(study):
     if sd is None:
         return None, how
     target = study.power.targets[test.name]
-    looks, reached = _looks_for_power(target.effect, sd, test.level, plan.spending, tuple(plan.futility),
-                                      plan.n_looks, study.power.power, len(plan.held_out))
+    looks, reached = power.looks_for_power(target.effect, sd, test.level, plan.spending, tuple(plan.futility),
+                                           plan.n_looks, study.power.power, len(plan.held_out))
     return list(looks), (f"set by [power]: {test.name}'s simulated power {reached:.3f} at {target.effect:g} points, "
                          f"sd {sd:.3f} {how}")
 
@@ -133,11 +105,9 @@ def planned_looks(study):
 def boundaries(study, test, level=None):
     """(z boundaries, t boundaries, t futility bounds or []) of `test` at the study's looks: Lan-DeMets at the
     fractions looks[k] / looks[-1] at `level` (default the test's own), carried to t on looks[k] - 1 degrees of
-    freedom."""
-    looks = planned_looks(study)[0]
-    z = list(_z_bounds(tuple(looks), test.level if level is None else level, study.sequential.spending))
-    dfs = [n - 1 for n in looks]
-    return z, sequential.t_boundaries(z, dfs), sequential.t_boundaries(study.sequential.futility, dfs)
+    freedom (sequential.look_boundaries)."""
+    return sequential.look_boundaries(planned_looks(study)[0], test.level if level is None else level,
+                                      study.sequential.spending, study.sequential.futility)
 
 
 def _horizon(study, test):
@@ -212,30 +182,18 @@ class Evaluation:
 
 def evaluate_look(study, test, k, losses, level=None):
     """The Evaluation of `test` at look k from `losses` ({arm: {seed: val loss}}, every run of the look finished),
-    against the boundaries at `level` (a Holm family's current level; default the test's own). A test after the gate
-    of a fixed-sequence family ([family] order) is tested once, at the look where the tests before it rejected:
-    'reject' or 'not rejected'."""
+    against the boundaries at `level` (a Holm family's current level; default the test's own): sequential.look_test
+    of its per-seed contrasts. A test after the gate of a fixed-sequence family ([family] order) is tested once, at
+    the look where the tests before it rejected: 'reject' or 'not rejected'."""
     seeds, d = power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)
-    n = len(d)
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
-    se = sd / math.sqrt(n)
-    t = mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
     z, tb, ft = boundaries(study, test, level)
     last = k == len(z) - 1
     gated = bool(study.family) and test.name != study.family[0] and not holm_family(study)
     futility = ft[k] if ft and not last and not gated else None
-    decision = ("reject" if abs(t) >= tb[k] else "futility" if futility is not None and abs(t) < futility
-                else "not rejected" if last or gated else "continue")
-    p_flip, how = _sign_flip(tuple(d), study.sequential.sign_flip_draws)
+    r = sequential.look_test(d, tb[k], futility, last or gated, study.sequential.sign_flip_draws)
     diverged = sum(math.isinf(losses[a][s]) for a in losses for s in seeds)
-    return Evaluation(test.name, k + 1, seeds, mean, se, t, n - 1, float(2 * sps.t.sf(abs(t), n - 1)), z[k], tb[k],
-                      futility, decision, (mean - tb[k] * se, mean + tb[k] * se), p_flip, how, diverged, level)
-
-
-@functools.lru_cache(maxsize=256)
-def _sign_flip(differences, draws):
-    """sequential.sign_flip_p of a look's per-seed contrasts (a tuple), kept: study.json is rewritten every round."""
-    return sequential.sign_flip_p(np.array(differences), draws=draws)
+    return Evaluation(test.name, k + 1, seeds, r.mean, r.se, r.t, r.df, r.p, z[k], tb[k], futility, r.decision,
+                      r.interval, r.sign_flip_p, r.sign_flip, diverged, level)
 
 
 @dataclass
@@ -531,46 +489,20 @@ def describe_power(study, cost):
     return lines
 
 
-def family_covariance(study, sds):
-    """The covariance (points^2) of the family's per-seed contrasts, tests in study.family's order, with the spreads
-    `sds`: each test's contrast taken as its arms' independent, equally spread noises (baseline +sum of coefficients,
-    each contrast arm -coefficient), so corr(i, j) = a_i . a_j / (|a_i| |a_j|) for those arm vectors (two tests
-    sharing an arm with the same sign correlate positively). Returns an (m, m) numpy array."""
-    arms = sorted({a for t in study.tests for a in (t.baseline, *t.contrast)})
-    tests = [next(t for t in study.tests if t.name == n) for n in study.family]
-    a = np.zeros((len(tests), len(arms)))
-    for i, t in enumerate(tests):
-        a[i, arms.index(t.baseline)] += sum(t.contrast.values())
-        for arm, c in t.contrast.items():
-            a[i, arms.index(arm)] -= c
-    corr = (a @ a.T) / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(a, axis=1))
-    return corr * np.outer(sds, sds)
-
-
-def family_simulation(study, looks, means, sds, studies=20_000, seed=0):
-    """sequential.family_characteristics of the study's family at `looks`, per-test `means` and `sds` (family order),
-    its rule and boundaries (Holm: one set per level), the covariance family_covariance's."""
-    tests = [next(t for t in study.tests if t.name == n) for n in study.family]
-    spending, level = study.sequential.spending, tests[0].level
-    dfs = [n - 1 for n in looks]
-    levels = sequential.holm_levels(level, len(tests)) if study.family_rule == "holm" else [level]
-    bounds = [sequential.t_boundaries(_z_bounds(tuple(looks), x, spending), dfs) for x in levels]
-    futility = sequential.t_boundaries(study.sequential.futility, dfs) or None
-    return sequential.family_characteristics(looks, bounds, means, family_covariance(study, sds),
-                                             study.family_rule, futility, studies, seed)
-
-
 def describe_family(study):
     """The dry run's lines for a Holm family: its simulated power per test at the [power] effects and its
-    family-wise error with every effect 0, at the tests' spreads (a test without one: the first's)."""
+    family-wise error with every effect 0 (sequential.simulate_family), at the tests' spreads, the tests' contrasts
+    correlated through their shared arms (sequential.contrast_covariance)."""
     looks = planned_looks(study)[0]
     tests = [next(t for t in study.tests if t.name == n) for n in study.family]
     sds = [spread(study, t)[0] for t in tests]
     if any(sd is None for sd in sds) or any(t.name not in study.power.targets for t in tests):
         return ["  the family: every test needs a [power] effect and spread for its simulation"]
     effects = [study.power.targets[t.name].effect for t in tests]
-    at = family_simulation(study, looks, effects, sds)
-    null = family_simulation(study, looks, [0.0] * len(tests), sds)
+    cov = sequential.contrast_covariance([(t.baseline, t.contrast) for t in tests], sds)
+    plan = (tests[0].level, study.sequential.spending, study.family_rule, study.sequential.futility)
+    at = sequential.simulate_family(looks, effects, cov, *plan)
+    null = sequential.simulate_family(looks, [0.0] * len(tests), cov, *plan)
     return [f"  the family, simulated ({at.studies:,} studies, seed 0; the tests' contrasts correlated through their "
             f"shared arms): at the effects {', '.join(f'{t.name} {e:g}' for t, e in zip(tests, effects))} it rejects "
             + ", ".join(f"{t.name} {p:.3f}" for t, p in zip(tests, at.rejected))

@@ -194,18 +194,48 @@ def _no_more(table, where, keys):
 
 
 def load_study(path):
-    """Parse and check the study file at `path`. Returns a Study. Raises StudyError naming the file and key
-    (a missing or unknown key, a wrong type, an unknown config key, a config file that does not exist)."""
+    """Parse and check the study file at `path`: its tables taken in the order they are checked (_read_toml,
+    _tuning, _held_out, _arms, _horizons, _launcher, _tables, _cost, _declared_tests), checked together, then every
+    arm's config (_check_arm_configs). Returns a Study. Raises StudyError naming the file and key (a missing or
+    unknown key, a wrong type, an unknown config key, a config file that does not exist)."""
+    raw = _read_toml(path)
+    name = _take(raw, "name", str, path, os.path.splitext(os.path.basename(path))[0])
+    results_dir = _take(raw, "results_dir", str, path, os.path.join("results", name))
+    runs_dir = _take(raw, "runs_dir", str, path, results_dir)
+    key, grid, max_widen, tuning_seeds = _tuning(raw, path)
+    seeds, vary = _held_out(raw, path, tuning_seeds)
+    raw_horizons = _take(raw, "horizon", list, path)
+    arms = _arms(raw, path, key, grid, tuning_seeds)
+    names = [a.name for a in arms]
+    horizons = _horizons(raw_horizons, path, names, tuning_seeds, seeds)
+    launcher = _launcher(raw, path)
+    tables = _tables(raw, path, results_dir, horizons, names)
+    peak, mfu, per_step = _cost(raw, path)
+    tests, sequential, pilot_seeds, power, order, rule = _declared_tests(raw, path, horizons)
+    _no_more(raw, path, TOP_KEYS)
+    _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_seeds, horizons)
+    _check_rule(path, rule, tests, sequential)
+    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
+                  launcher, tables, peak, mfu, per_step, tests, sequential, power, pilot_seeds, order, rule)
+    study.declared = declaration(study, seeds)
+    _check_arm_configs(study)
+    return study
+
+
+def _read_toml(path):
+    """The study file at `path` as a dict (tomllib). Raises StudyError for a file that does not exist or is not
+    valid TOML."""
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise StudyError(f"{path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise StudyError(f"{path} is not valid TOML: {e}") from None
-    name = _take(raw, "name", str, path, os.path.splitext(os.path.basename(path))[0])
-    results_dir = _take(raw, "results_dir", str, path, os.path.join("results", name))
-    runs_dir = _take(raw, "runs_dir", str, path, results_dir)
+
+
+def _tuning(raw, path):
+    """The [tuning] table taken from `raw`: (key, grid as text, max_widen, the tuning seeds). Raises StudyError."""
     tuning = _take(raw, "tuning", dict, path)
     where = f"{path} [tuning]"
     key = _take(tuning, "key", str, where)
@@ -217,6 +247,12 @@ def load_study(path):
     if not tuning_seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in tuning_seeds):
         raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers, got {tuning_seeds!r}")
     _no_more(tuning, where, ("key", "grid", "max_widen", "seed", "seeds"))
+    return key, grid, max_widen, tuning_seeds
+
+
+def _held_out(raw, path, tuning_seeds):
+    """The [held_out] table taken from `raw`: (its seeds, vary_data_order). Raises StudyError, also for a seed that
+    is a tuning seed too."""
     held_out = _take(raw, "held_out", dict, path)
     where = f"{path} [held_out]"
     seeds = _take(held_out, "seeds", list, where)
@@ -225,7 +261,13 @@ def load_study(path):
     if set(tuning_seeds) & set(seeds):
         raise StudyError(f"{path}: the tuning seed {sorted(set(tuning_seeds) & set(seeds))[0]} is also a held-out "
                          f"seed; a value chosen on a seed must not be reported on it")
-    raw_horizons = _take(raw, "horizon", list, path)
+    return seeds, vary
+
+
+def _arms(raw, path, key, grid, tuning_seeds):
+    """The [[arm]] tables taken from `raw` as StudyArms, each checked (one of value and value_from, no tuning seed
+    among its seeds, a numeric grid, a config file that exists), then together (distinct names, each value_from
+    naming an arm that is tuned or has a fixed value). Raises StudyError."""
     arms = []
     for i, a in enumerate(_take(raw, "arm", list, path)):
         where = f"{path} [[arm]] {i + 1}"
@@ -248,12 +290,17 @@ def load_study(path):
         arms.append(arm)
     if len({a.name for a in arms}) != len(arms):
         raise StudyError(f"{path}: two arms share a name")
-    names = [a.name for a in arms]
     for i, arm in enumerate(arms):
         source = next((a for a in arms if a.name == arm.value_from), None) if arm.value_from else None
         if arm.value_from and (source is None or source.value_from):
             raise StudyError(f"{path} [[arm]] {i + 1}: value_from = {arm.value_from!r} must name an arm that is "
                              f"tuned or has a fixed value")
+    return arms
+
+
+def _horizons(raw_horizons, path, names, tuning_seeds, seeds):
+    """The [[horizon]] tables `raw_horizons` as Horizons (their arms `names` and held-out `seeds` by default), each
+    checked against the tuning seeds, the arms and the tuned horizons before it. Raises StudyError."""
     horizons = []
     for i, h in enumerate(raw_horizons):
         where = f"{path} [[horizon]] {i + 1}"
@@ -271,11 +318,24 @@ def load_study(path):
             raise StudyError(f"{where}: tune = false needs chosen_from = the max_iters of an earlier tuned horizon "
                              f"that runs the same arms")
         horizons.append(horizon)
+    return horizons
+
+
+def _launcher(raw, path):
+    """The [launcher] table taken from `raw` ({} when absent): sweep.py's options and no other. Raises
+    StudyError."""
     launcher = _take(raw, "launcher", dict, path, {})
     options = [f.name for f in fields(Launcher)]
     # the sweeps take them as keyword arguments (sweeps.Sweep): sweep.py's options and no other
     _no_more({k: v for k, v in launcher.items() if k not in options}, f"{path} [launcher] (sweep.py's options)",
              options)
+    return launcher
+
+
+def _tables(raw, path, results_dir, horizons, names):
+    """The [[table]] tables taken from `raw` as Tables (by default one a horizon, with its figure under
+    `results_dir`), each of a known kind at one of the `horizons` that runs every arm it names. Raises
+    StudyError."""
     tables = []
     default_tables = [{"horizon": h.max_iters, "arms": h.arms,
                        "figure": os.path.join(results_dir, f"figure_{h.max_iters}.png")} for h in horizons]
@@ -293,11 +353,24 @@ def load_study(path):
             raise StudyError(f"{where}: its horizon {table.horizon} is not one of the study's, or does not run every "
                              f"arm it names")
         tables.append(table)
+    return tables
+
+
+def _cost(raw, path):
+    """The [cost] table taken from `raw`: (peak_flops, mfu, seconds_per_step), the defaults where absent. Raises
+    StudyError."""
     cost = _take(raw, "cost", dict, path, {})
     peak = _take(cost, "peak_flops", float, f"{path} [cost]", DEFAULT_PEAK_FLOPS)
     mfu = _take(cost, "mfu", float, f"{path} [cost]", DEFAULT_MFU)
     per_step = _take(cost, "seconds_per_step", float, f"{path} [cost]", 0.0)
     _no_more(cost, f"{path} [cost]", ("peak_flops", "mfu", "seconds_per_step"))
+    return peak, mfu, per_step
+
+
+def _declared_tests(raw, path, horizons):
+    """The declared tests and their plans taken from `raw`: ([[test]] as DeclaredTests, [sequential] as a Sequential
+    or None, the [pilot] seeds, [power] as a PowerPlan or None, the [family] order and rule), each table checked on
+    its own (_check_declared checks them together). Raises StudyError."""
     tests = [_declared_test(t, f"{path} [[test]] {i + 1}", horizons) for i, t in
              enumerate(_take(raw, "test", list, path, []))]
     sequential = _sequential(raw.pop("sequential"), f"{path} [sequential]", tests, horizons) \
@@ -310,26 +383,26 @@ def load_study(path):
     order = _take(family, "order", list, f"{path} [family]") if family else []
     rule = _take(family, "rule", str, f"{path} [family]", "fixed_sequence") if family else "fixed_sequence"
     _no_more(family, f"{path} [family]", ("order", "rule"))
-    _no_more(raw, path, TOP_KEYS)
-    _check_declared(path, tests, sequential, power, pilot_seeds, order, tuning_seeds, horizons)
-    _check_rule(path, rule, tests, sequential)
-    study = Study(path, name, runs_dir, results_dir, arms, key, grid, max_widen, tuning_seeds, vary, horizons,
-                  launcher, tables, peak, mfu, per_step, tests, sequential, power, pilot_seeds, order, rule)
-    study.declared = declaration(study, seeds)
-    for arm in arms:  # every arm's config, with the study's settings, must be one train.py accepts
-        for horizon in (h for h in horizons if arm.name in h.arms):
+    return tests, sequential, pilot_seeds, power, order, rule
+
+
+def _check_arm_configs(study):
+    """Every arm's config at each of its horizons, with the study's settings, checked to be one train.py accepts,
+    and an arm's reused runs to hold every run the protocol asks for. Raises StudyError."""
+    for arm in study.arms:
+        for horizon in (h for h in study.horizons if arm.name in h.arms):
             try:
-                arm_config(study, arm, horizon, {key: arm.value or (arm.grid or grid)[0], "seed": tuning_seeds[0]})
+                arm_config(study, arm, horizon, {study.key: arm.value or (arm.grid or study.grid)[0],
+                                                 "seed": study.tuning_seeds[0]})
             except Exception as e:
-                raise StudyError(f"{path}: arm {arm.name}: {e}") from None
+                raise StudyError(f"{study.path}: arm {arm.name}: {e}") from None
             if arm.runs:  # reused runs are read, never run: every one the protocol asks for must be there
                 missing = advance(study, arm, horizon).todo
                 if missing or not os.path.isdir(arm.runs):
-                    raise StudyError(f"{path}: arm {arm.name} reuses the runs in {arm.runs}, which lack "
+                    raise StudyError(f"{study.path}: arm {arm.name} reuses the runs in {arm.runs}, which lack "
                                      f"{len(missing) or 'all'} the protocol asks for (e.g. "
                                      f"{point_dir(study, arm, horizon, missing[0]) if missing else arm.runs}); "
                                      f"finish them in their own study first")
-    return study
 
 
 def declaration(study, held_out):
