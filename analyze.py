@@ -50,8 +50,7 @@ from nonlinear_queries.analysis.arms import layer_mean, make_arms, pooled, read_
 from nonlinear_queries.analysis.plots import diagnostics as plot_diagnostics
 from nonlinear_queries.analysis.stats import Row, print_table, step_list
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.errors import ConfigError, PretrainedError, SetupError
-from nonlinear_queries.record.runs import RunsError
+from nonlinear_queries.errors import ConfigError, PretrainedError, RunsError, SetupError
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 ACTIVATIONS = ("attn_logit_max", "attn_logit_mean_max", "attn_entropy", "query_norm", "key_norm", "query_cos",

@@ -51,7 +51,7 @@ from nonlinear_queries.analysis.comparison import (
     report,
 )
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.record.runs import RunsError
+from nonlinear_queries.errors import RunsError
 
 
 def main(argv=None):

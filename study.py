@@ -59,10 +59,9 @@ from dataclasses import asdict
 from nonlinear_queries.analysis import comparison
 from nonlinear_queries.analysis.width import run_flops
 from nonlinear_queries.cli import run_main
-from nonlinear_queries.errors import ConfigError
+from nonlinear_queries.errors import ConfigError, RunsError, StudyError
 from nonlinear_queries.experiments import declaration, looks, sweeps
 from nonlinear_queries.experiments.protocol import (
-    StudyError,
     advance,
     arm_config,
     arm_dir,
@@ -78,7 +77,7 @@ from nonlinear_queries.experiments.protocol import (
 )
 from nonlinear_queries.experiments.sweeps import Point, point_name, write_record
 from nonlinear_queries.record.atomic import atomic_write, write_json
-from nonlinear_queries.record.runs import RunDir, RunsError, finished, step_seconds
+from nonlinear_queries.record.runs import RunDir, finished, step_seconds
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 

@@ -5,8 +5,7 @@ Each is bad input or a machine that cannot do what was asked, never a bug: train
 export.py, analyze.py, sweep.py and study.py end on one with one line, `error: ...` (its message, which says what to
 do), and exit status 1.
 
-Kept elsewhere: what is control flow and never reaches a user (downstream.TasksStopped, configurator's _Unfit), and
-the errors of reading runs and studies (runs.RunsError, protocol.StudyError, power.PilotError).
+Kept elsewhere: what is control flow and never reaches a user (downstream.TasksStopped, configurator's _Unfit).
 """
 
 
@@ -67,3 +66,20 @@ class PretrainedError(ValueError):
     """A source that cannot be loaded (missing, corrupt, of an unknown kind), an override it cannot take, or a
     destination export refuses to write (pretrained). The user names another source or destination, or drops the
     override the message names."""
+
+
+class RunsError(ValueError):
+    """Run directories that cannot be read as asked (runs, arms, comparison, width: a missing or unfinished run, runs
+    that do not pair, a copy given twice). The message says what to pass instead: compare.py, analyze.py and
+    study.py end on it."""
+
+
+class StudyError(Exception):
+    """A study file that cannot be run (protocol, declaration, looks, design): an unknown or ill-typed key, a
+    declaration changed after its first recorded decision, runs that do not match the plan. The message names
+    the file and the key; the user fixes the file, or asks a changed question as a new study."""
+
+
+class PilotError(ValueError):
+    """A pilot that cannot give a spread for a power plan (power): a missing run, seeds that do not pair, too few
+    pairs. The user names other pilot runs, or gives the spread itself."""

@@ -16,6 +16,7 @@ import study
 from helpers import ONE_THREAD, REPO, run_script
 from nonlinear_queries.analysis import power, sequential
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import StudyError
 from nonlinear_queries.experiments import declaration, design, looks, protocol
 
 THIRDS = [1 / 3, 2 / 3, 1.0]
@@ -366,7 +367,7 @@ def test_study_py_runs_the_pilot_stage_then_the_looks_it_sets(tmp_path, monkeypa
 def test_a_bad_declaration_is_one_error_naming_the_key(tmp_path, old, new, message):
     path = tmp_path / "seq.toml"
     path.write_text(TOML.replace("{results}", str(tmp_path)).replace(old, new))
-    with pytest.raises(protocol.StudyError, match=message):
+    with pytest.raises(StudyError, match=message):
         study.load_study(str(path))
 
 
@@ -680,7 +681,7 @@ def test_a_holm_family_passes_a_rejected_tests_level_to_the_others_at_the_same_l
     st = looks.state(s)
     assert [(e.test, e.decision) for e in st.evaluated] == [("E", "continue"), ("F", "continue")]
     assert st.current == 1 and st.evaluated[1].level == 0.025
-    with pytest.raises(protocol.StudyError, match="rule 'holm' needs"):
+    with pytest.raises(StudyError, match="rule 'holm' needs"):
         seq_study(tmp_path / "futile", HOLM_TOML.replace("looks = [10, 20]", "looks = [10, 20]\nfutility = [1.0]"))
 
 

@@ -21,8 +21,8 @@ from model import GPT, QUERY_MODULES, GPTConfig, QueryModule
 from nonlinear_queries.analysis.stats import p_cell
 from nonlinear_queries.config.configurator import parse_config
 from nonlinear_queries.config.train_config import TrainConfig
+from nonlinear_queries.errors import RunsError
 from nonlinear_queries.evaluation.coord_check import coord_check
-from nonlinear_queries.record.runs import RunsError
 from nonlinear_queries.runtime.processes import parallelize, setup
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
 from nonlinear_queries.trainer.training import get_lr

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, fields
 
 from nonlinear_queries.config.configurator import train_config_class
-from nonlinear_queries.record.runs import RunsError, find_run_dirs, load_run
+from nonlinear_queries.errors import RunsError
+from nonlinear_queries.record.runs import find_run_dirs, load_run
 
 # settings that say where, how or whether a run is stored, logged, compiled or diagnosed, not what it computes
 IGNORED_KEYS = {

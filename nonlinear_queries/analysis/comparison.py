@@ -14,7 +14,7 @@ from nonlinear_queries.analysis import arms as ca  # the comparison arms
 from nonlinear_queries.analysis import stats, width
 from nonlinear_queries.analysis.plots import Curve, curve, figure2, loss_curves
 from nonlinear_queries.analysis.table1 import notes, table
-from nonlinear_queries.record.runs import RunsError
+from nonlinear_queries.errors import RunsError
 
 # the diagnostics --with_diag shows when it names none: the attention-logit growth and the attention's entropy
 DEFAULT_DIAG = ("attn_logit_max", "attn_entropy")

@@ -25,6 +25,7 @@ from scipy import optimize
 from scipy import stats as sps
 
 from nonlinear_queries.analysis import sequential, stats
+from nonlinear_queries.errors import PilotError
 from nonlinear_queries.record.runs import RunDir
 
 
@@ -92,10 +93,6 @@ def looks_for_power(effect, sd, level, spending, futility, n_looks, wanted, max_
         mid = (low + high) // 2
         low, high = (low, mid) if reached(mid) >= wanted else (mid + 1, high)
     return tuple(schedule(low)), reached(low)
-
-
-class PilotError(ValueError):
-    """A pilot that cannot give a spread: a missing run, seeds that do not pair, too few pairs."""
 
 
 def run_seed(run_dir):

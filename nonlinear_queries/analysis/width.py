@@ -27,7 +27,8 @@ import numpy as np
 from nonlinear_queries.analysis import stats
 from nonlinear_queries.analysis.arms import IGNORED_KEYS, make_arms
 from nonlinear_queries.analysis.plots import pooled_estimates, rate_transfer, width_ladder
-from nonlinear_queries.record.runs import RunsError, format_value
+from nonlinear_queries.errors import RunsError
+from nonlinear_queries.record.runs import format_value
 
 SEED_KEYS = {"seed", "data_seed"}
 WIDTH_KEYS = {"n_embd", "n_head", "parametrization", "mup_base_width", "mup_base_head_dim"}

@@ -12,7 +12,8 @@ import hashlib
 import json
 import os
 
-from nonlinear_queries.experiments.protocol import StudyError, advance, arm_dir, arms_at
+from nonlinear_queries.errors import StudyError
+from nonlinear_queries.experiments.protocol import advance, arm_dir, arms_at
 
 # the study file's arrays of tables, keyed in the declaration by each one's name (a horizon's max_iters)
 ARRAYS = {"arm": "{}", "horizon": "max_iters = {}", "test": "{}"}

@@ -23,8 +23,9 @@ import sys
 import numpy as np
 
 from nonlinear_queries.analysis import sequential
+from nonlinear_queries.errors import StudyError
 from nonlinear_queries.experiments import looks
-from nonlinear_queries.experiments.protocol import StudyError, load_study
+from nonlinear_queries.experiments.protocol import load_study
 
 # (looks, spending, futility |z| bounds per look but the last): the designs compared
 CANDIDATES = [

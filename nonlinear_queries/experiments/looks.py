@@ -41,8 +41,9 @@ import numpy as np
 from scipy import stats as sps
 
 from nonlinear_queries.analysis import power, sequential
-from nonlinear_queries.experiments.protocol import StudyError, advance, arms_at, point_dir
-from nonlinear_queries.record.runs import RunDir, RunsError, find_run_dirs, finished, history
+from nonlinear_queries.errors import PilotError, RunsError, StudyError
+from nonlinear_queries.experiments.protocol import advance, arms_at, point_dir
+from nonlinear_queries.record.runs import RunDir, find_run_dirs, finished, history
 
 SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming-type", "pocock": "Pocock-type"}
 PILOT = -1  # LookState.current while the pilot stage's runs do not all exist
@@ -408,7 +409,7 @@ def pilot_contrast(study, test, target):
                 raise StudyError(f"[power.{test.name}] pilot: {run} has not reached step {test.horizon}")
             try:
                 seed = power.run_seed(run)
-            except power.PilotError as e:
+            except PilotError as e:
                 raise StudyError(f"[power.{test.name}] pilot: {e}") from None
             if seed in losses[arm]:
                 raise StudyError(f"[power.{test.name}] pilot: two runs of {arm} have seed {seed}")

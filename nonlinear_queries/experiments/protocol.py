@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 
 from nonlinear_queries.config.configurator import did_you_mean, parse_config, train_config_class
+from nonlinear_queries.errors import StudyError
 from nonlinear_queries.experiments.sweeps import Launcher, point_name
 from nonlinear_queries.record.runs import RunDir, finished, format_value, history
 
@@ -20,10 +21,6 @@ from nonlinear_queries.record.runs import RunDir, finished, format_value, histor
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # assumed when no run of the study has finished yet: an H100's dense bf16 peak at a typical MFU
 DEFAULT_PEAK_FLOPS, DEFAULT_MFU = 989e12, 0.40
-
-
-class StudyError(Exception):
-    """A study file that cannot be run; the message names the file and the key."""
 
 
 @dataclass

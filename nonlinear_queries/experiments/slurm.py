@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 
-from nonlinear_queries.config.configurator import ConfigError
+from nonlinear_queries.errors import ConfigError
 from nonlinear_queries.experiments.launch import launcher
 from nonlinear_queries.record.atomic import write_json
 from nonlinear_queries.record.runs import finished, read_json

@@ -21,7 +21,8 @@ import time
 import tomllib
 from dataclasses import dataclass, field, fields
 
-from nonlinear_queries.config.configurator import ConfigError, parse_config, train_config_class
+from nonlinear_queries.config.configurator import parse_config, train_config_class
+from nonlinear_queries.errors import ConfigError
 from nonlinear_queries.experiments.launch import launcher
 from nonlinear_queries.experiments.slurm import parse_sbatch_options, run_slurm, slurm_minutes, slurm_queue
 from nonlinear_queries.record.atomic import write_json

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from nonlinear_queries.errors import CheckpointError
+from nonlinear_queries.errors import CheckpointError, RunsError
 from nonlinear_queries.record.atomic import write_json
 
 # where studies keep their runs (results/<study>/<arm>/<point>), at the top of the checkout
@@ -433,10 +433,6 @@ def run_header(step, script, **facts):
     commit, dirty = git_state(script, ignore=[out_dir] if out_dir else [])
     return {"type": "config", "step": step, "argv": sys.argv, "git_commit": commit, "git_dirty": dirty, **facts}
 
-
-
-class RunsError(ValueError):
-    """Run directories that cannot be read as asked; the message says what to pass instead."""
 
 
 @dataclass
