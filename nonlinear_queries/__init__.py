@@ -15,7 +15,7 @@ cli, interrupt, errors (modules at the top)
   rebuilt (run_command, resume_command)
 - interrupt: Ctrl-C at any moment, torch's import included, ends a program with one line
 - errors: the package's errors in one place, one class a concern (setup, out_dir, checkpoint, config, data, eval,
-  pretrained), importing nothing, so every room, the torch-free ones too, raises them from here
+  pretrained, runs, studies, pilots), importing nothing, so every room, the torch-free ones too, raises them from here
 
 config: what a run is told
 - configurator: config files parsed (never executed), `--key=value`, each error naming the key, file and line
@@ -67,7 +67,8 @@ analysis: what runs say, read from their records
 - table1: compare.py's Table 1, its columns, cells and footer
 - comparison: compare.py's report (Table 1 and its tests, the width reports)
 - width: the best rate and the gap to the baseline across widths
-- power, sequential: power planning; group-sequential boundaries (alpha spending)
+- power, sequential: power planning; group-sequential boundaries (alpha spending), a look's test, a family of
+  tests' covariance and simulated operating characteristics
 
 experiments: sweeps and studies
 - sweeps, slurm: a sweep's points and their claims, the one local scheduler (claiming, starting, polling, ending
@@ -75,5 +76,6 @@ experiments: sweeps and studies
 - launch: the command that starts train.py's processes on one node (python, or torchrun)
 - protocol: a study file and the held-out protocol's next runs
 - declaration: a study's declaration, recorded with its fingerprint and fixed from its first recorded decision
-- design, looks: declared tests, the looks of a group-sequential study, and the designs' operating characteristics
+- design, looks: declared tests read at the looks of a group-sequential study and recorded, and the candidate
+  designs compared (the numbers are analysis's power and sequential)
 """
