@@ -326,8 +326,8 @@ class RunDir:
         return self.checkpoints() + self.partial_checkpoints() + [p for p in files if os.path.lexists(p)]
 
     def check_start(self, start, overwrite, command, left_lock=None):
-        """Refuse a run that cannot start here as asked, every file here left as it was: one that resumes a
-        checkpoint that is not there (start.path), and a new run (start: train.py's start.Start, one that does not
+        """Refuse a run that cannot start here as asked (`start`, train.py's start.Start), every file here left as it
+        was: one that resumes a checkpoint that is not there (the Start's path), and a new run (one that does not
         resume: from scratch or fine-tuning) that would replace or append to what a run left here (leftovers:
         checkpoints, metrics.jsonl, config.json, wandb/, a .lock that no process holds), in whatever state that run
         stopped, unless overwrite. command: the command line of this run with its --init_from, --resume_from and
