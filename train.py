@@ -61,7 +61,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from model import GPT
 from nonlinear_queries.config.configurator import config_from_argv
 from nonlinear_queries.config.train_config import TrainConfig, parse_compile_options
 from nonlinear_queries.data.batches import DataError, get_batch, open_run_data
@@ -129,23 +128,22 @@ def start_log(cfg, rt, run_dir, start, state, run_name, config_files, model, dat
                        config=asdict(cfg), data=data_fingerprint)
     wandb_dir = getattr(getattr(run_log.wandb, "settings", None), "sync_dir", None)
     run_log.print(f"{run_name}: query_mode={cfg.query_mode}, {model.get_num_params():,} non-embedding parameters, "
-              f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
-              + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else "")
-              + (f", wandb {run_log.wandb.settings.mode} run {wandb_init['name']}"
+                  f"{tokens_per_iter:,} tokens per step, device {rt.device} ({rt.dtype})"
+                  + (f" x {rt.world_size} processes ({rt.backend})" if rt.distributed else "")
+                  + (f", wandb {run_log.wandb.settings.mode} run {wandb_init['name']}"
                  + (f" in group {wandb_init['group']}" if wandb_init["group"] else "") + f" in {wandb_dir}"
                  if wandb_dir else "")
-              + f"; the full config is in {run_dir.config}")
+                  + f"; the full config is in {run_dir.config}")
     return run_log
 
 
 @dataclass
 class Trainables:
-    """The GPT and what trains it, built by build_trainables: `gpt` the GPT itself (checkpointed, diagnosed,
-    given to lm-eval's tasks), `eval_model` what evaluates it and `train_model` what trains it
-    (runtime.parallelize: compiled, under DDP or FSDP), `params` its parameters (a list), `optimizers` and
-    `scaler` the loss scaler."""
+    """What trains the GPT (which train() holds itself: checkpointed, diagnosed, given to lm-eval's tasks), built
+    by build_trainables: `eval_model` what evaluates it and `train_model` what trains it (runtime.parallelize:
+    compiled, under DDP or FSDP), `params` its parameters (a list), its `optimizers` and `scaler` the loss
+    scaler."""
 
-    gpt: GPT
     eval_model: torch.nn.Module
     train_model: torch.nn.Module
     params: list
@@ -162,11 +160,11 @@ def build_trainables(cfg, rt, raw_model):
 
         use_kernels(raw_model)
     eval_model, train_model = parallelize(raw_model, rt, cfg.parallelism, cfg.compile, cfg.activation_checkpointing,
-                                     mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat,
-                                     options=parse_compile_options(cfg.compile_options))
-    return Trainables(raw_model, eval_model, train_model, list(raw_model.parameters()),
-                 build_optimizers(raw_model, cfg, rt.device_type),
-                 torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16"))
+                                          mode=cfg.compile_mode, pointwise_cat=cfg.compile_pointwise_cat,
+                                          options=parse_compile_options(cfg.compile_options))
+    return Trainables(eval_model, train_model, list(raw_model.parameters()),
+                      build_optimizers(raw_model, cfg, rt.device_type),
+                      torch.amp.GradScaler(rt.device_type, enabled=rt.dtype == "float16"))
 
 
 def open_tasks(cfg, rt):
@@ -214,7 +212,7 @@ def log_evaluation(cfg, rt, run_log, model, data, step, losses):
         run_log.log({"type": "diag", "step": step, **diag})
         top = max(diag["attn_logit_max"])
         run_log.print(f"step {step}: max attention logit {top:.2f} (layer {diag['attn_logit_max'].index(top)}), "
-                  f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
+                      f"attention entropy {sum(diag['attn_entropy']) / cfg.n_layer:.3f} nats (mean over layers)")
 
 
 def run_tasks(run_log, downstream, model, step, stop):
@@ -264,12 +262,12 @@ def report_divergence(cfg, run_log, checkpoints, diverged, stop):
     which a signal no longer changes (StopFlag.end)."""
     reason, at, loss, norm = diverged
     run_log.log({"type": "diverged", "step": at, "reason": reason, "loss": loss, "grad_norm": norm,
-             "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
+                 "lr": get_lr(at - 1, cfg), "last_checkpoint_step": checkpoints.step})
     kept = (f"the last checkpoint, {checkpoints.path} (step {checkpoints.step}), is untouched"
             if checkpoints.step is not None else "no checkpoint was written")
     run_log.print(f"diverged at step {at}: {reason}. The run stopped before applying that update; {kept}. A lower "
-              f"learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records it as 'diverged'.",
-              file=sys.stderr)
+                  f"learning_rate or a larger warmup_iters may avoid it; metrics.jsonl records it as 'diverged'.",
+                  file=sys.stderr)
     run_log.finish(stop.end(3))
     return 3
 
@@ -291,7 +289,8 @@ def log_train(run_log, step, loss, lr, grad_norm, speed):
     """Log and print the `train` record of `step`: its loss (nats per token), learning rate, gradient norm and the
     speed since the last log (StepClock.lap)."""
     run_log.print(f"step {step}: loss {loss:.4f}, lr {lr:.3e}, {speed['ms_per_step']:.0f} ms/step, "
-              f"{speed['tokens_per_s']:,.0f} tokens/s" + (f", MFU {100 * speed['mfu']:.1f}%" if "mfu" in speed else ""))
+                  f"{speed['tokens_per_s']:,.0f} tokens/s"
+                  + (f", MFU {100 * speed['mfu']:.1f}%" if "mfu" in speed else ""))
     run_log.log({"type": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, **speed})
 
 
@@ -311,7 +310,7 @@ def stopped(rt, run_dir, run_log, stop, state, checkpoints):
         return status
     stop.end(0)
     run_log.print(f"stopped by {by} after step {state.step}; the checkpoint is {checkpoints.path}. Resume with:\n"
-              f"  {resume_command(rt)}")
+                  f"  {resume_command(rt)}")
     run_log.finish(0)
     return 0
 
