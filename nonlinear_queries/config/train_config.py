@@ -19,12 +19,12 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "ma
 
 @dataclass
 class TrainConfig(GPTConfig):
-    """Every training setting; the model fields are inherited from GPTConfig, and checked by it alone: a
-    TrainConfig makes its model's GPTConfig once, when it is made (model_config).
+    """Every training setting; the model fields are inherited from GPTConfig.
     Defaults are the paper's baseline (Table 1, first column) on OpenWebText. A field's comment
     (the comment lines above it, then the one at the end of its line) is its line in
     `train.py --help` (configurator.field_comments); a comment after a blank line opens a
-    section, its first line the section's title."""
+    section, its first line the section's title. The model fields are checked by GPTConfig alone: a
+    TrainConfig makes its model's GPTConfig once, when it is made (model_config)."""
 
     # settings that a config file may not hold, with why (configurator.parse_config): deleting a run takes a
     # request on the command line, never a line inherited from a config someone builds on
