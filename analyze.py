@@ -162,11 +162,11 @@ def analyze_checkpoint(args):
     from nonlinear_queries.weights.pretrained import load_model
 
     try:
-        rt = setup(args.device, args.dtype, join_process_group=False)
+        runtime = setup(args.device, args.dtype, join_process_group=False)
         model = load_model(args.checkpoint)
     except (SetupError, PretrainedError) as e:
         die(str(e))
-    model.to(rt.device)
+    model.to(runtime.device)
     loaded, defaults = model.loaded_from, TrainConfig()
     run = loaded.run_config or {}
     data_dir = args.data_dir or run.get("data_dir") or os.path.join(REPO, "data", run.get("dataset", "openwebtext"))
@@ -185,12 +185,12 @@ def analyze_checkpoint(args):
     # the rows of the run's val_eval index file (batches.py), computed rather than read: nothing is written
     index = np.stack([row_offsets(data_seed, "val_eval", r, batch_size, len(val) - block_size)
                       for r in range(batches)])
-    diag = diagnose(model, val, index, block_size, rt.device, rt.autocast)
+    diag = diagnose(model, val, index, block_size, runtime.device, runtime.autocast)
     names = [n for n in diag if any(v is not None for v in diag[n])]
     step = f", step {loaded.step}" if loaded.step is not None else ""
     caption = (f"{loaded.path} ({loaded.kind}{step}), query_mode={model.config.query_mode}: diagnostics on "
                f"{batches} x {batch_size} sequences of {block_size} tokens of {val.filename} (val_eval, "
-               f"data_seed {data_seed}), {rt.device}, {rt.dtype}")
+               f"data_seed {data_seed}), {runtime.device}, {runtime.dtype}")
     if args.format == "csv":
         print_table(["layer", *names], [[i, *(diag[n][i] for n in names)] for i in range(model.config.n_layer)], "csv")
         return

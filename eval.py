@@ -5,8 +5,9 @@ Evaluate any checkpoint on lm-evaluation-harness tasks (lm-eval; downstream.py).
     python eval.py --init_from=gpt2 --tasks=hellaswag --limit=1000 --batch_size=32 --output=gpt2_hellaswag.json
     python eval.py --init_from=out-quickstart --tasks=example_mc --include_path=tasks --device=cpu   # tasks/, shipped
 
---init_from is a run's out_dir or anything pretrained.load_model reads, and the
-text is encoded with the run's own tokenizer (GPT-2 BPE, or a char-level dataset's characters).
+--init_from is a run's out_dir or anything pretrained.load_model reads, as train.py's --init_from=SOURCE
+(eval.py has no out_dir of its own, so no 'resume'), and the text is encoded with the run's own
+tokenizer (GPT-2 BPE, or a char-level dataset's characters).
 --tasks names lm-eval's tasks, groups or tags (`lm-eval ls tasks` lists them), or tasks defined
 by YAML files in --include_path, such as a task over a local copy of a data set for a machine
 without the Hugging Face hub (docs/evaluation.md; tasks/example_mc.yaml is one). Prints lm-eval's
@@ -46,6 +47,9 @@ class EvalConfig:
     def __post_init__(self):
         if not self.init_from:
             raise ValueError("init_from is required: a run's out_dir or a pretrained model (see pretrained.py)")
+        if self.init_from in ("resume", "scratch"):
+            raise ValueError(f"init_from={self.init_from!r} is train.py's; eval.py has no out_dir: name the run's "
+                             f"directory itself, e.g. --init_from=out-quickstart, or a pretrained model")
         if not self.tasks:
             raise ValueError("tasks is required: comma-separated lm-eval task names, e.g. hellaswag,arc_easy")
         if self.limit < 0 or self.batch_size < 1 or self.num_fewshot < -1:

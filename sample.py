@@ -5,6 +5,9 @@ Sample text from a checkpoint written by train.py, or from any pretrained model.
     python sample.py --out_dir=out-quickstart --start=FILE:prompt.txt --device=cpu
     python sample.py --init_from=gpt2 --start="Hello"           # GPT-2 from the local Hugging Face cache
 
+--init_from means what it means to train.py (docs/pretrained.md): 'resume', the default, is the run in
+out_dir (its newest checkpoint); anything else is a source pretrained.load_model reads.
+
 Prompts are encoded with GPT-2's BPE, or, for a run on a character-level dataset (its
 meta.json says "tokenizer": "char", e.g. data/shakespeare_char), with that dataset's
 characters. Models are loaded by pretrained.load_model: checkpoints through
@@ -35,7 +38,8 @@ class SampleConfig:
     """Sampling settings; every field can be set with --key=value."""
 
     out_dir: str = "out"  # directory holding ckpt.pt
-    init_from: str = ""  # '' = out_dir's ckpt.pt; else any source load_model reads (gpt2, a directory, ...)
+    # 'resume' = out_dir's newest checkpoint, as train.py's; else any source load_model reads (gpt2, a directory, ...)
+    init_from: str = "resume"
     start: str = "\n"  # prompt text, or FILE:path to read it from a file
     num_samples: int = 1  # samples drawn, each from the whole prompt
     max_new_tokens: int = 200  # tokens generated after the prompt, per sample
@@ -47,6 +51,7 @@ class SampleConfig:
     dtype: str = "auto"  # 'auto' (bfloat16 on CUDA, float32 on CPU), 'float32', 'bfloat16', 'float16'
 
     def __post_init__(self):
+        self.init_from = self.init_from or "resume"  # '' was the default's spelling before 'resume'
         # `not >=` also refuses a NaN temperature, which would sample from NaN probabilities
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy, always the most likely token), "
@@ -69,17 +74,17 @@ if start.startswith("FILE:"):
         reason = e.strerror if isinstance(e, OSError) else "it is not UTF-8 text"
         sys.exit(f"error: cannot read the prompt file {start[5:]}: {reason}; pass --start=FILE:PATH of a text file, "
                  f"or the prompt itself as --start=TEXT")
-source = cfg.init_from or cfg.out_dir
+source = cfg.out_dir if cfg.init_from == "resume" else cfg.init_from  # what load_model reads
 try:
-    rt = setup(cfg.device, cfg.dtype, join_process_group=False)
-    if not cfg.init_from and not os.path.isfile(checkpoint := RunDir(cfg.out_dir).latest_checkpoint()):
+    runtime = setup(cfg.device, cfg.dtype, join_process_group=False)
+    if cfg.init_from == "resume" and not os.path.isfile(checkpoint := RunDir(cfg.out_dir).latest_checkpoint()):
         raise PretrainedError(sharded_hint(cfg.out_dir) or (
             f"no checkpoint at {checkpoint}; train one with train.py, pass --out_dir=DIR, "
             f"or sample from a pretrained model with --init_from=gpt2"))
     model = load_model(source)
 except (SetupError, PretrainedError) as e:
     sys.exit(f"error: {e}")
-model.eval().to(rt.device)
+model.eval().to(runtime.device)
 loaded = model.loaded_from
 print(f"loaded {loaded.path}" + (f": step {loaded.step}" if loaded.step is not None else "")
       + f", query_mode={model.config.query_mode}")
@@ -92,10 +97,10 @@ except ValueError as e:
     sys.exit(f"error: the prompt has {e}")
 if not start_ids:
     sys.exit("error: the prompt encodes to no tokens; pass a non-empty --start")
-x = torch.tensor(start_ids, dtype=torch.long, device=rt.device)[None, ...].repeat(cfg.num_samples, 1)
+x = torch.tensor(start_ids, dtype=torch.long, device=runtime.device)[None, ...].repeat(cfg.num_samples, 1)
 
 torch.manual_seed(cfg.seed)
-with torch.no_grad(), rt.autocast:
+with torch.no_grad(), runtime.autocast:
     y = model.generate(x, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
                        use_kv_cache=cfg.kv_cache)
 for i in range(cfg.num_samples):

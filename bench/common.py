@@ -54,10 +54,10 @@ def resolve_device(args):
     """(device, dtype name, autocast context) from the parsed flags (processes.setup, in this
     process alone); exits with the message on a bad combination."""
     try:
-        rt = setup(args.device, getattr(args, "dtype", "auto"), join_process_group=False)
+        runtime = setup(args.device, getattr(args, "dtype", "auto"), join_process_group=False)
     except SetupError as e:
         sys.exit(f"error: {e}")
-    return rt.device, rt.dtype, rt.autocast
+    return runtime.device, runtime.dtype, runtime.autocast
 
 
 def fresh_compiler(n_models):

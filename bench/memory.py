@@ -59,7 +59,7 @@ import sys
 import torch
 
 from common import REPO, command_line, header, parser, proc_status_kib
-from model import GPT, Block, GPTConfig, model_config_keys
+from model import GPT, Block
 from nonlinear_queries.config.configurator import read_config_file
 from nonlinear_queries.config.train_config import TrainConfig
 
@@ -70,10 +70,6 @@ def config_of(path, **overrides):
     """The TrainConfig of a config file (its model and batch settings), with overrides."""
     values = {k: v for k, v in read_config_file(path).items() if not k.startswith("_")}
     return TrainConfig(**{**values, **overrides})
-
-
-def model_config(cfg):
-    return GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()})
 
 
 def block_activations(mcfg, bf16):
@@ -107,7 +103,7 @@ def estimate(cfg, parallelism, world_size, checkpointing, bf16, activations=None
     TrainConfig cfg trained with `parallelism` ('ddp' or 'fsdp') over world_size processes,
     with activation checkpointing or not; bf16: CUDA's bfloat16 autocast (else float32 as on
     the CPU). activations: block_activations' result, computed here if not given."""
-    mcfg = model_config(cfg)
+    mcfg = cfg.model_config()
     with torch.device("meta"):
         model = GPT(mcfg)
     n_params = model.get_num_params(non_embedding=False)
@@ -162,11 +158,11 @@ def estimate_table(paths, args):
     for path in paths:
         overrides = {"batch_size": args.batch_size} if args.batch_size else {}
         cfg = config_of(path, **overrides)
-        activations = block_activations(model_config(cfg), True)
+        activations = block_activations(cfg.model_config(), True)
         peaks = {name: estimate(cfg, parallelism, args.world_size, checkpointing, True, activations)["peak"]
                  for name, parallelism, checkpointing in SETTINGS}
         with torch.device("meta"):
-            n_params = GPT(model_config(cfg)).get_num_params(non_embedding=False)
+            n_params = GPT(cfg.model_config()).get_num_params(non_embedding=False)
         name = os.path.relpath(path, os.path.join(REPO, "config"))[:-3]
         cells = [name, f"{n_params / 1e6:,.0f}M", f"{cfg.batch_size} x {cfg.block_size}",
                  *(f"{peak / GIB:.1f}" for peak in peaks.values()), how_it_fits(peaks, budget)]
@@ -187,18 +183,18 @@ def measure_child(args, parallelism, checkpointing):
     from nonlinear_queries.trainer.training import train_step
 
     cfg = tiny_config(args)
-    rt = setup("cpu", "float32", parallelism=parallelism)
+    runtime = setup("cpu", "float32", parallelism=parallelism)
     torch.manual_seed(0)
-    raw = GPT(model_config(cfg))
-    _, train_model = parallelize(raw, rt, parallelism, False, checkpointing)
+    raw = GPT(cfg.model_config())
+    _, train_model = parallelize(raw, runtime, parallelism, False, checkpointing)
     params = list(raw.parameters())
     optimizers = build_optimizers(raw, cfg, "cpu")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    g = torch.Generator().manual_seed(rt.rank)
+    g = torch.Generator().manual_seed(runtime.rank)
     x, y = (torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.block_size), generator=g) for _ in range(2))
 
     def step():
-        train_step(train_model, params, optimizers, scaler, lambda k: (x, y), 1, rt.autocast, [0], 0.0, 1.0)
+        train_step(train_model, params, optimizers, scaler, lambda k: (x, y), 1, runtime.autocast, [0], 0.0, 1.0)
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -213,8 +209,8 @@ def measure_child(args, parallelism, checkpointing):
     before = proc_status_kib("VmRSS")
     step()
     peak = static + (proc_status_kib("VmHWM") - before) * 1024
-    print(json.dumps({"rank": rt.rank, "peak": peak}), flush=True)
-    teardown(rt)
+    print(json.dumps({"rank": runtime.rank, "peak": peak}), flush=True)
+    teardown(runtime)
 
 
 def measure_table(args):

@@ -30,16 +30,16 @@ def run_main(main, *args):
         sys.exit(128 + signal.SIGPIPE)  # the same status where a caller blocked SIGPIPE, so that it stays pending
 
 
-def run_command(rt, *flags):
+def run_command(runtime, *flags):
     """This process's own command line (sys.argv, under torchrun with its launcher and this machine's process
-    count, from rt, processes.setup's processes) without its --init_from, --resume_from and --overwrite, and with
+    count, from runtime, processes.setup's processes) without its --init_from, --resume_from and --overwrite, and with
     `flags` (such as '--init_from=scratch') instead."""
     args = [a for a in sys.argv[1:] if not a.startswith(("--init_from=", "--resume_from=", "--overwrite="))]
-    launcher = (f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', rt.world_size)} "
+    launcher = (f"torchrun --nproc_per_node={os.environ.get('LOCAL_WORLD_SIZE', runtime.world_size)} "
                 "[your other torchrun options] " if "RANK" in os.environ else "python ")
     return launcher + shlex.join([sys.argv[0], *args, *flags])
 
 
-def resume_command(rt):
+def resume_command(runtime):
     """The command line that continues this run from its checkpoint: run_command with --init_from=resume."""
-    return run_command(rt, "--init_from=resume")
+    return run_command(runtime, "--init_from=resume")

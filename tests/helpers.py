@@ -108,12 +108,12 @@ def train_in_process(data_dir, out_dir, *args):
 
     script = importlib.import_module("train")
     cfg, files = parse_config(TrainConfig, [*TINY, f"--data_dir={data_dir}", f"--out_dir={out_dir}", *args])
-    rt = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
+    runtime = setup(cfg.device, cfg.dtype, cfg.backend, parallelism=cfg.parallelism)
     handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     try:
-        return script.train(cfg, files, rt, RunDir(cfg.out_dir))
+        return script.train(cfg, files, runtime, RunDir(cfg.out_dir))
     finally:
-        teardown(rt)
+        teardown(runtime)
         for s, handler in handlers.items():
             signal.signal(s, handler)
 

@@ -4,7 +4,9 @@ refusals of corrupt files, and the resume checks."""
 import argparse
 import errno
 import json
+import math
 import os
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,12 +14,14 @@ import pytest
 import torch
 
 from helpers import run_in_process
+from model import GPT, GPTConfig
+from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.batches import index_fingerprint
 from nonlinear_queries.errors import CheckpointError, PretrainedError
 from nonlinear_queries.record.runs import RunDir
 from nonlinear_queries.weights.checkpoint import Checkpointer, check_resumable, read_checkpoint, save_checkpoint
 from nonlinear_queries.weights.pretrained import load_model
-from nonlinear_queries.weights.start import resolve_start
+from nonlinear_queries.weights.start import build_model, resolve_start
 
 NOT_LOADED = ("it is damaged, not a PyTorch file, or it holds pickled Python objects other than tensors and plain "
               "containers, which are never loaded")
@@ -154,3 +158,27 @@ def test_resume_checks_name_what_changed():
     changed = index_fingerprint(index[::-1])
     with pytest.raises(CheckpointError, match=r"indices/train.npy changed since ckpt.pt was written \(row 0 holds"):
         check_resumable(saved, "ckpt.pt", {"n_layer": 2}, {"train index": changed}, files)
+
+
+def test_a_checkpoint_whose_model_args_predate_todays_settings_resumes_and_loads(tmp_path):
+    # model_args as train.py wrote them before GPTConfig grew attn_scale, qk_norm, attn_gate, rope, GQA, μP ...:
+    # what it leaves out is the config's (resume) or the default (load_model), and attn_scale is upgraded
+    # (checkpoint_file.upgrade_model_args): residual then scaled by 1/sqrt(head_dim), today by its official 1/2
+    old_args = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "bias": False, "vocab_size": 64,
+                "dropout": 0.0, "query_mode": "residual"}
+    torch.manual_seed(0)
+    trained = GPT(GPTConfig(**old_args, attn_scale=1 / math.sqrt(16)))
+    save_checkpoint(RunDir(str(tmp_path)), ckpt(4, model=trained.state_dict(), model_args=old_args), keep_last_n=1)
+    # resumed as train.py does it: the checkpoint read, its model built, its weights put in (all of them)
+    cfg = TrainConfig(out_dir=str(tmp_path), init_from="resume", n_layer=12)
+    run_dir = RunDir(cfg.out_dir)
+    start = resolve_start(cfg, run_dir)
+    checkpoints = Checkpointer(cfg, SimpleNamespace(master=True, device="cpu"), run_dir, start)
+    run_cfg, model = build_model(cfg, SimpleNamespace(device="cpu"), start, checkpoints.model_args)
+    model.load_state_dict(checkpoints.ckpt["model"])  # strict: the same parameters, named the same
+    assert asdict(model.config) == asdict(trained.config)  # the model_args its next checkpoint records
+    assert run_cfg.model_config() is model.config and (run_cfg.n_layer, run_cfg.attn_scale) == (2, 0.25)
+    # loaded by sample.py, eval.py, export.py and fine-tuning
+    loaded = load_model(str(tmp_path))
+    assert asdict(loaded.config) == asdict(trained.config)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in trained.state_dict().items())

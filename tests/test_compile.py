@@ -62,8 +62,8 @@ class Graphs:
 def process_group_of_one():
     """This process as a process group of one (gloo), as train.py runs FSDP without torchrun; under
     ddp it makes parallelize wrap the model in DistributedDataParallel, as under torchrun."""
-    rt = setup("cpu", "float32", parallelism="fsdp")
-    yield rt
+    runtime = setup("cpu", "float32", parallelism="fsdp")
+    yield runtime
     dist.destroy_process_group()
 
 

@@ -7,13 +7,17 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict, fields
+from types import SimpleNamespace
 
 import pytest
 
 from helpers import REPO
+from model import GPTConfig
 from nonlinear_queries.config.configurator import parse_config, read_config_file
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.errors import ConfigError
+from nonlinear_queries.weights.start import RESUME, SCRATCH, Start, build_model
 
 
 def write(path, text):
@@ -157,6 +161,30 @@ def test_a_model_key_set_to_its_default_is_a_setting(tmp_path):
     assert parse_config(TrainConfig, [])[0].model_settings() == {}
     # a config built in code has no record of what was set: the keys that differ from the defaults
     assert TrainConfig(query_mode="linear", n_embd=96).model_settings() == {"n_embd": 96}
+
+
+def test_the_models_config_is_made_and_checked_once_and_is_what_the_model_holds(monkeypatch):
+    made = []  # the class of each config that GPTConfig's checks ran on
+    check = GPTConfig.__post_init__
+    monkeypatch.setattr(GPTConfig, "__post_init__", lambda self: made.append(type(self)) or check(self))
+    cfg, _ = parse_config(TrainConfig, ["--query_mode=res_gelu", "--n_layer=2", "--n_head=2", "--n_embd=32",
+                                        "--block_size=16", "--vocab_size=64"])
+    assert made == [GPTConfig]  # the model's config, made once; the TrainConfig's own checks skip the model's
+    model_config = cfg.model_config()
+    assert asdict(model_config) == {f.name: getattr(cfg, f.name) for f in fields(GPTConfig)}
+    runtime = SimpleNamespace(device="cpu")
+    # from scratch the GPT holds that same object, which the checkpoint records; the run's config is unchanged
+    run_cfg, model = build_model(cfg, runtime, Start(SCRATCH), {})
+    assert made == [GPTConfig] and run_cfg is cfg and model.config is model_config
+    # resumed: the checkpoint's settings over the config's make the one config more, the model's, which the
+    # run's config then says (config.json, the metrics header), its set_keys kept; `cfg` itself is left as it was
+    run_cfg, model = build_model(cfg, runtime, Start(RESUME, "ckpt.pt"), {"n_layer": 3, "query_rank": 8})
+    assert made == [GPTConfig, GPTConfig] and run_cfg.model_config() is model.config
+    assert (run_cfg.n_layer, run_cfg.query_rank, cfg.n_layer, cfg.query_rank) == (3, 8, 2, 0)
+    assert asdict(run_cfg) == {**asdict(cfg), "n_layer": 3, "query_rank": 8} and run_cfg.set_keys == cfg.set_keys
+    # the training settings are checked against a model's settings it takes: μP is not fine-tuned
+    with pytest.raises(ValueError, match="parametrization='mup' trains a model from scratch"):
+        TrainConfig(init_from="gpt2").with_model(GPTConfig(parametrization="mup"))
 
 
 @pytest.mark.parametrize("arg, message", [

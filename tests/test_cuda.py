@@ -329,21 +329,21 @@ def test_a_compiled_bf16_training_step_fills_no_tangent_for_the_logits():
 def test_compiled_activation_checkpointing_gives_the_same_gradients_from_less_memory():
     # 8 blocks of 256 over 8 x 256 tokens and a small vocabulary: the blocks' activations outweigh the rest
     config = GPTConfig(n_layer=8, n_head=4, n_embd=256, block_size=256, vocab_size=512, query_mode="res_gelu")
-    rt = setup(DEVICE, "bfloat16", join_process_group=False)
+    runtime = setup(DEVICE, "bfloat16", join_process_group=False)
     idx = tokens(8, 256, 512, seed=7)
 
     def step(checkpointing):
         """The loss, the gradients and (on CUDA) the peak memory above the start of a compiled bf16 step."""
         torch._dynamo.reset()
         model = spread(GPT(config), seed=3).to(DEVICE)
-        train_model = parallelize(model, rt, compile=True, activation_checkpointing=checkpointing)[1]
+        train_model = parallelize(model, runtime, compile=True, activation_checkpointing=checkpointing)[1]
         for _ in range(2):  # the first step compiles, the second is measured
             model.zero_grad(set_to_none=True)
             if DEVICE_TYPE == "cuda":
                 torch.cuda.synchronize(DEVICE)
                 torch.cuda.reset_peak_memory_stats(DEVICE)
                 before = torch.cuda.memory_allocated(DEVICE)
-            with rt.autocast:
+            with runtime.autocast:
                 loss = train_model(idx, idx)[1]
             loss.backward()
         peak = torch.cuda.max_memory_allocated(DEVICE) - before if DEVICE_TYPE == "cuda" else None
@@ -367,7 +367,7 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
     from torch._inductor.utils import run_and_get_code
 
     config = GPTConfig(**SMALL, query_mode="res_gelu")
-    rt = setup(DEVICE, "bfloat16", join_process_group=False)
+    runtime = setup(DEVICE, "bfloat16", join_process_group=False)
     idx = tokens(4, 128, 50257, seed=5)
     cat_elements = idx.numel() * (2 * config.n_embd + config.query_bottleneck)
 
@@ -376,10 +376,10 @@ def test_cats_lowered_as_copies_give_the_same_step_and_take_gelus_backward_out_o
         backward in one compiled bf16 step."""
         torch._dynamo.reset()
         model = spread(GPT(config), seed=4).to(DEVICE)
-        train_model = parallelize(model, rt, compile=True, pointwise_cat=pointwise_cat)[1]
+        train_model = parallelize(model, runtime, compile=True, pointwise_cat=pointwise_cat)[1]
 
         def forward_backward():
-            with rt.autocast:
+            with runtime.autocast:
                 loss = train_model(idx, idx)[1]
             loss.backward()
             return loss
@@ -491,7 +491,7 @@ def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query
     # the same step without them, loss and every gradient
     from nonlinear_queries.ops.kernels import use_kernels
 
-    rt = setup(DEVICE, "bfloat16", join_process_group=False)
+    runtime = setup(DEVICE, "bfloat16", join_process_group=False)
     idx, targets = tokens(4, 128, 50257, seed=7), tokens(4, 128, 50257, seed=8)
     results = []
     for with_kernels in (False, True):
@@ -499,8 +499,8 @@ def test_compiled_bf16_step_with_kernels_computes_what_it_computes_without(query
         model = spread(GPT(GPTConfig(**SMALL, query_mode=query_mode)), seed=6).to(DEVICE)
         if with_kernels:
             assert use_kernels(model) == (SMALL["n_layer"] if "res_gelu" in query_mode else 0)
-        train_model = parallelize(model, rt, compile=True)[1]
-        with rt.autocast:
+        train_model = parallelize(model, runtime, compile=True)[1]
+        with runtime.autocast:
             loss = train_model(idx, targets, return_logits=False)[1]
         loss.backward()
         results.append((loss.item(), {name: p.grad for name, p in model.named_parameters()}))
@@ -516,7 +516,7 @@ def test_fsdp_on_one_gpu_computes_what_autocast_computes():
     # the one-GPU FSDP path (a process group of one on DEVICE, processes.setup) against the plain model, both under
     # bf16 autocast: the residual stream between the blocks and RoPE's cos/sin stay float32 under FSDP as under
     # autocast (FSDP's MixedPrecisionPolicy would make them bfloat16), and the logits and gradients agree
-    rt = setup(DEVICE, "bfloat16", parallelism="fsdp")
+    runtime = setup(DEVICE, "bfloat16", parallelism="fsdp")
     try:
         config = GPTConfig(**SMALL, query_mode="res_gelu", **MODERN)
         idx = tokens(4, 128, 50257, seed=8)
@@ -530,8 +530,8 @@ def test_fsdp_on_one_gpu_computes_what_autocast_computes():
                 block.attn.register_forward_pre_hook(lambda m, args: seen.extend(t.dtype for t in args[2]))
             model.transformer.ln_f.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
             if sharded:
-                parallelize(model, rt, "fsdp")
-            with rt.autocast:
+                parallelize(model, runtime, "fsdp")
+            with runtime.autocast:
                 logits, loss = model(idx, idx)
             loss.backward()
             grads = {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
@@ -548,7 +548,7 @@ def test_fsdp_on_one_gpu_computes_what_autocast_computes():
               f"{errs[worst]:.2e}")
         assert errs[worst] <= 1e-2, (worst, errs[worst])
     finally:
-        teardown(rt)
+        teardown(runtime)
 
 
 # ---------------------------------------------------------------------------------------

@@ -319,10 +319,10 @@ def test_analyze_prints_the_table_and_draws_the_figure(runs, tmp_path):
 
 
 def test_an_fsdp_sharded_model_gives_the_same_diagnostics():
-    rt = setup("cpu", "float32", parallelism="fsdp")  # this process as a process group of one, as train.py runs it
+    runtime = setup("cpu", "float32", parallelism="fsdp")  # this process as a process group of one, as train.py runs it
     try:
         plain, sharded = (model_with(query_mode="res_gelu", **ROPE_GQA) for _ in range(2))
-        parallelize(sharded, rt, "fsdp", activation_checkpointing=True)
+        parallelize(sharded, runtime, "fsdp", activation_checkpointing=True)
         want, got = (diagnose(m, TOKENS, INDEX, SMALL["block_size"], "cpu") for m in (plain, sharded))
         assert list(got) == list(want)
         for name, values in want.items():

@@ -221,6 +221,15 @@ def test_task_errors(assets, tmp_path, case):
         assert time.time() - t0 < 30  # no retries against the hub (datasets retries for ~25 s)
 
 
+@pytest.mark.parametrize("init_from", ["resume", "scratch"])
+def test_train_pys_own_init_from_is_refused_naming_what_eval_takes(init_from):
+    # init_from means one thing in train.py, sample.py and eval.py; eval.py, with no out_dir, takes no 'resume'
+    code, out, err = run_in_process("eval.py", f"--init_from={init_from}", "--tasks=hellaswag")
+    assert (code, out) == (2, "") and err == (f"config error: init_from={init_from!r} is train.py's; eval.py has no "
+                                              f"out_dir: name the run's directory itself, e.g. "
+                                              f"--init_from=out-quickstart, or a pretrained model\n"), err
+
+
 @pytest.mark.slow
 def test_eval_tasks_during_training(shakespeare_dir, assets, tmp_path):
     _, _, tasks_dir = assets

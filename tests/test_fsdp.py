@@ -225,8 +225,8 @@ def test_muon_on_fsdp_shards_steps_whole_matrices_as_one_process_does(tmp_path):
 @pytest.fixture
 def process_group_of_one():
     """This process as a process group of one (gloo), as train.py runs FSDP without torchrun."""
-    rt = setup("cpu", "float32", parallelism="fsdp")
-    yield rt
+    runtime = setup("cpu", "float32", parallelism="fsdp")
+    yield runtime
     dist.destroy_process_group()
 
 
@@ -236,12 +236,12 @@ META = {"model_args": {}, "step": 1, "evaluated": False, "steps_above_threshold"
 
 
 def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_path):
-    rt = process_group_of_one
+    runtime = process_group_of_one
     cfg = TrainConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64, device="cpu")
 
     def sharded():
         torch.manual_seed(0)
-        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64)), rt,
+        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=64)), runtime,
                             "fsdp")[0]
         return model, build_optimizers(model, cfg, "cpu")
 
@@ -270,7 +270,7 @@ def test_sharded_checkpoint_round_trip_and_refusals(process_group_of_one, tmp_pa
 @pytest.mark.parametrize("attn_gate", ["none", "elementwise"])
 def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_one, monkeypatch, attn_gate):
     # parallelize as it runs for a CUDA bfloat16 run, its device mesh built on the CPU; the forward pass under
-    # bf16 autocast (the CPU's), as train.py runs it (rt.autocast); with and without the output gate
+    # bf16 autocast (the CPU's), as train.py runs it (runtime.autocast); with and without the output gate
     cuda_mesh = processes.init_device_mesh
     monkeypatch.setattr(processes, "init_device_mesh", lambda device_type, shape: cuda_mesh("cpu", shape))
     on_cuda = SimpleNamespace(device_type="cuda", dtype="bfloat16", world_size=1, backend="nccl", distributed=True)
@@ -278,7 +278,7 @@ def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_on
                        qk_norm=True, query_mode="res_gelu", bias=True, attn_gate=attn_gate)
     x, y = torch.randint(0, 64, (2, 2, 8), generator=torch.Generator().manual_seed(0))
 
-    def step(rt, parallelism):
+    def step(runtime, parallelism):
         """What the blocks are given (the dtypes of the residual stream entering each block and the final norm,
         and of RoPE's cos and sin), the logits, the loss and the gradients of one forward-backward pass."""
         torch.manual_seed(0)
@@ -291,7 +291,7 @@ def test_fsdp_under_bf16_autocast_computes_what_ddp_computes(process_group_of_on
             block.ln_1.register_forward_pre_hook(lambda m, args: seen.append(("block input", args[0].dtype)))
             block.attn.register_forward_pre_hook(lambda m, args: seen.append(("cos, sin", *(t.dtype for t in args[2]))))
         model.transformer.ln_f.register_forward_pre_hook(lambda m, args: seen.append(("final norm", args[0].dtype)))
-        model, train_model = parallelize(model, rt, parallelism)
+        model, train_model = parallelize(model, runtime, parallelism)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits, loss = train_model(x, y)
         loss.backward()
@@ -380,12 +380,12 @@ def test_fsdp_on_cuda_joins_its_process_group_with_the_gpu_index(monkeypatch, de
     for key, value in env.items():
         monkeypatch.setenv(key, value)
 
-    rt = setup(device, "bfloat16", parallelism="fsdp")
+    runtime = setup(device, "bfloat16", parallelism="fsdp")
     (call,) = calls
     assert call["device_id"] == torch.device("cuda", index) and call["backend"] == "nccl"
     # the GPU the process computes on is the one its process group is bound to
     assert current[0] == index and tf32.allow_tf32
-    assert (rt.device, rt.world_size, rt.backend) == (device if not env else f"cuda:{index}",
+    assert (runtime.device, runtime.world_size, runtime.backend) == (device if not env else f"cuda:{index}",
                                                       int(env.get("WORLD_SIZE", 1)), "nccl")
     if not env:  # without torchrun: a group of one whose store lives in this process
         assert (call["rank"], call["world_size"], type(call["store"])) == (0, 1, dist.HashStore)
@@ -396,12 +396,12 @@ def test_activation_checkpointing_gives_the_same_gradients_from_less_memory(attn
     config = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.1,
                        query_mode="res_gelu", attn_gate=attn_gate)
     x, y = torch.randint(0, 64, (2, 2, 16))
-    rt = setup("cpu", "float32")
+    runtime = setup("cpu", "float32")
 
     def gradients(checkpointing):
         """Gradients of one forward-backward (dropout on) and the bytes saved for the backward pass."""
         torch.manual_seed(0)
-        model = parallelize(GPT(config), rt, activation_checkpointing=checkpointing)[1]
+        model = parallelize(GPT(config), runtime, activation_checkpointing=checkpointing)[1]
         saved = {}
 
         def pack(t):

@@ -807,10 +807,10 @@ def test_kernels_under_sharding_checkpointing_and_compile(parallelism):
 
     from nonlinear_queries.runtime.processes import parallelize, setup
 
-    rt = setup("cpu", "float32", parallelism="fsdp")  # a group of one; under ddp, DDP around the model
+    runtime = setup("cpu", "float32", parallelism="fsdp")  # a group of one; under ddp, DDP around the model
     try:
         plain, fast = plain_and_fast(seed=5)
-        model, train_model = parallelize(fast, rt, parallelism, compile=True, activation_checkpointing=True,
+        model, train_model = parallelize(fast, runtime, parallelism, compile=True, activation_checkpointing=True,
                                          backend="aot_eager")
         idx, targets = torch.randint(0, 64, (2, 2, 11)).unbind(0)
         want = plain(idx, targets)[1]

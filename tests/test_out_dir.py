@@ -245,10 +245,10 @@ def test_train_on_a_full_disk_stops_with_the_error_and_resumes_once_space_is_fre
 @needs_root
 def test_a_full_disk_during_a_sharded_checkpoint_is_the_same_clear_error(tmp_path, monkeypatch):
     cfg = TrainConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, device="cpu")
-    rt = setup("cpu", "float32", parallelism="fsdp")  # a process group of one, as train.py runs FSDP alone
+    runtime = setup("cpu", "float32", parallelism="fsdp")  # a process group of one, as train.py runs FSDP alone
     try:
         torch.manual_seed(0)
-        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8)), rt, "fsdp")[0]
+        model = parallelize(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8)), runtime, "fsdp")[0]
         optimizers = build_optimizers(model, cfg, "cpu")
         x = torch.randint(0, 64, (2, 8))
         model(x, x)[1].backward()

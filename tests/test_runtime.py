@@ -16,9 +16,10 @@ from nonlinear_queries.runtime.processes import mfu, peak_flops, setup
 
 
 def test_setup_on_the_cpu():
-    rt = setup("auto" if not torch.cuda.is_available() else "cpu")
-    assert (rt.device, rt.device_type, rt.dtype, rt.rank, rt.world_size) == ("cpu", "cpu", "float32", 0, 1)
-    assert rt.master and not rt.distributed and isinstance(rt.autocast, nullcontext)
+    runtime = setup("auto" if not torch.cuda.is_available() else "cpu")
+    assert (runtime.device, runtime.device_type, runtime.dtype, runtime.rank, runtime.world_size) == (
+        "cpu", "cpu", "float32", 0, 1)
+    assert runtime.master and not runtime.distributed and isinstance(runtime.autocast, nullcontext)
     bf16 = setup("cpu", "bfloat16")
     with bf16.autocast:
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")
@@ -43,9 +44,9 @@ def test_torchrun_layout_from_the_environment(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    rt = setup("cpu", join_process_group=False)
-    assert (rt.rank, rt.local_rank, rt.world_size, rt.backend, rt.master, rt.distributed) == (3, 1, 4, "gloo", False,
-                                                                                            True)
+    runtime = setup("cpu", join_process_group=False)
+    assert (runtime.rank, runtime.local_rank, runtime.world_size, runtime.backend, runtime.master,
+            runtime.distributed) == (3, 1, 4, "gloo", False, True)
     with pytest.raises(SetupError, match="backend=nccl needs CUDA devices; use --backend=gloo on the CPU"):
         setup("cpu", backend="nccl", join_process_group=False)
 

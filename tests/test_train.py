@@ -369,6 +369,10 @@ def test_sample_from_checkpoint(shakespeare_dir, tmp_path):
     assert first.stdout.count("ROMEO. But soft, what light") == 2
     assert "query_mode=res_gelu" in first.stdout
     assert first.stdout == again.stdout and first.stdout != other.stdout
+    # --init_from as train.py means it: 'resume' (the default) is the run in out_dir, and the run's directory as
+    # a source is the same model
+    for init_from in ("resume", out):
+        assert run_script("sample.py", *args, "--seed=3", f"--init_from={init_from}").stdout == first.stdout
     missing = run_script("sample.py", f"--out_dir={tmp_path / 'nope'}", check=False)
     assert missing.returncode != 0 and "no checkpoint" in missing.stderr
 

@@ -191,16 +191,17 @@ def test_train_step_equals_the_hand_written_step(tiny):
 def test_evaluate_is_the_mean_loss_over_the_fixed_rows(tiny):
     model, tokens = tiny
     index = np.array([[0, 10], [20, 30], [40, 50]])
-    rt = Runtime(0, 0, 1, "cpu", "float32", None)
+    runtime = Runtime(0, 0, 1, "cpu", "float32", None)
     model.train()
-    out = evaluate(model, {"val": (tokens, index)}, 8, "cpu", rt.autocast, rt)
+    out = evaluate(model, {"val": (tokens, index)}, 8, "cpu", runtime.autocast, runtime)
     assert model.training  # back in training mode
     model.eval()
     with torch.no_grad():
         want = np.mean([model(*get_batch(tokens, row, 8, "cpu"))[1].item() for row in index])
     assert out == {"val": pytest.approx(want, rel=1e-6)}
     # process 1 of 2 evaluates rows 1, 3, ...; the all-reduce (absent here) adds process 0's share
-    half = evaluate(model, {"val": (tokens, index)}, 8, "cpu", rt.autocast, Runtime(1, 1, 2, "cpu", "float32", None))
+    half = evaluate(model, {"val": (tokens, index)}, 8, "cpu", runtime.autocast,
+                    Runtime(1, 1, 2, "cpu", "float32", None))
     model.eval()
     with torch.no_grad():
         assert half["val"] == pytest.approx(model(*get_batch(tokens, index[1], 8, "cpu"))[1].item() / 3, rel=1e-6)

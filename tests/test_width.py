@@ -239,8 +239,8 @@ def test_the_coordinate_check_holds_for_the_gated_model_under_mup_and_fails_unde
 
 @pytest.fixture
 def process_group_of_one():
-    rt = setup("cpu", "float32", parallelism="fsdp")
-    yield rt
+    runtime = setup("cpu", "float32", parallelism="fsdp")
+    yield runtime
     dist.destroy_process_group()
 
 

@@ -1,9 +1,12 @@
 """
 TrainConfig: every setting of train.py, with its default and its check. Its own module
-so that sweep.py can check a whole grid of configs before the first run starts.
+so that sweep.py can check a whole grid of configs before the first run starts. The model's
+settings are flat among the others (--n_layer=12, as nanoGPT's command line) and make the
+model's one GPTConfig (TrainConfig.model_config; docs/design.md, "The model's settings").
 """
 
 import ast
+import copy
 import os
 from dataclasses import dataclass, fields
 from typing import ClassVar
@@ -20,7 +23,8 @@ class TrainConfig(GPTConfig):
     Defaults are the paper's baseline (Table 1, first column) on OpenWebText. A field's comment
     (the comment lines above it, then the one at the end of its line) is its line in
     `train.py --help` (configurator.field_comments); a comment after a blank line opens a
-    section, its first line the section's title."""
+    section, its first line the section's title. The model fields are checked by GPTConfig alone: a
+    TrainConfig makes its model's GPTConfig once, when it is made (model_config)."""
 
     # settings that a config file may not hold, with why (configurator.parse_config): deleting a run takes a
     # request on the command line, never a line inherited from a config someone builds on
@@ -150,7 +154,35 @@ class TrainConfig(GPTConfig):
     divergence_patience: int = 100  # consecutive steps with the loss above divergence_threshold that stop the run
 
     def __post_init__(self):
-        super().__post_init__()
+        # the model's settings made into the model's config here, once: GPTConfig's checks are theirs
+        self._model_config = GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig)})
+        self.check_training()
+
+    def model_config(self):
+        """The model's GPTConfig: this config's model settings, made and checked once, when this config was
+        (or, after with_model, the built model's own). train.py builds the GPT from it, and the checkpoint
+        records it (asdict of the model's config)."""
+        return self._model_config
+
+    def with_model(self, model_config):
+        """This run's config as its model was built: its model settings those of model_config (the built GPT's
+        GPTConfig: a resumed checkpoint's, a pretrained source's, or this config's own, which returns this
+        config), and model_config() that same object, so that config.json, the metrics header and the printed
+        config say the model's actual settings. Only the training settings are checked again (check_training):
+        model_config was checked when it was made. Raises ValueError for a training setting the model's rule
+        out (parametrization='mup' when fine-tuning)."""
+        if model_config is self._model_config:
+            return self
+        run = copy.copy(self)  # set_keys, what the config files and the command line gave, kept
+        for f in fields(GPTConfig):
+            setattr(run, f.name, getattr(model_config, f.name))
+        run._model_config = model_config
+        run.check_training()
+        return run
+
+    def check_training(self):
+        """Check the training settings (the model's are GPTConfig's to check); resume_from implies
+        init_from='resume'. Raises ValueError naming the setting and what to do."""
         if not self.init_from:
             raise ValueError("init_from must be 'scratch', 'resume' or a pretrained model (see pretrained.py)")
         if self.resume_from:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model import GPT, GPTConfig, model_config_keys
+from model import GPT
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.data.batches import get_batch
 from nonlinear_queries.trainer.optimizers import build_optimizers, set_learning_rates
@@ -78,7 +78,7 @@ def coord_check(settings, widths, seeds, steps, learning_rate, data, head_dim=32
                              "compile": False, "device": "cpu"})
         for s_index, seed in enumerate(seeds):
             torch.manual_seed(seed)
-            model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in model_config_keys()}))
+            model = GPT(cfg.model_config())
             optimizers = build_optimizers(model, cfg, "cpu")
             set_learning_rates(optimizers, learning_rate, cfg)
             starts = np.random.default_rng(seed).integers(0, len(data) - cfg.block_size - 1,

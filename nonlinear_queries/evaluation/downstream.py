@@ -100,16 +100,16 @@ class GPTLM(TemplateLM):
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        rt = setup(device, dtype, join_process_group=False)
+        runtime = setup(device, dtype, join_process_group=False)
         if isinstance(pretrained, GPT):
             if tokenizer is None:
                 raise ValueError("a GPT object needs its tokenizer: GPTLM(model, tokenizer=run_tokenizer(...))")
             model = pretrained
         else:
-            model = load_model(str(pretrained)).to(rt.device).eval()
+            model = load_model(str(pretrained)).to(runtime.device).eval()
             tokenizer = tokenizer or run_tokenizer(model.loaded_from.run_config)
-        self.model, self.tokenizer, self.autocast = model, tokenizer, rt.autocast
-        self._device = torch.device(rt.device)
+        self.model, self.tokenizer, self.autocast = model, tokenizer, runtime.autocast
+        self._device = torch.device(runtime.device)
         self.batch_size, self.max_gen_toks, self.progress = batch_size, max_gen_toks, progress
         self.should_stop = should_stop or (lambda: False)  # asked before each batch: True raises TasksStopped
 
@@ -357,13 +357,13 @@ class DownstreamEval:
     """train.py's eval_tasks: lm-eval's tasks on the model in training, on the master rank.
 
     cfg: the TrainConfig (eval_tasks, eval_tasks_interval, eval_tasks_limit, eval_tasks_include_path, batch_size,
-    dataset, data_dir); rt: the Runtime. Built before the run starts, on every rank, it checks the task names and
+    dataset, data_dir); runtime: the Runtime. Built before the run starts, on every rank, it checks the task names and
     loads their data once: EvalError for a task that cannot run. In a process group it also makes a gloo group of
     all the ranks (a collective: every rank builds it), whose barrier keeps the others waiting while rank 0 runs
     the tasks (evaluate).
     """
 
-    def __init__(self, cfg, rt):
+    def __init__(self, cfg, runtime):
         self.names = task_names(cfg.eval_tasks)
         prepare_hub()
         self.manager = task_manager(self.names, cfg.eval_tasks_include_path)
@@ -371,8 +371,8 @@ class DownstreamEval:
         # the schedule of should_eval, at its own interval
         self.schedule = replace(cfg, eval_interval=cfg.eval_tasks_interval or cfg.eval_interval)
         self.tokenizer = run_tokenizer({"dataset": cfg.dataset, "data_dir": cfg.data_dir})
-        self.cfg, self.rt = cfg, rt
-        self.group = dist.new_group(backend="gloo", timeout=TASKS_TIMEOUT) if rt.distributed else None
+        self.cfg, self.runtime = cfg, runtime
+        self.group = dist.new_group(backend="gloo", timeout=TASKS_TIMEOUT) if runtime.distributed else None
 
     def due(self, step, start_step, resumed_after_eval, stopping):
         """Whether to run the tasks at `step`: as should_eval (training.py) with eval_tasks_interval."""
@@ -388,8 +388,8 @@ class DownstreamEval:
         each batch; once it says True the tasks are given up and rank 0 returns None (a signal: stopping.py; the
         ranks then agree on the stop through the training step's vote)."""
         records = []
-        if self.rt.master:
-            lm = GPTLM(model, batch_size=self.cfg.batch_size, device=self.rt.device, dtype=self.rt.dtype,
+        if self.runtime.master:
+            lm = GPTLM(model, batch_size=self.cfg.batch_size, device=self.runtime.device, dtype=self.runtime.dtype,
                        tokenizer=self.tokenizer, progress=False, should_stop=should_stop)
             model.eval()
             try:

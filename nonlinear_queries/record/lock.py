@@ -284,20 +284,20 @@ def exclusive(path):
         yield  # closing the file gives the lock back
 
 
-def hold_run_dir(cfg, rt, run_dir, source, stop):
-    """Hold the run directory `run_dir` (a runs.RunDir, cfg.out_dir's) for train.py's run that starts from `source`
+def hold_run_dir(cfg, runtime, run_dir, start, stop):
+    """Hold the run directory `run_dir` (a runs.RunDir, cfg.out_dir's) for train.py's run that starts from `start`
     (a start.Start): on rank 0 created and, with cfg.lock_out_dir, locked for this process's life (hold_out_dir; one
     run per out_dir); a run that resumes a checkpoint that is not there, and a new run that would replace or append
     to what a run left there unasked (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds)
     unless cfg.overwrite, are refused on every rank (runs.RunDir.check_start, whose message gives the command to run
     instead: cli.run_command), every file there left as it was, a killed run's lock file included
-    (left_lock_holder). cfg: the TrainConfig; rt: processes.setup's processes; stop: the run's stopping.StopFlag,
+    (left_lock_holder). cfg: the TrainConfig; runtime: processes.setup's processes; stop: the run's stopping.StopFlag,
     which defers a signal while the lock is taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable)
     or CheckpointError."""
     left_lock = left_lock_holder(run_dir)  # before this run takes the lock
-    if rt.master and cfg.lock_out_dir:
+    if runtime.master and cfg.lock_out_dir:
         with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
             hold_out_dir(run_dir)
-    elif rt.master:
+    elif runtime.master:
         make_out_dir(run_dir)
-    run_dir.check_start(source, cfg.overwrite, lambda *flags: run_command(rt, *flags), left_lock)
+    run_dir.check_start(start, cfg.overwrite, lambda *flags: run_command(runtime, *flags), left_lock)

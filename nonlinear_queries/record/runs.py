@@ -325,9 +325,9 @@ class RunDir:
         files = [self.metrics, self.config, self.wandb] + ([self.lock] if left_lock is not None else [])
         return self.checkpoints() + self.partial_checkpoints() + [p for p in files if os.path.lexists(p)]
 
-    def check_start(self, source, overwrite, command, left_lock=None):
-        """Refuse a run that cannot start here as asked, every file here left as it was: one that resumes a
-        checkpoint that is not there (source.path), and a new run (source: train.py's start.Start, one that does not
+    def check_start(self, start, overwrite, command, left_lock=None):
+        """Refuse a run that cannot start here as asked (`start`, train.py's start.Start), every file here left as it
+        was: one that resumes a checkpoint that is not there (the Start's path), and a new run (one that does not
         resume: from scratch or fine-tuning) that would replace or append to what a run left here (leftovers:
         checkpoints, metrics.jsonl, config.json, wandb/, a .lock that no process holds), in whatever state that run
         stopped, unless overwrite. command: the command line of this run with its --init_from, --resume_from and
@@ -337,9 +337,9 @@ class RunDir:
         command that resumes the run where there is a checkpoint (with --resume_from where only step checkpoints
         are left), --overwrite=True (or another --out_dir) for a new run in its place, a new run where there is
         none."""
-        if source.resumes:
-            if not os.path.exists(source.path):
-                self._refuse_missing_checkpoint(source.path, command, left_lock)
+        if start.resumes:
+            if not os.path.exists(start.path):
+                self._refuse_missing_checkpoint(start.path, command, left_lock)
             return
         found = self.leftovers(left_lock) if not overwrite else []
         if not found:

@@ -5,10 +5,10 @@ the model is spread over the processes (DDP or FSDP2, with activation checkpoint
 the device's peak FLOP/s for MFU. One pair of functions, as nanochat's compute_init /
 compute_cleanup:
 
-    rt = setup(device="auto", dtype="auto")   # under torchrun also joins the process group
-    with rt.autocast:
+    runtime = setup(device="auto", dtype="auto")   # under torchrun also joins the process group
+    with runtime.autocast:
         logits, loss = model(x, y)
-    teardown(rt)
+    teardown(runtime)
 
 Under torchrun (RANK, LOCAL_RANK and WORLD_SIZE in the environment) process r of W uses
 cuda:LOCAL_RANK on a GPU machine and joins a process group (NCCL on CUDA, gloo on the
@@ -127,7 +127,7 @@ def setup(device="auto", dtype="auto", backend="auto", join_process_group=True, 
     return Runtime(rank, local_rank, world_size, device, dtype, backend)
 
 
-def teardown(rt, clean=True):
+def teardown(runtime, clean=True):
     """Leave the process group, if any. clean=True waits for every rank first (a normal
     end); clean=False leaves at once (an error: the other ranks may never get there)."""
     if dist.is_initialized():
@@ -177,9 +177,9 @@ def compile_kwargs(mode="default", backend="inductor", pointwise_cat=True, optio
     return {"options": {**list_mode_options(mode), **cat, **(options or {})}}
 
 
-def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor",
+def parallelize(model, runtime, parallelism="ddp", compile=False, activation_checkpointing=False, backend="inductor",
                 mode="default", pointwise_cat=True, options=None):
-    """Spread `model` (a GPT, on rt.device) over the processes of rt. Returns (model, train_model):
+    """Spread `model` (a GPT, on runtime.device) over the processes of runtime. Returns (model, train_model):
     the module that evaluates, and the module the training step calls.
 
     The three transformations are applied in torchtitan's order (docs/gpu-path.md): activation
@@ -209,7 +209,7 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
     optimizer state, all-gathers a unit's weights just before its forward and backward, and
     reduce-scatters its gradients (averaged over the processes) after its backward, as in Zhao et
     al. 2023, "PyTorch FSDP". Weights are gathered and gradients reduced in float32, and mixed
-    precision is left to rt.autocast as under DDP, so a step computes what DDP's computes: the
+    precision is left to runtime.autocast as under DDP, so a step computes what DDP's computes: the
     residual stream and RoPE's cos/sin stay float32, and each matmul casts its float32 weight to
     bfloat16 (no MixedPrecisionPolicy: its bfloat16 gathers cast every block's input to bfloat16,
     and it would round the norms' weights, which autocast keeps float32). The model is changed in
@@ -224,11 +224,11 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
             for block in model.transformer.h:
                 block.compile(backend=backend, **kwargs)
             model.compile(backend=backend, **kwargs)
-        mesh = init_device_mesh(rt.device_type, (rt.world_size,))
+        mesh = init_device_mesh(runtime.device_type, (runtime.world_size,))
         units = [*model.transformer.h, model]
         for unit in units:
             fully_shard(unit, mesh=mesh)  # float32 throughout; autocast does the mixed precision, as under DDP
-        if rt.backend == "gloo":
+        if runtime.backend == "gloo":
             # Reduce-scatter with SUM, then let FSDP divide by W itself, instead of gloo's AVG: gloo's AVG
             # summed without dividing in some PyTorch releases (pytorch issue #162338), which would double
             # every gradient on 2 processes without an error. On the CPU the extra division costs nothing.
@@ -237,14 +237,15 @@ def parallelize(model, rt, parallelism="ddp", compile=False, activation_checkpoi
         return model, model
     if compile:
         model = torch.compile(model, backend=backend, **kwargs)
-    if not rt.distributed:
+    if not runtime.distributed:
         return model, model
-    return model, DistributedDataParallel(model, device_ids=[rt.local_rank] if rt.device_type == "cuda" else None)
+    device_ids = [runtime.local_rank] if runtime.device_type == "cuda" else None
+    return model, DistributedDataParallel(model, device_ids=device_ids)
 
 
-def all_reduce_sum(tensor, rt):
+def all_reduce_sum(tensor, runtime):
     """Sum `tensor` over the processes in place (nothing to do in one process); returns it."""
-    if rt.distributed:
+    if runtime.distributed:
         dist.all_reduce(tensor)
     return tensor
 

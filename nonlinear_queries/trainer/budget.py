@@ -97,26 +97,26 @@ def describe_duration(seconds):
     return f"{seconds:.0f} s"
 
 
-def check_memory(cfg, rt, model):
+def check_memory(cfg, runtime, model):
     """Refuse, before any work, a run whose memory floor (memory_floor) is above what the device has. cfg: the
-    TrainConfig; rt: processes.setup's processes (device, dtype, world_size); model: the GPT. Raises SetupError
+    TrainConfig; runtime: processes.setup's processes (device, dtype, world_size); model: the GPT. Raises SetupError
     saying what to lower."""
-    have = device_memory(rt.device)
-    need, parts = memory_floor(model.get_num_params(non_embedding=False), cfg, rt.dtype, rt.world_size)
+    have = device_memory(runtime.device)
+    need, parts = memory_floor(model.get_num_params(non_embedding=False), cfg, runtime.dtype, runtime.world_size)
     if have is not None and need > have:
         raise SetupError(
             f"this run needs at least {need / 2**30:.1f} GiB of memory per process ({parts}), more than the "
-            f"{have / 2**30:.1f} GiB that {rt.device} has; lower batch_size (a larger gradient_accumulation_steps "
+            f"{have / 2**30:.1f} GiB that {runtime.device} has; lower batch_size (a larger gradient_accumulation_steps "
             f"keeps the tokens per step), block_size or the model's size")
 
 
-def check_cpu_time(cfg, rt, model, steps):
+def check_cpu_time(cfg, runtime, model, steps):
     """On the CPU, before the run compiles or writes anything: refuse a run whose `steps` would take more than
     SLOW_RUN_S (a week), unless cfg.allow_slow, and say when one step takes more than a minute (on stderr, on rank
     0). The time is a floor: the step's FLOPs (model.flops_per_token() x the tokens per step of the TrainConfig
-    cfg) at the rate this CPU's matmuls reach (cpu_matmul_flops), so the true time is longer. rt: processes.setup's
+    cfg) at the rate this CPU's matmuls reach (cpu_matmul_flops), so the true time is longer. runtime: processes.setup's
     processes (device_type, master). Raises SetupError saying what to run instead."""
-    if rt.device_type != "cpu" or not steps:
+    if runtime.device_type != "cpu" or not steps:
         return
     step_flops = model.flops_per_token() * cfg.gradient_accumulation_steps * cfg.batch_size * cfg.block_size
     seconds = step_flops / cpu_matmul_flops()
@@ -126,7 +126,7 @@ def check_cpu_time(cfg, rt, model, steps):
         raise SetupError(f"on this CPU the {steps:,} steps of this run take at least {total} ({step} a step: {rate}), "
                          f"more than a week; this config is meant for a GPU: for a CPU run, use config/quickstart.py "
                          f"(minutes), or pass --allow_slow=True to start it anyway")
-    if seconds > 60 and rt.master:
+    if seconds > 60 and runtime.master:
         print(f"warning: on this CPU a step of this run takes at least {step} ({rate}), the {steps:,} steps left at "
               f"least {total}. For a CPU run, use config/quickstart.py (minutes); this config is meant for a GPU",
               file=sys.stderr)

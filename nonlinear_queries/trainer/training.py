@@ -219,12 +219,12 @@ def apply_updates(optimizers, scaler, skip):
 
 
 @torch.no_grad()
-def evaluate(model, splits, block_size, device, autocast, rt, stop=None):
+def evaluate(model, splits, block_size, device, autocast, runtime, stop=None):
     """Mean loss over fixed evaluation batches, per split.
 
     splits: {name: (tokens, index)}, tokens a uint16 memmap and index an int64 (eval_iters, B)
     stream of start offsets (the same at every evaluation). Process r of W evaluates rows
-    r, r + W, ... and the sums are all-reduced over the processes of rt. Every process runs
+    r, r + W, ... and the sums are all-reduced over the processes of runtime. Every process runs
     the same number of forward passes (one that has run out of rows repeats row 0 and drops
     its loss), because under FSDP each forward pass gathers weights from all of them.
     stop: the run's stopping.StopFlag, asked after every batch (every rank at the same batch, by a
@@ -235,22 +235,24 @@ def evaluate(model, splits, block_size, device, autocast, rt, stop=None):
     """
     model.eval()
     out = {}
+    W = runtime.world_size
     batches = [(name, tokens, index, k) for name, (tokens, index) in splits.items()
-               for k in range(rt.rank, -(-len(index) // rt.world_size) * rt.world_size, rt.world_size)]
+               for k in range(runtime.rank, -(-len(index) // W) * W, W)]
     totals = {name: torch.zeros((), device=device) for name in splits}
-    bar = tqdm(batches, desc="evaluating", unit="batch", delay=10, mininterval=1, leave=False, disable=not rt.master)
+    bar = tqdm(batches, desc="evaluating", unit="batch", delay=10, mininterval=1, leave=False,
+               disable=not runtime.master)
     for name, tokens, index, k in bar:
         x, y = get_batch(tokens, index[k if k < len(index) else 0], block_size, device)
         with autocast:
             _, loss = model(x, y, return_logits=False)
         if k < len(index):
             totals[name] += loss.float()
-        if stop is not None and stop.agreed(all_reduce_sum(stop.vote(loss), rt), rt.distributed):
+        if stop is not None and stop.agreed(all_reduce_sum(stop.vote(loss), runtime), runtime.distributed):
             bar.close()
             model.train()
             return None
     for name, (_, index) in splits.items():
-        out[name] = all_reduce_sum(totals[name], rt).item() / len(index)
+        out[name] = all_reduce_sum(totals[name], runtime).item() / len(index)
     model.train()
     return out
 
@@ -274,17 +276,17 @@ def should_read_back(step, cfg, start_step, resumed_after_eval, tasks_due=False)
             or should_eval(step, cfg, start_step, resumed_after_eval, False))
 
 
-def micro_steps_per_process(cfg, rt):
+def micro_steps_per_process(cfg, runtime):
     """gradient_accumulation_steps / world size: each process's micro-batches of a step (cfg: the TrainConfig;
-    rt: processes.setup's processes). Raises SetupError when the processes cannot share the step's micro-batches
+    runtime: processes.setup's processes). Raises SetupError when the processes cannot share the step's micro-batches
     evenly."""
-    if cfg.gradient_accumulation_steps % rt.world_size:
+    if cfg.gradient_accumulation_steps % runtime.world_size:
         raise SetupError(
             f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} is not divisible by the "
-            f"{rt.world_size} processes; each process runs gradient_accumulation_steps / {rt.world_size} of the "
-            f"step's micro-batches. Choose a multiple of {rt.world_size} (and adjust batch_size to keep the tokens "
-            f"per step)")
-    return cfg.gradient_accumulation_steps // rt.world_size
+            f"{runtime.world_size} processes; each process runs gradient_accumulation_steps / "
+            f"{runtime.world_size} of the step's micro-batches. Choose a multiple of {runtime.world_size} (and adjust "
+            f"batch_size to keep the tokens per step)")
+    return cfg.gradient_accumulation_steps // runtime.world_size
 
 
 

@@ -417,7 +417,7 @@ class Checkpointer:
     """train.py's checkpoints, one object per run: which checkpoint the run continues, its checks and its
     restore, and when and where the run writes its own. In the order train.py calls them:
 
-        checkpoints = Checkpointer(cfg, rt, run_dir, source)     # the checkpoint to resume, read (or none)
+        checkpoints = Checkpointer(cfg, runtime, run_dir, start)      # the checkpoint to resume, read (or none)
         checkpoints.model_args                                   # its model_args ({} for a new run)
         checkpoints.check(model_settings, fingerprint, files)    # the config and the data are the run's
         state = checkpoints.restore(model, optimizers, scaler)   # a TrainState
@@ -426,17 +426,17 @@ class Checkpointer:
     path is the newest checkpoint (the one resumed from, then the run's own latest) and step its step,
     None until there is one. Every method raises CheckpointError for a run that cannot go on."""
 
-    def __init__(self, cfg, rt, run_dir, source):
-        """The checkpoint that a resumed run continues, read with its meta and weights on rt.device (path
+    def __init__(self, cfg, runtime, run_dir, start):
+        """The checkpoint that a resumed run continues, read with its meta and weights on runtime.device (path
         None for a new run, from scratch or fine-tuning; whether it may replace the run in out_dir is
-        runs.RunDir's). cfg: the TrainConfig; rt: processes.setup's processes; run_dir: the run's runs.RunDir,
-        where it writes its checkpoints; source: where the run starts (start.Start: its `resumes`, and the
+        runs.RunDir's). cfg: the TrainConfig; runtime: processes.setup's processes; run_dir: the run's runs.RunDir,
+        where it writes its checkpoints; start: where the run starts (start.Start: its `resumes`, and the
         checkpoint `path` it resumes, which runs.RunDir.check_start has found there). Raises CheckpointError for
         a checkpoint to resume that cannot be read."""
         self.cfg, self.run_dir, self.step, self.path = cfg, run_dir, None, None
-        if source.resumes:
-            self.path = source.path
-        self.ckpt = read_checkpoint(self.path, map_location=rt.device) if self.path else None
+        if start.resumes:
+            self.path = start.path
+        self.ckpt = read_checkpoint(self.path, map_location=runtime.device) if self.path else None
 
     @property
     def resumed_step(self):

@@ -6,11 +6,11 @@ on from here are cli.run_command's. After resolve_start nothing reads init_from 
 runs.RunDir.check_start and checkpoint.Checkpointer read the Start.
 """
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from model import GPT, GPTConfig, model_config_keys
+from model import GPT
 from nonlinear_queries.errors import SetupError
 from nonlinear_queries.weights.checkpoint import latest_checkpoint
 from nonlinear_queries.weights.pretrained import load_model
@@ -58,20 +58,20 @@ def resolve_start(cfg, run_dir):
     return Start(FINE_TUNE, cfg.init_from)
 
 
-def build_model(cfg, rt, source, resumed_args):
-    """The run's model on rt.device (rt: runtime.setup's processes) for the run that starts from `source` (a
-    Start): new from the config `cfg` (a TrainConfig; init seeded by cfg.seed), the one of resumed_args (a
-    resumed checkpoint's model_args, {} for a new run), or a pretrained source's to fine-tune (its new
-    parameters, such as anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg with the model's settings
-    filled in, model). Raises PretrainedError, or SetupError for a model μP cannot classify."""
+def build_model(cfg, runtime, start, resumed_args):
+    """The run's model on runtime.device (runtime: processes.setup's processes) for the run that starts from `start` (a
+    Start), built from one GPTConfig: the config's own (cfg.model_config(), a TrainConfig's; init seeded by
+    cfg.seed), resumed_args (a resumed checkpoint's model_args, {} for a new run) over it, or a pretrained
+    source's to fine-tune (its new parameters, such as anchored_res_gelu's f, seeded by cfg.seed). Returns (cfg
+    with the model's settings, TrainConfig.with_model, model). Raises PretrainedError, or SetupError for
+    model_args GPTConfig refuses or a model μP cannot classify."""
     torch.manual_seed(cfg.seed)
-    if source.fine_tunes:
-        model = load_model(source.path, **cfg.model_settings())
+    if start.fine_tunes:
+        model = load_model(start.path, **cfg.model_settings())
     else:
-        # a checkpoint's model_args win; settings it predates keep the config's values
-        model_args = {**{k: getattr(cfg, k) for k in model_config_keys()}, **resumed_args}
         try:
-            model = GPT(GPTConfig(**model_args))
-        except ValueError as e:  # a parameter μP cannot classify (model.GPT._mup_roles)
+            # a checkpoint's model_args win; settings it predates keep the config's values
+            model = GPT(replace(cfg.model_config(), **resumed_args) if resumed_args else cfg.model_config())
+        except ValueError as e:  # model_args GPTConfig refuses, a parameter μP cannot classify (GPT._mup_roles)
             raise SetupError(str(e)) from None
-    return replace(cfg, **asdict(model.config)), model.to(rt.device)
+    return cfg.with_model(model.config), model.to(runtime.device)
