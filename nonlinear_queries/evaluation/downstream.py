@@ -21,13 +21,13 @@ second to import, and the index of its ~15,000 stock tasks about 9 s to build on
 (skipped when every task named is a local one).
 """
 
+import copy
 import datetime
 import difflib
 import os
 import random
 import sys
 from contextlib import contextmanager
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -368,8 +368,9 @@ class DownstreamEval:
         prepare_hub()
         self.manager = task_manager(self.names, cfg.eval_tasks_include_path)
         load_tasks(self.names, self.manager)
-        # the schedule of should_eval, at its own interval
-        self.schedule = replace(cfg, eval_interval=cfg.eval_tasks_interval or cfg.eval_interval)
+        # the schedule of should_eval, at its own interval: a copy of the checked config (nothing checked again)
+        self.schedule = copy.copy(cfg)
+        self.schedule.eval_interval = cfg.eval_tasks_interval or cfg.eval_interval
         self.tokenizer = run_tokenizer({"dataset": cfg.dataset, "data_dir": cfg.data_dir})
         self.cfg, self.runtime = cfg, runtime
         self.group = dist.new_group(backend="gloo", timeout=TASKS_TIMEOUT) if runtime.distributed else None
