@@ -354,8 +354,8 @@ def train(cfg, config_files, runtime, run_dir):
                                 data_fingerprint, clock.tokens_per_iter)
         say_start(run_log, start, checkpoints, raw_model)
         eval_splits = {"train": (data.train, data.train_eval_idx), "val": (data.val, data.val_eval_idx)}
-        # in every checkpoint: the model's own config (made once: TrainConfig.model_config), the run's, the data's
-        run_info = {"model_args": asdict(raw_model.config), "config": asdict(cfg), "data": data_fingerprint}
+        # in every checkpoint beside the model's own config (Checkpointer.save): the run's config and the data's
+        run_info = {"config": asdict(cfg), "data": data_fingerprint}
         t_start, stopping = time.time(), False
         guard = DivergenceGuard(state.steps_above_threshold, cfg.divergence_threshold, cfg.divergence_patience,
                                 check_grad_norm=not trainables.scaler.is_enabled(), device=runtime.device)

@@ -417,10 +417,10 @@ class Checkpointer:
     """train.py's checkpoints, one object per run: which checkpoint the run continues, its checks and its
     restore, and when and where the run writes its own. In the order train.py calls them:
 
-        checkpoints = Checkpointer(cfg, runtime, run_dir, start)      # the checkpoint to resume, read (or none)
-        checkpoints.model_args                                   # its model_args ({} for a new run)
-        checkpoints.check(model_settings, fingerprint, files)    # the config and the data are the run's
-        state = checkpoints.restore(model, optimizers, scaler)   # a TrainState
+        checkpoints = Checkpointer(cfg, runtime, run_dir, start)  # the checkpoint to resume, read (or none)
+        checkpoints.model_args                                    # its model_args ({} for a new run)
+        checkpoints.check(model_settings, fingerprint, files)     # the config and the data are the run's
+        state = checkpoints.restore(model, optimizers, scaler)    # a TrainState
         checkpoints.save(state, stopping, model, optimizers, scaler, run_info)   # if should_save says so
 
     path is the newest checkpoint (the one resumed from, then the run's own latest) and step its step,
@@ -470,14 +470,15 @@ class Checkpointer:
 
     def save(self, state, stopping, model, optimizers, scaler, run_info):
         """Checkpoint the run at state.step if should_save says so (after restore; `stopping`: a signal
-        stops the run after this step): `model`, `optimizers`, the loss scale of `scaler` and `state`, with
-        run_info (model_args, config, data) as save_training_state writes them. Call it on every process.
+        stops the run after this step): `model` (the GPT) and its model_args (asdict of model.config, the object the
+        GPT was built from), `optimizers`, the loss scale of `scaler` and `state`, with run_info (the run's config
+        and data) as save_training_state writes them. Call it on every process.
         Returns the path written (ckpt.pt or ckpt.dcp, also self.path), or None where none is due."""
         if not should_save(state.step, self.cfg, self.start_step, state.evaluated, stopping):
             return None
         cfg = self.cfg
         self.path = save_training_state(self.run_dir, model, optimizers, {
-            **run_info, "grad_scaler": scaler.state_dict(), **state.state_dict()},
+            "model_args": asdict(model.config), **run_info, "grad_scaler": scaler.state_dict(), **state.state_dict()},
             cfg.keep_last_n, cfg.save_checkpoint_steps, sharded=cfg.parallelism == "fsdp")
         self.step = state.step
         return self.path
