@@ -156,7 +156,7 @@ def build_trainables(cfg, runtime, raw_model):
     the model; kernels.py), the processes' model (under torchrun DDP around the compiled model, or FSDP shards of
     it in place), and the optimizers built on what the processes hold (under FSDP, the shards)."""
     if cfg.kernels:
-        from nonlinear_queries.ops.kernels import use_kernels
+        from nonlinear_queries.ops.kernels import use_kernels  # Triton is imported only by a run that asks for it
 
         use_kernels(raw_model)
     eval_model, train_model = parallelize(raw_model, runtime, cfg.parallelism, cfg.compile,
