@@ -17,7 +17,7 @@ from helpers import ONE_THREAD, REPO, run_script
 from nonlinear_queries.analysis import power, sequential
 from nonlinear_queries.config.train_config import TrainConfig
 from nonlinear_queries.errors import StudyError
-from nonlinear_queries.experiments import declaration, design, looks, protocol
+from nonlinear_queries.experiments import declaration, design, looks, protocol, sweeps
 
 THIRDS = [1 / 3, 2 / 3, 1.0]
 
@@ -725,6 +725,60 @@ def test_the_gate_studys_declaration_is_what_its_commands_print(capsys, tmp_path
     ]:
         assert quoted in text, quoted
         assert shown in out, shown
+
+
+# the commit of results/width_ladder/width256_gate/README.md's declaration, at which every run of the study is made
+GATE_DECLARATION = "5c1a66d45cc440a46f1416d67ca81d3a8b05983f"
+# a run's settings that sweep.py and the study set for its directory and its wandb line, not for its training
+RUN_PLACE = {"out_dir", "overwrite", "wandb_group", "wandb_name", "wandb_run_name", "wandb_job_type", "wandb_tags"}
+
+
+def gate_tuning_rows(s, stages):
+    """The gate study README's tuning table: a row an arm whose tuning has chosen, each value of its grid (widened
+    ones included) with its tuning loss (the mean val loss at step 3000 over seeds 1001 and 1002), and the choice."""
+    return [f"| `{name}` | " + ", ".join(f"{v}: {st.tuning[v]:.4f}" for v in st.values) + f" | {st.chosen} |"
+            for name, st in stages.items() if st.chosen is not None]
+
+
+def test_the_gate_studys_runs_are_its_declarations_and_a_choice_is_recorded_before_its_held_out_runs(monkeypatch):
+    """results/width_ladder/width256_gate as committed: every run is a point the protocol asks for, ran once from
+    step 0 to step 3000 (one config record: never resumed) at the declaration's commit with a clean tree and with
+    its point's settings; study.json is what study.py records from these runs; and an arm's held-out runs are
+    committed only with its tuning's choice in the README's table, which lists each choice study.json records."""
+    monkeypatch.chdir(REPO)
+    s = study.load_study(os.path.join("studies", "width256_gate.toml"))
+    (horizon,) = s.horizons
+    arms = protocol.arms_at(s, horizon)
+    stages = {arm.name: protocol.advance(s, arm, horizon) for arm in arms}
+    held_out = {}
+    for arm in arms:
+        stage = stages[arm.name]
+        asked = [{s.key: v, "seed": seed} for v in stage.values for seed in s.tuning_seeds]
+        if stage.chosen is not None:
+            asked += [protocol.held_out_point(s, stage.chosen, seed) for seed in stage.held_out]
+        names = {sweeps.point_name(p): p for p in asked}
+        arm_dir = protocol.arm_dir(s, arm, horizon)
+        for run in sorted(os.listdir(arm_dir)):
+            assert run in names, f"{arm_dir}/{run} is no point of the protocol"
+            with open(os.path.join(arm_dir, run, "metrics.jsonl")) as f:
+                records = [json.loads(line) for line in f]
+            (header,) = [r for r in records if r["type"] == "config"]
+            assert (header["step"], header["git_commit"], header["git_dirty"]) == (0, GATE_DECLARATION, False), run
+            declared = json.loads(json.dumps(asdict(protocol.arm_config(s, arm, horizon, names[run]))))
+            assert {k: v for k, v in header["config"].items() if k not in RUN_PLACE} == {
+                k: v for k, v in declared.items() if k not in RUN_PLACE}, run
+            assert [r["step"] for r in records if r["type"] == "eval"][-1] == horizon.max_iters
+            if names[run]["seed"] not in s.tuning_seeds:
+                held_out.setdefault(arm.name, []).append(run)
+    written = {}
+    monkeypatch.setattr(study, "write_json", lambda path, obj: written.update({path: json.loads(json.dumps(obj))}))
+    study.record(s, {horizon.max_iters: stages})
+    with open(os.path.join(s.results_dir, "study.json")) as f:
+        assert written == {os.path.join(s.results_dir, "study.json"): json.load(f)}
+    lines = open(os.path.join(s.results_dir, "README.md")).read().splitlines()
+    table = [ln for ln in lines if ln.startswith("| `") and "e-" in ln.split("|")[2]]
+    assert table == gate_tuning_rows(s, stages)
+    assert all(stages[name].chosen is not None for name in held_out)
 
 
 @pytest.mark.parametrize("old, new, change", [
