@@ -744,13 +744,13 @@ def test_the_gate_studys_runs_are_its_declarations_and_a_choice_is_recorded_befo
     """results/width_ladder/width256_gate as committed: every run is a point the protocol asks for, ran once from
     step 0 to step 3000 (one config record: never resumed) at the declaration's commit with a clean tree and with
     its point's settings; study.json is what study.py records from these runs; and an arm's held-out runs are
-    committed only with its tuning's choice in the README's table, which lists each choice study.json records."""
+    committed only once it has chosen (a held-out point is asked for only then), with the README's table listing
+    each choice study.json records."""
     monkeypatch.chdir(REPO)
     s = study.load_study(os.path.join("studies", "width256_gate.toml"))
     (horizon,) = s.horizons
     arms = protocol.arms_at(s, horizon)
     stages = {arm.name: protocol.advance(s, arm, horizon) for arm in arms}
-    held_out = {}
     for arm in arms:
         stage = stages[arm.name]
         asked = [{s.key: v, "seed": seed} for v in stage.values for seed in s.tuning_seeds]
@@ -768,8 +768,6 @@ def test_the_gate_studys_runs_are_its_declarations_and_a_choice_is_recorded_befo
             assert {k: v for k, v in header["config"].items() if k not in RUN_PLACE} == {
                 k: v for k, v in declared.items() if k not in RUN_PLACE}, run
             assert [r["step"] for r in records if r["type"] == "eval"][-1] == horizon.max_iters
-            if names[run]["seed"] not in s.tuning_seeds:
-                held_out.setdefault(arm.name, []).append(run)
     written = {}
     monkeypatch.setattr(study, "write_json", lambda path, obj: written.update({path: json.loads(json.dumps(obj))}))
     study.record(s, {horizon.max_iters: stages})
@@ -778,7 +776,6 @@ def test_the_gate_studys_runs_are_its_declarations_and_a_choice_is_recorded_befo
     lines = open(os.path.join(s.results_dir, "README.md")).read().splitlines()
     table = [ln for ln in lines if ln.startswith("| `") and "e-" in ln.split("|")[2]]
     assert table == gate_tuning_rows(s, stages)
-    assert all(stages[name].chosen is not None for name in held_out)
 
 
 @pytest.mark.parametrize("old, new, change", [
