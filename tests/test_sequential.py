@@ -204,6 +204,30 @@ def test_a_crossed_boundary_stops_the_study_and_a_diverged_run_counts_at_the_dec
         assert (st.current, st.stopped_at) == ((1, None) if decision == "continue" else (None, 0))
 
 
+def test_a_looks_table_says_which_machines_its_runs_trained_on_and_which_seeds_were_split(tmp_path):
+    """Below the look's row, the machines of its runs (each run's header `numerics`) and, per test, the seeds whose
+    arms' runs share every numerics fact: a seed split across machines is counted, and a run from before headers
+    held `numerics` is 'not recorded'."""
+    s = seq_study(tmp_path)
+    (horizon,) = s.horizons
+    avx2 = {"torch_threads": 1, "cpu_capability": "AVX2", "cpu_model": "AMD EPYC"}
+    avx512 = {**avx2, "cpu_capability": "AVX512"}
+    for seed, machines in zip((1, 2, 3), [(avx2, avx2), (avx2, avx512), (avx512, None)]):
+        for arm, numerics in zip(("base", "b"), machines):
+            fake_seed(s, arm, seed, 2.0 if arm == "base" else 1.9 + 0.001 * seed)
+            path = os.path.join(protocol.point_dir(s, next(a for a in s.arms if a.name == arm), horizon,
+                                                   protocol.held_out_point(s, "1e-3", seed)), "config.json")
+            if numerics:
+                header = json.load(open(path))
+                json.dump({**header, "numerics": numerics}, open(path, "w"))
+    text = " ".join(looks.tables_section(s).split())
+    assert "| E | 1 | 3 |" in text and text.endswith(
+        "| 0 | Machines at look 1 (each run's header, `numerics`): its 6 runs trained on AVX2, AMD EPYC, torch_threads "
+        "1 (3); AVX512, AMD EPYC, torch_threads 1 (2); not recorded (1). Seeds whose runs of a test's arms share every "
+        "numerics fact: E 1 of 3; a seed split across machines is still paired by init and data order, and its "
+        "contrast also carries the machines' floating-point differences.")
+
+
 def test_study_py_runs_one_look_a_command_records_it_and_the_next_command_runs_the_next(tmp_path, monkeypatch,
                                                                                           capsys):
     """run_looks: the first command runs look 1's seeds (here faked by a stand-in for study.run), evaluates and

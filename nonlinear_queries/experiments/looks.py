@@ -34,7 +34,9 @@ at that look (tested again there) and at every later look; the study stops once 
 last look.
 """
 
+import json
 import math
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,7 +45,7 @@ from scipy import stats as sps
 from nonlinear_queries.analysis import power, sequential
 from nonlinear_queries.errors import PilotError, RunsError, StudyError
 from nonlinear_queries.experiments.protocol import advance, arms_at, point_dir
-from nonlinear_queries.record.runs import RunDir, find_run_dirs, finished, history
+from nonlinear_queries.record.runs import RunDir, find_run_dirs, finished, history, read_json
 
 SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming-type", "pocock": "Pocock-type"}
 PILOT = -1  # LookState.current while the pilot stage's runs do not all exist
@@ -557,7 +559,48 @@ def tables_section(study):
                   f"at the look where the first rejects, while every test before it rejected")
     contrasts = "; ".join(_contrast_text(t) for t in study.tests)
     looks = planned_looks(study)[0]
+    machines = "".join(f"\n{line}\n" for line in machines_text(study, s.evaluated))
     return (f"## The declared tests, look by look\n\n{contrasts}. Looks at {', '.join(map(str, looks))} seeds an "
             f"arm, {SPENDING_NAMES[plan.spending]} Lan-DeMets spending, two-sided; {where}. The interval is the "
             f"repeated confidence interval (estimate ± boundary × SE); the sign-flip p is reported beside the "
-            f"declared t-test, not instead of it.\n\n" + "\n".join(rows) + "\n")
+            f"declared t-test, not instead of it.\n\n" + "\n".join(rows) + "\n" + machines)
+
+
+def _machine(numerics):
+    """A run's machine in words, from its header's `numerics` (runtime.numerics): the GPU, or ATen's CPU capability
+    and the CPU model, with torch's thread count; 'not recorded' for a run from before headers held it."""
+    if not numerics:
+        return "not recorded"
+    return (numerics.get("gpu") or f"{numerics.get('cpu_capability')}, {numerics.get('cpu_model')}") + \
+        f", torch_threads {numerics.get('torch_threads')}"
+
+
+def machines_text(study, evaluated):
+    """One line per evaluated look: the machines its runs trained on (each run's header `numerics`, counted), and
+    for each test at that look the seeds whose runs of the test's arms share every numerics fact. A pair split
+    across machines still pairs the init and data order; its contrast also holds the machines' floating-point
+    differences, which the per-seed spread carries. Reads the runs' config.json, never their losses."""
+    lines = []
+    for look in sorted({e.look for e in evaluated}):
+        runs, shared, split = {}, [], False
+        for e in (e for e in evaluated if e.look == look):
+            test = next(t for t in study.tests if t.name == e.test)
+            horizon = _horizon(study, test)
+            per_seed = {}
+            for arm in arms_at(study, horizon):
+                if arm.name in {test.baseline, *test.contrast}:
+                    for point in _points(study, arm, test, e.seeds):
+                        path = point_dir(study, arm, horizon, point)
+                        runs[path] = read_json(os.path.join(path, "config.json")).get("numerics") or {}
+                        per_seed.setdefault(point["seed"], set()).add(json.dumps(runs[path], sort_keys=True))
+            shared.append(f"{e.test} {sum(len(v) == 1 for v in per_seed.values())} of {len(per_seed)}")
+            split |= any(len(v) > 1 for v in per_seed.values())
+        kinds = {}
+        for numerics in runs.values():
+            kinds[_machine(numerics)] = kinds.get(_machine(numerics), 0) + 1
+        lines.append(f"Machines at look {look} (each run's header, `numerics`): its {len(runs)} runs trained on "
+                     + "; ".join(f"{k} ({n})" for k, n in sorted(kinds.items())) + ". Seeds whose runs of a test's "
+                     f"arms share every numerics fact: {', '.join(shared)}" + (
+                         "; a seed split across machines is still paired by init and data order, and its contrast "
+                         "also carries the machines' floating-point differences." if split else "."))
+    return lines
