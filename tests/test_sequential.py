@@ -220,7 +220,7 @@ def test_a_looks_table_says_which_machines_its_runs_trained_on_and_which_seeds_w
             if numerics:
                 header = json.load(open(path))
                 json.dump({**header, "numerics": numerics}, open(path, "w"))
-    text = " ".join(looks.tables_section(s).split())
+    text = " ".join(looks.tables_section(s).split("### Exploratory")[0].split())
     assert "| E | 1 | 3 |" in text and text.endswith(
         "| 0 | Machines at look 1 (each run's header, `numerics`): its 6 runs trained on AVX2, AMD EPYC, torch_threads "
         "1 (3); AVX512, AMD EPYC, torch_threads 1 (2); not recorded (1). Seeds whose runs of a test's arms share every "
@@ -548,6 +548,15 @@ def test_the_width256_look_1_report_is_what_the_committed_runs_give(capsys, monk
     assert (f"{estimate} run-hours for look 1, is not these runs' time but an estimate: each arm's median step time "
             f"({medians[0]:.2f} and {medians[1]:.2f} s) × 3000 steps × 10 runs") in text
     assert all(m < mean_step for m in medians)
+    # the exploratory steps quoted: TABLES.md's cells as looks.exploratory_text computes them
+    by_step = looks.contrasts_by_step(s, s.tests[0], e.seeds)
+    assert by_step[3000].mean() == pytest.approx(e.mean, abs=1e-12) and len(by_step) == 16
+    cell = {k: "{:+.2f} [{:+.2f}, {:+.2f}]".format(*looks.interval95(d)).replace("-", "−") for k, d in by_step.items()}
+    for quoted in (f"{cell[600]} points at step 600, {cell[1000]} at step 1000",
+                   f"{by_step[2000].mean():+.2f} at step 2000, {by_step[2400].mean():+.2f} at 2400, "
+                   f"{by_step[3000].mean():+.2f} at 3000"):
+        assert quoted in text, quoted
+    assert all(abs(by_step[k].mean()) < 0.4 for k in (1200, 1400, 1600, 1800))  # "near 0 from 1200 to 1800"
 
 
 def test_the_width256_result_is_quoted_by_its_repeated_interval_with_its_recipe():
@@ -707,6 +716,81 @@ def test_a_holm_family_passes_a_rejected_tests_level_to_the_others_at_the_same_l
     assert st.current == 1 and st.evaluated[1].level == 0.025
     with pytest.raises(StudyError, match="rule 'holm' needs"):
         seq_study(tmp_path / "futile", HOLM_TOML.replace("looks = [10, 20]", "looks = [10, 20]\nfutility = [1.0]"))
+
+
+GATE_TOML = TOML.replace("""[sequential]
+looks = [3, 6]
+""", """[[arm]]
+name = "g"
+config = "config/mini/baseline.py"
+value = "1e-3"
+[[arm]]
+name = "bg"
+config = "config/mini/res_gelu.py"
+value = "1e-3"
+[[test]]
+name = "EG"
+baseline = "g"
+contrast = { bg = 1 }
+diverged_val_loss = 5.0
+[[test]]
+name = "G"
+baseline = "base"
+contrast = { g = 1 }
+diverged_val_loss = 5.0
+[family]
+order = ["E", "EG", "G"]
+rule = "holm"
+[sequential]
+looks = [3, 6]
+""")
+
+
+def test_the_exploratory_lines_give_each_contrast_by_eval_step_and_the_interaction_of_disjoint_tests(tmp_path):
+    """Below an evaluated look: each test's per-seed contrast at every eval step with its 95% t-interval, the last
+    step's equal to the declared test's estimate; a diverged run counted at the declared loss from its diverged step
+    on, its earlier steps as logged; and E_gated - E_tuned's counterpart EG - E (the only two tests on disjoint arms),
+    its interval the paired t-interval of the per-seed differences, computed here by hand."""
+    s = seq_study(tmp_path, GATE_TOML)
+    (horizon,) = s.horizons
+    assert [(a.name, b.name) for a, b in looks.interactions(s)] == [("E", "EG")]
+    rng = np.random.default_rng(0)
+    losses = {(arm, seed): {step: 3.0 - 0.1 * step + rng.normal(0, 0.02) for step in (0, 5, 10)}
+              for arm in ("base", "b", "g", "bg") for seed in (1, 2, 3)}
+    for (arm, seed), by_step in losses.items():
+        path = protocol.point_dir(s, next(a for a in s.arms if a.name == arm), horizon,
+                                  protocol.held_out_point(s, "1e-3", seed))
+        fake_run(path, by_step[10], diverged=(arm, seed) == ("bg", 3))
+        records = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+        evals = [{"type": "eval", "step": k, "train_loss": v, "val_loss": v} for k, v in by_step.items()
+                 if (arm, seed) != ("bg", 3) or k < 5]  # bg's seed 3 diverged at step 5: no eval from there on
+        with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records[:1] + evals + [r for r in records[1:]
+                                                                         if r["type"] != "eval"])
+    losses["bg", 3] = {0: losses["bg", 3][0], 5: 5.0, 10: 5.0}
+    st = looks.state(s)
+    assert [e.test for e in st.evaluated] == ["E", "EG", "G"] and st.evaluated[1].diverged == 1
+
+    def by_hand(base, arm, step):
+        return np.array([100 * (losses[base, k][step] - losses[arm, k][step]) / losses[base, k][step]
+                         for k in (1, 2, 3)])
+
+    def cell(d):
+        half = sps.t.ppf(0.975, 2) * np.std(d, ddof=1) / math.sqrt(3)
+        return f"{d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]"
+
+    text = looks.tables_section(s).split("### Exploratory at look 1, not tests")[1]
+    pairs = {"E": ("base", "b"), "EG": ("g", "bg"), "G": ("base", "g")}
+    for step in (0, 5, 10):
+        assert f"| {step} | " + " | ".join(cell(by_hand(*pairs[t], step)) for t in ("E", "EG", "G")) + " |" in text
+    for e in st.evaluated:
+        assert looks.contrasts_by_step(s, next(t for t in s.tests if t.name == e.test), e.seeds)[10].mean() == \
+            pytest.approx(e.mean, abs=1e-12)
+    d = by_hand("g", "bg", 10) - by_hand("base", "b", 10)
+    half = sps.t.ppf(0.975, 2) * np.std(d, ddof=1) / math.sqrt(3)
+    assert (f"EG - E (two tests on disjoint arms: an interaction where the four form a 2 × 2), per seed at step 10: "
+            f"{d.mean():+.2f} points, 95% t-interval [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}] on 3 seeds, "
+            f"not a test.") in " ".join(text.split())
 
 
 def test_the_gate_studys_declaration_is_what_its_commands_print(capsys, tmp_path):

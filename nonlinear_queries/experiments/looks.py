@@ -563,7 +563,8 @@ def tables_section(study):
     return (f"## The declared tests, look by look\n\n{contrasts}. Looks at {', '.join(map(str, looks))} seeds an "
             f"arm, {SPENDING_NAMES[plan.spending]} Lan-DeMets spending, two-sided; {where}. The interval is the "
             f"repeated confidence interval (estimate ± boundary × SE); the sign-flip p is reported beside the "
-            f"declared t-test, not instead of it.\n\n" + "\n".join(rows) + "\n" + machines)
+            f"declared t-test, not instead of it.\n\n" + "\n".join(rows) + "\n" + machines
+            + "".join(f"\n{text}" for text in exploratory_text(study, s.evaluated)))
 
 
 def _machine(numerics):
@@ -604,3 +605,76 @@ def machines_text(study, evaluated):
                          "; a seed split across machines is still paired by init and data order, and its contrast "
                          "also carries the machines' floating-point differences." if split else "."))
     return lines
+
+
+def _val_losses(path):
+    """({eval step: val loss} before the run at `path` diverged, the step it diverged at or None): history of its
+    records, read with the restart rule as RunDir.status reads it."""
+    evals, diverged, _, _ = history(RunDir(path).records(warn=False))
+    return {step: val for step, (_, val) in evals.items() if diverged is None or step < diverged}, diverged
+
+
+def contrasts_by_step(study, test, seeds):
+    """{eval step: per-seed contrasts (points, shape (n,), seeds in sorted order)} of `test` on `seeds`, at every
+    evaluation step logged by all of its arms' runs there that had not diverged by then; a diverged run counts at the
+    test's diverged_val_loss from its diverged step on, as at max_iters (power.contrast_values at each step, so the
+    step max_iters gives the test's own values). Reads losses: only for a look whose runs all exist (`state`
+    evaluated it)."""
+    horizon = _horizon(study, test)
+    runs = {}
+    for arm in arms_at(study, horizon):
+        if arm.name in {test.baseline, *test.contrast}:
+            for point in _points(study, arm, test, seeds):
+                runs.setdefault(arm.name, {})[point["seed"]] = _val_losses(point_dir(study, arm, horizon, point))
+    logged = [set(evals) for by_seed in runs.values() for evals, diverged in by_seed.values() if diverged is None]
+    steps = sorted(set.intersection(*logged) if logged else {test.horizon})
+    at = lambda run, step: run[0].get(step) if run[1] is None or step < run[1] else math.inf  # noqa: E731
+    table = {step: {a: {s: at(run, step) for s, run in by_seed.items()} for a, by_seed in runs.items()}
+             for step in steps}
+    return {step: power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)[1]
+            for step, losses in table.items()
+            if all(v is not None for by_seed in losses.values() for v in by_seed.values())}
+
+
+def interval95(values):
+    """(mean, low, high) of `values` (shape (n,), n >= 2): the mean with its two-sided 95% t-interval on n - 1
+    degrees of freedom, mean +- t(0.975, n - 1) x sd / sqrt(n) (sd with ddof 1); not adjusted for looks or tests."""
+    d = np.asarray(values, dtype=float)
+    half = float(sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    return float(d.mean()), float(d.mean()) - half, float(d.mean()) + half
+
+
+def interactions(study):
+    """The (first, second) pairs of declared tests, in the family's order (else the file's), whose arms are
+    disjoint: the difference of their per-seed contrasts (second - first) compares two contrasts on four arms, an
+    interaction where the arms form a 2 x 2 (width256_gate: E_gated - E_tuned, the query x the gate)."""
+    order = [next(t for t in study.tests if t.name == n) for n in study.family] or list(study.tests)
+    arms = {t.name: {t.baseline, *t.contrast} for t in order}
+    return [(a, b) for i, a in enumerate(order) for b in order[i + 1:] if not arms[a.name] & arms[b.name]]
+
+
+def exploratory_text(study, evaluated):
+    """TABLES.md's exploratory lines at each evaluated look, never tests: each evaluated test's contrast at every
+    evaluation step with its 95% interval (contrasts_by_step, interval95), and the difference of every two tests on
+    disjoint arms (`interactions`) at max_iters with its 95% interval. Nothing here enters a decision."""
+    texts = []
+    for look in sorted({e.look for e in evaluated}):
+        at = [e for e in evaluated if e.look == look]
+        tests = [next(t for t in study.tests if t.name == e.test) for e in at]
+        seeds = at[0].seeds
+        steps = {t.name: contrasts_by_step(study, t, seeds) for t in tests}
+        cell = lambda d: "{:+.2f} [{:+.2f}, {:+.2f}]".format(*interval95(d))  # noqa: E731
+        rows = ["| step | " + " | ".join(t.name for t in tests) + " |", "|---:|" + "---:|" * len(tests)]
+        rows += [f"| {step} | " + " | ".join(cell(steps[t.name][step]) for t in tests) + " |"
+                 for step in sorted(set.intersection(*(set(v) for v in steps.values())))]
+        text = (f"### Exploratory at look {look}, not tests\n\nEach test's contrast (points) at every evaluation step "
+                f"on the look's {_seed_ranges(seeds)}: the mean with its 95% t-interval, not adjusted for the steps, "
+                f"the tests or the looks; the last row is the tests' estimates.\n\n" + "\n".join(rows) + "\n")
+        for first, second in ((a, b) for a, b in interactions(study) if a in tests and b in tests):
+            last = max(set(steps[first.name]) & set(steps[second.name]))
+            mean, low, high = interval95(steps[second.name][last] - steps[first.name][last])
+            text += (f"\n{second.name} - {first.name} (two tests on disjoint arms: an interaction where the four "
+                     f"form a 2 × 2), per seed at step {last}: {mean:+.2f} points, 95% t-interval "
+                     f"[{low:+.2f}, {high:+.2f}] on {len(seeds)} seeds, not a test.\n")
+        texts.append(text)
+    return texts
