@@ -630,23 +630,18 @@ looks = [3, 4]
     assert "| E | 2 | 4 |" in (tmp_path / "results" / "TABLES.md").read_text()
 
 
-HOLM_TOML = TOML.replace("""[sequential]
-looks = [3, 6]
-""", """[[arm]]
-name = "c"
-config = "config/mini/res_gelu.py"
-value = "1e-3"
-[[test]]
-name = "F"
-baseline = "base"
-contrast = { c = 1 }
-diverged_val_loss = 5.0
-[family]
-order = ["E", "F"]
-rule = "holm"
-[sequential]
-looks = [10, 20]
-""").replace("seeds = [1, 2, 3, 4, 5, 6]", "seeds = " + str(list(range(1, 21))))
+def holm_toml(arms, tests, looks):
+    """TOML's study with more arms ({name: config}) and tests ({name: (baseline, arm)}), every test in one Holm
+    family in the order given, at `looks`."""
+    extra = "".join(f'[[arm]]\nname = "{a}"\nconfig = "config/mini/{c}.py"\nvalue = "1e-3"\n' for a, c in arms.items())
+    extra += "".join(f'[[test]]\nname = "{t}"\nbaseline = "{b}"\ncontrast = {{ {a} = 1 }}\ndiverged_val_loss = 5.0\n'
+                     for t, (b, a) in tests.items())
+    return TOML.replace("[sequential]\nlooks = [3, 6]\n", extra + f'[family]\norder = {json.dumps(["E", *tests])}\n'
+                        f'rule = "holm"\n[sequential]\nlooks = {looks}\n')
+
+
+HOLM_TOML = holm_toml({"c": "res_gelu"}, {"F": ("base", "c")}, [10, 20]).replace(
+    "seeds = [1, 2, 3, 4, 5, 6]", "seeds = " + str(list(range(1, 21))))
 
 
 def test_holm_levels_and_the_family_simulation_hold_the_level_and_give_the_issues_powers():
@@ -718,32 +713,7 @@ def test_a_holm_family_passes_a_rejected_tests_level_to_the_others_at_the_same_l
         seq_study(tmp_path / "futile", HOLM_TOML.replace("looks = [10, 20]", "looks = [10, 20]\nfutility = [1.0]"))
 
 
-GATE_TOML = TOML.replace("""[sequential]
-looks = [3, 6]
-""", """[[arm]]
-name = "g"
-config = "config/mini/baseline.py"
-value = "1e-3"
-[[arm]]
-name = "bg"
-config = "config/mini/res_gelu.py"
-value = "1e-3"
-[[test]]
-name = "EG"
-baseline = "g"
-contrast = { bg = 1 }
-diverged_val_loss = 5.0
-[[test]]
-name = "G"
-baseline = "base"
-contrast = { g = 1 }
-diverged_val_loss = 5.0
-[family]
-order = ["E", "EG", "G"]
-rule = "holm"
-[sequential]
-looks = [3, 6]
-""")
+GATE_TOML = holm_toml({"g": "baseline", "bg": "res_gelu"}, {"EG": ("g", "bg"), "G": ("base", "g")}, [3, 6])
 
 
 def test_the_exploratory_lines_give_each_contrast_by_eval_step_and_the_interaction_of_disjoint_tests(tmp_path):
