@@ -856,6 +856,19 @@ def test_the_gate_studys_runs_are_its_declarations_and_a_choice_is_recorded_befo
     assert table == gate_tuning_rows(s, stages)
 
 
+def test_the_gate_studys_look_rows_are_the_committed_runs_and_none_before_a_look_exists(monkeypatch):
+    """results/width_ladder/width256_gate/README.md shows a declared test's row only for a look whose runs all exist
+    among the committed runs, and each row is TABLES.md's row as looks.tables_section computes it from them: before
+    look 1's 40 runs exist it shows none."""
+    monkeypatch.chdir(REPO)
+    s = study.load_study(os.path.join("studies", "width256_gate.toml"))
+    readme = open(os.path.join(s.results_dir, "README.md")).read().splitlines()
+    shown = [row for row in readme if row.startswith(tuple(f"| {t.name} | " for t in s.tests))]
+    computed = [row for row in looks.tables_section(s).splitlines()
+                if row.startswith(tuple(f"| {t.name} | " for t in s.tests))]
+    assert shown == computed
+
+
 @pytest.mark.parametrize("old, new, change", [
     ("looks = [3, 6]", "looks = [4, 6]", "[sequential] looks [3, 6] -> [4, 6]"),
     ('name = "b"\n', 'name = "b"\noverrides = { n_layer = 2 }\n', "[[arm]] b: overrides.n_layer (not set) -> 2"),
