@@ -220,12 +220,41 @@ def test_a_looks_table_says_which_machines_its_runs_trained_on_and_which_seeds_w
             if numerics:
                 header = json.load(open(path))
                 json.dump({**header, "numerics": numerics}, open(path, "w"))
-    text = " ".join(looks.tables_section(s).split("### Exploratory")[0].split())
+    text = " ".join(looks.tables_section(s).split("### Exploratory")[0].split("Per seed at look")[0].split())
     assert "| E | 1 | 3 |" in text and text.endswith(
         "| 0 | Machines at look 1 (each run's header, `numerics`): its 6 runs trained on AVX2, AMD EPYC, torch_threads "
         "1 (3); AVX512, AMD EPYC, torch_threads 1 (2); not recorded (1). Seeds whose runs of a test's arms share every "
         "numerics fact: E 1 of 3; a seed split across machines is still paired by init and data order, and its "
         "contrast also carries the machines' floating-point differences.")
+
+
+def test_a_looks_per_seed_line_gives_each_tests_spread_its_arms_means_and_the_runs_summed_step_laps(tmp_path):
+    """Below the machines line, per look: each test's per-seed contrasts (a diverged run at the declared loss) as
+    the seeds above 0, the lowest and highest with their seeds and the SD, its arms' mean val loss as the test
+    counts them, and the look's run-hours as the runs' logged step laps summed (a lap counts the steps since the
+    record before it), here computed by hand."""
+    s = seq_study(tmp_path)
+    (horizon,) = s.horizons
+    final = {("base", 1): 2.0, ("base", 2): 2.1, ("base", 3): 2.2, ("b", 1): 1.9, ("b", 2): 2.15, ("b", 3): None}
+    for (arm, seed), loss in final.items():
+        fake_seed(s, arm, seed, loss, diverged=loss is None)
+        path = os.path.join(protocol.point_dir(s, next(a for a in s.arms if a.name == arm), horizon,
+                                               protocol.held_out_point(s, "1e-3", seed)), "metrics.jsonl")
+        header, *rest = [json.loads(line) for line in open(path)]
+        # laps of 5 steps at 360 s and 720 s a step: 0.5 and 1 hour; the diverged run logged the first only
+        laps = [{"type": "train", "step": 5, "train_loss": 2.5, "ms_per_step": 360_000.0},
+                {"type": "train", "step": 10, "train_loss": 2.0, "ms_per_step": 720_000.0}]
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in [header, *laps[:1 if loss is None else 2], *rest])
+    d = np.array([100 * (2.0 - 1.9) / 2.0, 100 * (2.1 - 2.15) / 2.1, 100 * (2.2 - 5.0) / 2.2])
+    (e,) = looks.state(s).evaluated
+    assert e.mean == pytest.approx(d.mean(), abs=1e-12) and e.diverged == 1
+    text = " ".join(looks.tables_section(s).split("### Exploratory")[0].split())
+    assert text.endswith(
+        f"Per seed at look 1 (points of the reference arm's val loss): E above 0 on 1 of 3 seeds, from -127.27 "
+        f"(seed 3) to +5.00 (seed 1), SD {d.std(ddof=1):.2f}; mean val loss at step 10: base 2.1000, b 3.0167. The "
+        f"look's 6 runs trained for 8.00 run-hours, their logged step laps summed (evaluation, diagnostics and "
+        f"startup left out).")
 
 
 def test_study_py_runs_one_look_a_command_records_it_and_the_next_command_runs_the_next(tmp_path, monkeypatch,

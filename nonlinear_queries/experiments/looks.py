@@ -45,7 +45,7 @@ from scipy import stats as sps
 from nonlinear_queries.analysis import power, sequential
 from nonlinear_queries.errors import PilotError, RunsError, StudyError
 from nonlinear_queries.experiments.protocol import advance, arms_at, point_dir
-from nonlinear_queries.record.runs import RunDir, find_run_dirs, finished, history, read_json
+from nonlinear_queries.record.runs import RunDir, find_run_dirs, finished, history, read_json, step_seconds
 
 SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming-type", "pocock": "Pocock-type"}
 PILOT = -1  # LookState.current while the pilot stage's runs do not all exist
@@ -559,7 +559,8 @@ def tables_section(study):
                   f"at the look where the first rejects, while every test before it rejected")
     contrasts = "; ".join(_contrast_text(t) for t in study.tests)
     looks = planned_looks(study)[0]
-    machines = "".join(f"\n{line}\n" for line in machines_text(study, s.evaluated))
+    by_look = zip(machines_text(study, s.evaluated), per_seed_text(study, s.evaluated))  # a line each a look
+    machines = "".join(f"\n{line}\n" for pair in by_look for line in pair)
     return (f"## The declared tests, look by look\n\n{contrasts}. Looks at {', '.join(map(str, looks))} seeds an "
             f"arm, {SPENDING_NAMES[plan.spending]} Lan-DeMets spending, two-sided; {where}. The interval is the "
             f"repeated confidence interval (estimate ± boundary × SE); the sign-flip p is reported beside the "
@@ -576,6 +577,14 @@ def _machine(numerics):
         f", torch_threads {numerics.get('torch_threads')}"
 
 
+def _test_runs(study, e):
+    """[(arm name, seed, run path)] of the runs Evaluation `e` rests on: each of its test's arms at its seeds."""
+    test = next(t for t in study.tests if t.name == e.test)
+    horizon = _horizon(study, test)
+    return [(arm.name, point["seed"], point_dir(study, arm, horizon, point)) for arm in arms_at(study, horizon)
+            if arm.name in {test.baseline, *test.contrast} for point in _points(study, arm, test, e.seeds)]
+
+
 def machines_text(study, evaluated):
     """One line per evaluated look: the machines its runs trained on (each run's header `numerics`, counted), and
     for each test at that look the seeds whose runs of the test's arms share every numerics fact. A pair split
@@ -585,15 +594,10 @@ def machines_text(study, evaluated):
     for look in sorted({e.look for e in evaluated}):
         runs, shared, split = {}, [], False
         for e in (e for e in evaluated if e.look == look):
-            test = next(t for t in study.tests if t.name == e.test)
-            horizon = _horizon(study, test)
             per_seed = {}
-            for arm in arms_at(study, horizon):
-                if arm.name in {test.baseline, *test.contrast}:
-                    for point in _points(study, arm, test, e.seeds):
-                        path = point_dir(study, arm, horizon, point)
-                        runs[path] = read_json(os.path.join(path, "config.json")).get("numerics") or {}
-                        per_seed.setdefault(point["seed"], set()).add(json.dumps(runs[path], sort_keys=True))
+            for _, seed, path in _test_runs(study, e):
+                runs[path] = read_json(os.path.join(path, "config.json")).get("numerics") or {}
+                per_seed.setdefault(seed, set()).add(json.dumps(runs[path], sort_keys=True))
             shared.append(f"{e.test} {sum(len(v) == 1 for v in per_seed.values())} of {len(per_seed)}")
             split |= any(len(v) > 1 for v in per_seed.values())
         kinds = {}
@@ -604,6 +608,35 @@ def machines_text(study, evaluated):
                      f"arms share every numerics fact: {', '.join(shared)}" + (
                          "; a seed split across machines is still paired by init and data order, and its contrast "
                          "also carries the machines' floating-point differences." if split else "."))
+    return lines
+
+
+def per_seed_text(study, evaluated):
+    """One paragraph per evaluated look: for each test, its per-seed contrasts (points, power.contrast_values: a
+    diverged run at the test's diverged_val_loss) as the count of seeds above 0, the lowest and highest with their
+    seeds and the sample SD (ddof 1; SE x sqrt(n)), and each of its arms' mean val loss at max_iters as the test
+    counts it; then the run-hours the look's runs trained for, their logged step laps summed (runs.step_seconds:
+    evaluation, diagnostics and startup left out), each run counted once. Reads losses: only of evaluated looks,
+    whose runs all exist."""
+    lines = []
+    for look in sorted({e.look for e in evaluated}):
+        at, parts, paths = [e for e in evaluated if e.look == look], [], set()
+        for e in at:
+            test = next(t for t in study.tests if t.name == e.test)
+            losses = _losses(study, test, e.seeds)  # the values the test was evaluated on
+            paths.update(path for _, _, path in _test_runs(study, e))
+            seeds, d = power.contrast_values(losses, test.baseline, test.contrast, test.diverged_val_loss)
+            low, high = int(np.argmin(d)), int(np.argmax(d))
+            value = lambda loss: test.diverged_val_loss if math.isinf(loss) else loss  # noqa: E731
+            means = ", ".join(f"{arm} {np.mean([value(v) for v in by_seed.values()]):.4f}"
+                              for arm, by_seed in losses.items())
+            parts.append(f"{e.test} above 0 on {int((d > 0).sum())} of {len(d)} seeds, from {d[low]:+.2f} (seed "
+                         f"{seeds[low]}) to {d[high]:+.2f} (seed {seeds[high]}), SD {d.std(ddof=1):.2f}; mean val "
+                         f"loss at step {test.horizon}: {means}")
+        hours = sum(step_seconds(RunDir(path).records(warn=False)) for path in paths) / 3600
+        lines.append(f"Per seed at look {look} (points of the reference arm's val loss): " + "; ".join(parts)
+                     + f". The look's {len(paths)} runs trained for {hours:.2f} run-hours, their logged step laps "
+                     f"summed (evaluation, diagnostics and startup left out).")
     return lines
 
 
