@@ -886,16 +886,21 @@ def test_the_gate_studys_runs_are_its_declarations_and_a_choice_is_recorded_befo
 
 
 def test_the_gate_studys_look_rows_are_the_committed_runs_and_none_before_a_look_exists(monkeypatch):
-    """results/width_ladder/width256_gate/README.md shows a declared test's row only for a look whose runs all exist
-    among the committed runs, and each row is TABLES.md's row as looks.tables_section computes it from them: before
-    look 1's 40 runs exist it shows none."""
+    """results/width_ladder/width256_gate/README.md shows a declared test's row, and a look's machines and per-seed
+    paragraphs, only for a look whose runs all exist among the committed runs, each as TABLES.md's as
+    looks.tables_section computes it from them (a paragraph rewrapped as the README wraps it): before look 1's 40
+    runs exist it shows none."""
     monkeypatch.chdir(REPO)
     s = study.load_study(os.path.join("studies", "width256_gate.toml"))
-    readme = open(os.path.join(s.results_dir, "README.md")).read().splitlines()
-    shown = [row for row in readme if row.startswith(tuple(f"| {t.name} | " for t in s.tests))]
-    computed = [row for row in looks.tables_section(s).splitlines()
-                if row.startswith(tuple(f"| {t.name} | " for t in s.tests))]
-    assert shown == computed
+    readme = open(os.path.join(s.results_dir, "README.md")).read()
+    section = looks.tables_section(s).splitlines()
+    rows = tuple(f"| {t.name} | " for t in s.tests)
+    assert [row for row in readme.splitlines() if row.startswith(rows)] == [row for row in section
+                                                                             if row.startswith(rows)]
+    text = " ".join(readme.split())
+    for opening in ("Machines at look", "Per seed at look"):
+        computed = [" ".join(line.split()) for line in section if line.startswith(opening)]
+        assert text.count(opening) == len(computed) and all(paragraph in text for paragraph in computed), opening
 
 
 @pytest.mark.parametrize("old, new, change", [
