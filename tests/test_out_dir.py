@@ -4,6 +4,7 @@ sharded (FSDP)."""
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import shlex
@@ -32,14 +33,16 @@ from helpers import (
 )
 from model import GPT, GPTConfig
 from nonlinear_queries.config.train_config import TrainConfig
-from nonlinear_queries.errors import DiskFullError, OutDirBusy, OutDirUnwritable, SetupError
+from nonlinear_queries.errors import CheckpointError, DiskFullError, OutDirBusy, OutDirUnwritable, SetupError
 from nonlinear_queries.record import lock
 from nonlinear_queries.record.lock import hold_out_dir, out_dir_holder
 from nonlinear_queries.record.runs import RunDir
-from nonlinear_queries.runtime.processes import parallelize, setup
+from nonlinear_queries.runtime.processes import Runtime, parallelize, setup
 from nonlinear_queries.trainer.optimizers import build_optimizers
+from nonlinear_queries.trainer.stopping import StopFlag
 from nonlinear_queries.weights import checkpoint
 from nonlinear_queries.weights.checkpoint import read_checkpoint, save_checkpoint, tensor_bytes
+from nonlinear_queries.weights.start import resolve_start
 
 RUN = ["--lr_decay_iters=24", "--eval_interval=4"]
 
@@ -105,6 +108,40 @@ def test_the_lock_is_held_once_per_process_and_names_its_holder(tmp_path):
                             str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert probe.returncode == 1 and "OutDirBusy" in probe.stderr and f"PID {os.getpid()}" in probe.stderr
     assert issubclass(OutDirBusy, Exception)
+
+
+def take_new_out_dir(rank, init_file, out_dir):
+    """Process `rank` of 2 (gloo) taking the new out_dir `out_dir` as train.py does (hold_run_dir), rank 0 held up
+    for a second between creating its lock file and locking it, rank 1 coming half a second late: a rank 1 that
+    read out_dir then would find a lock file no process holds. Writes each rank's outcome to out_dir/../RANK."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    runtime = Runtime(rank, rank, 2, "cpu", "float32", "gloo")
+    flock = fcntl.flock
+    if rank == 0:
+        lock.fcntl.flock = lambda f, op: (time.sleep(1) if op & fcntl.LOCK_EX else None, flock(f, op))[1]
+    else:
+        time.sleep(0.5)
+    cfg = TrainConfig(out_dir=out_dir)
+    run_dir = RunDir(out_dir)
+    try:
+        lock.hold_run_dir(cfg, runtime, run_dir, resolve_start(cfg, run_dir), StopFlag("train.py"))
+        outcome = "accepted"
+    except CheckpointError as e:
+        outcome = str(e)
+    with open(os.path.join(os.path.dirname(out_dir), str(rank)), "w") as f:
+        f.write(outcome)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_every_rank_accepts_a_new_out_dir_whenever_rank_0_creates_its_lock_file(tmp_path):
+    # CI once saw rank 1 refuse a new run as a killed one's: it read out_dir between rank 0's creating the lock
+    # file and locking it
+    out_dir = str(tmp_path / "run")
+    torch.multiprocessing.spawn(take_new_out_dir, args=(str(tmp_path / "init"), out_dir), nprocs=2)
+    assert [(tmp_path / str(rank)).read_text() for rank in (0, 1)] == ["accepted", "accepted"]
+    assert os.listdir(out_dir) == [".lock"]
 
 
 # Lustre mounted without -o flock answers flock with ENOSYS; a file system without lock support EOPNOTSUPP; NFS

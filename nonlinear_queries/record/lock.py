@@ -291,10 +291,13 @@ def hold_run_dir(cfg, runtime, run_dir, start, stop):
     to what a run left there unasked (checkpoints, metrics.jsonl, config.json, wandb/, a .lock no process holds)
     unless cfg.overwrite, are refused on every rank (runs.RunDir.check_start, whose message gives the command to run
     instead: cli.run_command), every file there left as it was, a killed run's lock file included
-    (left_lock_holder). cfg: the TrainConfig; runtime: processes.setup's processes; stop: the run's stopping.StopFlag,
-    which defers a signal while the lock is taken. Raises SetupError (OutDirBusy, NoFileLocks, OutDirUnwritable)
-    or CheckpointError."""
+    (left_lock_holder). Every rank reads out_dir before rank 0 touches it: the ranks meet (runtime.barrier) between
+    their reads and rank 0's lock, since a rank that read it later would find the lock file rank 0 is creating
+    before rank 0 holds it, and refuse the run as a killed one's. cfg: the TrainConfig; runtime: processes.setup's
+    processes; stop: the run's stopping.StopFlag, which defers a signal while the lock is taken. Raises SetupError
+    (OutDirBusy, NoFileLocks, OutDirUnwritable) or CheckpointError."""
     left_lock = left_lock_holder(run_dir)  # before this run takes the lock
+    runtime.barrier()
     if runtime.master and cfg.lock_out_dir:
         with stop.deferred():  # a signal now would leave a lock file that nothing records to remove
             hold_out_dir(run_dir)

@@ -73,6 +73,12 @@ class Runtime:
         """Rank 0: the process that writes files and prints."""
         return self.rank == 0
 
+    def barrier(self):
+        """Wait until every process of the group gets here (torch.distributed.barrier); returns at once
+        without one."""
+        if self.distributed:
+            dist.barrier()
+
 
 def setup(device="auto", dtype="auto", backend="auto", join_process_group=True, parallelism="ddp"):
     """Resolve the device and dtype, and under torchrun join the process group.
